@@ -1,0 +1,237 @@
+"""Run the enabled rules over one source text: findings, fixes, and a checked new text.
+
+The pipeline per file: cheap pre-filter -> parse (libcst) -> resolve names -> run rules in one
+batched traversal -> apply enabled fixes, repeat until stable -> re-parse and compile the output
+(Black's safety check). Nothing here writes files.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
+from tfmigrate.names import NameResolver
+from tfmigrate.python2 import describe_syntax_error
+from tfmigrate.rule import Finding, Fix, FixSafety, Rule, RuleContext
+
+# A file that mentions none of these cannot hold a pattern any rule looks for.
+_MARKERS = (b"tensorflow", b"keras", b"tf_slim", b"horovod")
+_MAX_FIX_PASSES = 4
+_SUPPRESS = re.compile(r"#\s*tfmigrate:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")
+
+
+@dataclass
+class Settings:
+    rules: tuple[type[Rule], ...]
+    fix: bool = False  # compute and apply fixes (rewrite) or only report (scan)
+    unsafe_fixes: bool = False
+    options: dict[str, object] = field(default_factory=dict)
+
+    def enabled(self, safety: FixSafety) -> bool:
+        if not self.fix:
+            return False
+        return safety is FixSafety.SAFE or (safety is FixSafety.UNSAFE and self.unsafe_fixes)
+
+
+@dataclass
+class SourceResult:
+    findings: list[Finding] = field(default_factory=list)
+    new_code: str | None = None  # set only when the text changed
+    error: str | None = None
+
+
+class RuleCrashed(Exception):
+    pass
+
+
+def mentions_tensorflow(data: bytes | str) -> bool:
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    return any(marker in raw for marker in _MARKERS)
+
+
+def check_syntax(source: bytes | str, path: str) -> str | None:
+    """A one-line error for unparsable source, else None (fast: CPython's own parser)."""
+    try:
+        ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        return describe_syntax_error(source, exc)
+    except ValueError as exc:  # e.g. null bytes
+        return f"cannot parse: {exc}"
+    return None
+
+
+def process_source(source: str | bytes, path: str, settings: Settings) -> SourceResult:
+    """Findings (and, with ``settings.fix``, new text) for one Python source."""
+    if not mentions_tensorflow(source):
+        return SourceResult(error=check_syntax(source, path))
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        return SourceResult(error=check_syntax(source, path) or _libcst_error(exc))
+
+    findings, fixes = _run_rules(module, path, settings)
+    result = SourceResult(findings=findings)
+    if not fixes:
+        return result
+
+    new_module = module
+    pending = fixes
+    for _ in range(_MAX_FIX_PASSES):
+        new_module, applied = _apply(new_module, pending)
+        _mark_applied(findings, applied)
+        later, pending = _run_rules(new_module, path, settings)
+        if not pending:
+            break
+    original = module.code
+    new_code = new_module.code
+    if new_code == original:
+        return result
+    problem = _safety_check(new_code, path)
+    if problem is not None:
+        for finding in findings:
+            finding.applied = False
+        result.error = f"internal error: fixes produced invalid code ({problem}); file left unchanged"
+        return result
+    result.new_code = new_code
+    return result
+
+
+def _libcst_error(exc: cst.ParserSyntaxError) -> str:
+    message = str(exc).strip().splitlines()[0]
+    return f"syntax error at line {exc.raw_line}:{exc.raw_column + 1}: {message}"
+
+
+def _suppressed(lines: list[str], line: int, code: str) -> bool:
+    if not 1 <= line <= len(lines):
+        return False
+    match = _SUPPRESS.search(lines[line - 1])
+    if match is None:
+        return False
+    codes = match.group(1)
+    return codes is None or code in {c.strip().upper() for c in codes.split(",")}
+
+
+def _run_rules(
+    module: cst.Module, path: str, settings: Settings
+) -> tuple[list[Finding], list[tuple[Finding, Fix]]]:
+    resolver = NameResolver.for_module(module)
+    if not resolver.uses_any(("tensorflow", "keras", "horovod")):
+        return [], []
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    context = RuleContext(PurePosixPath(path), resolver, module, settings.options)
+    rules = [rule_class(context) for rule_class in settings.rules]
+    try:
+        wrapper.visit_batched(rules)
+    except Exception as exc:  # a rule bug must not take the whole run down
+        raise RuleCrashed(f"a rule crashed on {path}: {type(exc).__name__}: {exc}") from exc
+    positions = wrapper.resolve(PositionProvider)
+    lines = module.code.splitlines()
+
+    findings: list[Finding] = []
+    fixes: list[tuple[Finding, Fix]] = []
+    seen: set[tuple[int, int, str]] = set()
+    for rule in rules:
+        for report in rule.reports:
+            span = positions[report.node]
+            line, col = span.start.line, span.start.column + 1
+            if (line, col, rule.code) in seen:
+                continue
+            seen.add((line, col, rule.code))
+            if _suppressed(lines, line, rule.code):
+                continue
+            safety = report.fix.safety if report.fix else rule.fix_safety
+            finding = Finding(
+                path=path,
+                line=line,
+                col=col,
+                code=rule.code,
+                message=report.message,
+                safety=safety,
+                fixable=report.fix is not None,
+                end_line=span.end.line,
+            )
+            findings.append(finding)
+            if report.fix is not None and settings.enabled(report.fix.safety):
+                fixes.append((finding, report.fix))
+    findings.sort(key=lambda f: (f.line, f.col, f.code))
+    return findings, _outermost(fixes, wrapper)
+
+
+def _outermost(
+    fixes: list[tuple[Finding, Fix]], wrapper: MetadataWrapper
+) -> list[tuple[Finding, Fix]]:
+    """Drop fixes nested inside another fix's node; the next pass re-finds them."""
+    if len(fixes) < 2:
+        return fixes
+    parents = wrapper.resolve(ParentNodeProvider)
+    fixed = {id(fix.node) for _, fix in fixes}
+    kept = []
+    for finding, fix in fixes:
+        node = parents.get(fix.node)
+        nested = False
+        while node is not None:
+            if id(node) in fixed:
+                nested = True
+                break
+            node = parents.get(node)
+        if not nested:
+            kept.append((finding, fix))
+    return kept
+
+
+class _ApplyFixes(cst.CSTTransformer):
+    def __init__(self, fixes: list[Fix]) -> None:
+        super().__init__()
+        self._by_node = {id(fix.node): fix for fix in fixes}
+        self._keep_alive = fixes
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        fix = self._by_node.get(id(original_node))
+        if fix is None:
+            return updated_node
+        return fix.replacement
+
+
+def _apply(module: cst.Module, fixes: list[tuple[Finding, Fix]]) -> tuple[cst.Module, list[Finding]]:
+    applied = [finding for finding, _ in fixes]
+    new_module = module.visit(_ApplyFixes([fix for _, fix in fixes]))
+    imports = [imp for _, fix in fixes for imp in fix.imports]
+    if imports:
+        resolver = NameResolver.for_module(new_module)
+        context = CodemodContext()
+        for imp in imports:
+            local = imp.asname or imp.obj or imp.module.split(".")[0]
+            wanted = f"{imp.module}.{imp.obj}" if imp.obj else imp.module
+            if resolver.bindings.get(local) == wanted:
+                continue
+            AddImportsVisitor.add_needed_import(context, imp.module, imp.obj, imp.asname)
+        new_module = AddImportsVisitor(context).transform_module(new_module)
+    return new_module, applied
+
+
+def _mark_applied(findings: list[Finding], applied: list[Finding]) -> None:
+    for finding in applied:
+        for original in findings:
+            if original is finding or (
+                not original.applied
+                and original.code == finding.code
+                and original.message == finding.message
+            ):
+                original.applied = True
+                break
+
+
+def _safety_check(code: str, path: str) -> str | None:
+    try:
+        cst.parse_module(code)
+        compile(code, path, "exec", dont_inherit=True)
+    except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None

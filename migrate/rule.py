@@ -1,0 +1,195 @@
+"""What every rule is: a libcst visitor with a code, documentation, examples and optional fixes.
+
+A rule never edits the tree itself. It calls :meth:`Rule.report` with the node it found and, when
+it can, the node that should replace it. The engine decides which fixes are applied (by safety and
+configuration), applies them in one transform, and re-runs the rules until nothing changes.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import ClassVar
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider
+
+from tfmigrate.names import NameResolver
+
+
+class FixSafety(str, enum.Enum):
+    """Ruff's vocabulary: safe fixes apply with --write, unsafe only with --unsafe-fixes."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+    MANUAL = "manual"  # reported only; a person has to decide
+
+
+@dataclass(frozen=True)
+class Example:
+    """An INVALID example: code the rule must flag and, if it fixes, the exact fixed code."""
+
+    code: str
+    fixed: str | None = None
+    # Substring the message must contain; documents what the finding says.
+    message: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", textwrap.dedent(self.code).lstrip("\n"))
+        if self.fixed is not None:
+            object.__setattr__(self, "fixed", textwrap.dedent(self.fixed).lstrip("\n"))
+
+
+@dataclass(frozen=True)
+class Import:
+    """An import a fix needs: ``import module as asname`` or ``from module import obj``."""
+
+    module: str
+    obj: str | None = None
+    asname: str | None = None
+
+
+@dataclass
+class Fix:
+    node: cst.CSTNode
+    replacement: cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel
+    safety: FixSafety
+    imports: tuple[Import, ...] = ()
+
+
+@dataclass
+class Finding:
+    path: str
+    line: int
+    col: int
+    code: str
+    message: str
+    safety: FixSafety
+    fixable: bool = False  # a fix exists (maybe not enabled)
+    applied: bool = False
+    cell: int | None = None  # notebook cell index (1-based) when the file is a notebook
+    end_line: int | None = None
+
+    @property
+    def location(self) -> str:
+        cell = f"cell {self.cell}:" if self.cell is not None else ""
+        return f"{self.path}:{cell}{self.line}:{self.col}"
+
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "code": self.code,
+            "message": self.message,
+            "fix_safety": self.safety.value,
+            "fixable": self.fixable,
+            "applied": self.applied,
+        }
+        if self.cell is not None:
+            data["cell"] = self.cell
+        return data
+
+
+@dataclass
+class RuleContext:
+    """What a rule may know about the file it runs on."""
+
+    path: PurePosixPath
+    resolver: NameResolver
+    module: cst.Module
+    options: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    node: cst.CSTNode
+    message: str
+    fix: Fix | None
+
+
+_DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Fix safety")
+
+
+class Rule(cst.BatchableCSTVisitor):
+    """Base class. Subclasses set the class attributes and write Ruff-style docs in the docstring:
+    sections ``## What it does``, ``## Why is this bad?``, ``## Example``, ``## Fix safety``."""
+
+    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    fix_safety: ClassVar[FixSafety] = FixSafety.MANUAL
+    valid: ClassVar[tuple[str, ...]] = ()
+    invalid: ClassVar[tuple[Example, ...]] = ()
+
+    def __init__(self, context: RuleContext) -> None:
+        super().__init__()
+        self.context = context
+        self.reports: list[Report] = []
+
+    # -- helpers for subclasses ---------------------------------------------------------------
+    def qualify(self, node: cst.BaseExpression) -> str | None:
+        return self.context.resolver.qualify(node)
+
+    def call_name(self, node: cst.Call) -> str | None:
+        return self.qualify(node.func)
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def ancestors(self, node: cst.CSTNode):
+        current = self.parent(node)
+        while current is not None:
+            yield current
+            current = self.parent(current)
+
+    def enclosing_statement(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement (simple or compound) that holds ``node``."""
+        current: cst.CSTNode = node
+        while not isinstance(current, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+            parent = self.parent(current)
+            if parent is None:
+                return current
+            current = parent
+        return current
+
+    def tf_local(self) -> str:
+        """The local name of the ``tensorflow`` module (``tf`` if it is not imported)."""
+        return self.context.resolver.local_name_for("tensorflow") or "tf"
+
+    def report(
+        self,
+        node: cst.CSTNode,
+        message: str,
+        *,
+        replacement: cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel | None = None,
+        safety: FixSafety | None = None,
+        imports: tuple[Import, ...] = (),
+    ) -> None:
+        fix = None
+        if replacement is not None:
+            fix = Fix(node, replacement, safety or self.fix_safety, imports)
+        self.reports.append(Report(node, message, fix))
+
+    # -- catalog ------------------------------------------------------------------------------
+    @classmethod
+    def docs(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    @classmethod
+    def doc_sections(cls) -> dict[str, str]:
+        sections: dict[str, str] = {}
+        for match in re.finditer(r"^## (.+?)\n(.*?)(?=^## |\Z)", cls.docs(), re.S | re.M):
+            sections[match.group(1).strip()] = match.group(2).strip()
+        return sections
+
+    @classmethod
+    def missing_doc_sections(cls) -> list[str]:
+        present = cls.doc_sections()
+        return [s for s in _DOC_SECTIONS if not present.get(s)]

@@ -1,0 +1,1 @@
+"""verify: train the legacy and the migrated program side by side and compare."""

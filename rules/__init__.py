@@ -1,0 +1,1 @@
+"""The rule catalog: one module per rule, discovered by the engine."""
