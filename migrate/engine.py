@@ -16,7 +16,6 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
-
 from tfmigrate.names import NameResolver
 from tfmigrate.python2 import describe_syntax_error
 from tfmigrate.rule import Finding, Fix, FixSafety, Rule, RuleContext
@@ -44,6 +43,7 @@ class Settings:
 class SourceResult:
     findings: list[Finding] = field(default_factory=list)
     new_code: str | None = None  # set only when the text changed
+    new_bytes: bytes | None = None  # new_code in the file's own encoding (BOM kept)
     error: str | None = None
 
 
@@ -100,6 +100,7 @@ def process_source(source: str | bytes, path: str, settings: Settings) -> Source
         result.error = f"internal error: fixes produced invalid code ({problem}); file left unchanged"
         return result
     result.new_code = new_code
+    result.new_bytes = new_module.bytes
     return result
 
 

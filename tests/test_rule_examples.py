@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.registry import all_rules
 from tfmigrate.rule import FixSafety

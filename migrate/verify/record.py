@@ -1,0 +1,124 @@
+"""What one side of a verify run leaves behind, shared by both boot modules and the comparison.
+
+A side writes into its own output folder:
+  record.json  the run: status, per-step fetched scalars, input fingerprints, timings, notes
+  init.npz     variable values at the start of step 1 (legacy: every global variable)
+  final.npz    variable values after the last step
+  trace.npz    per-step values (stacked over steps) of the variables verify was asked to trace
+numpy + json only (no TensorFlow), so the CLI can read records without importing TF.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RECORD_JSON = "record.json"
+INIT_NPZ = "init.npz"
+FINAL_NPZ = "final.npz"
+TRACE_NPZ = "trace.npz"
+
+# Status of a side. "ok": reached the requested steps (or the script's own end); "crashed": user code
+# raised; "error": the runtime could not set the program up (protocol missing, bad mapping, ...).
+OK, CRASHED, ERROR = "ok", "crashed", "error"
+
+
+@dataclass
+class Fetch:
+    """One scalar a training step fetched. ``tower`` is None for a reduction (not tied to a device)."""
+
+    name: str  # legacy: tensor name without ':0'; migrated: the key train_step returned
+    base: str  # name without the tower scope ("tower_1/loss" -> "loss")
+    tower: int | None
+    value: float
+
+
+@dataclass
+class Step:
+    step: int  # 1-based
+    seconds: float
+    fetches: list[Fetch] = field(default_factory=list)
+    inputs: list[str] | None = None  # step fingerprint (see fingerprint.py); None = not captured
+
+
+@dataclass
+class RunRecord:
+    side: str  # "legacy" | "migrated"
+    status: str = OK
+    message: str = ""
+    traceback: str = ""
+    steps: list[Step] = field(default_factory=list)
+    devices: int = 0  # towers seen (legacy) / replicas (migrated)
+    variables: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> shape, kind, ...
+    replica_spread: dict[str, float] = field(default_factory=dict)  # var -> max |replica i - replica 0|
+    peak_memory_bytes: int | None = None
+    memory_source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        steps = [
+            Step(
+                step=s["step"],
+                seconds=s["seconds"],
+                fetches=[Fetch(**f) for f in s.get("fetches", [])],
+                inputs=s.get("inputs"),
+            )
+            for s in data.get("steps", [])
+        ]
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "steps"}
+        return cls(steps=steps, **known)
+
+    def save(self, folder: Path) -> None:
+        write_json_atomic(folder / RECORD_JSON, self.to_json())
+
+    @classmethod
+    def load(cls, folder: Path) -> RunRecord:
+        return cls.from_json(json.loads((folder / RECORD_JSON).read_text()))
+
+    def steps_per_second(self, warmup: int = 2) -> float | None:
+        """Throughput after warm-up (the first steps include graph building / tracing)."""
+        timed = [s.seconds for s in self.steps[warmup:]]
+        if not timed or sum(timed) <= 0:
+            return None
+        return len(timed) / sum(timed)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_json_default))
+    os.replace(tmp, path)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """npz keyed by position; the real names (which contain '/' and ':') travel in an index array."""
+    names = sorted(arrays)
+    payload = {f"a{i}": np.asarray(arrays[n]) for i, n in enumerate(names)}
+    payload["__names__"] = np.array(names, dtype=str)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **payload)
+    os.replace(tmp, path)
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    if not path.exists():
+        return {}
+    with np.load(path, allow_pickle=False) as data:
+        names = [str(n) for n in data["__names__"]]
+        return {n: data[f"a{i}"] for i, n in enumerate(names)}
