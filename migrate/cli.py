@@ -67,17 +67,27 @@ def _codes(values: list[str] | None) -> list[str]:
     return [c.strip() for v in values or [] for c in v.split(",") if c.strip()]
 
 
-Paths = Annotated[list[Path], typer.Argument(help="Files or folders to process.", show_default=False)]
-Select = Annotated[list[str] | None, typer.Option("--select", help="Only these codes or prefixes (comma-separated).")]
+Paths = Annotated[
+    list[Path], typer.Argument(help="Files or folders to process.", show_default=False)
+]
+Select = Annotated[
+    list[str] | None,
+    typer.Option("--select", help="Only these codes or prefixes (comma-separated)."),
+]
 Ignore = Annotated[list[str] | None, typer.Option("--ignore", help="Skip these codes or prefixes.")]
-Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Extra gitignore-style patterns to skip.")]
+Exclude = Annotated[
+    list[str] | None, typer.Option("--exclude", help="Extra gitignore-style patterns to skip.")
+]
 Jobs = Annotated[int, typer.Option("-j", "--jobs", min=1, help="Parallel worker processes.")]
-ConfigPath = Annotated[Path | None, typer.Option("--config", help="pyproject.toml to read [tool.tfmigrate] from.")]
+ConfigPath = Annotated[
+    Path | None, typer.Option("--config", help="pyproject.toml to read [tool.tfmigrate] from.")
+]
 NoConfig = Annotated[bool, typer.Option("--no-config", help="Ignore [tool.tfmigrate] settings.")]
 
 
 def _progress_factory(console: Console):
     """A rich progress bar on a terminal for larger trees; nothing when piped."""
+
     def start(total: int):
         if total < 50 or not console.is_terminal:
             return None
@@ -113,7 +123,9 @@ def _execute(options: RunOptions, include_other_files: bool = False) -> RunResul
 def _print_errors(results: list[FileResult]) -> None:
     for result in results:
         if result.error:
-            err.print(Text.assemble((f"{result.path}: ", "bold"), ("error: ", "bold red"), result.error))
+            err.print(
+                Text.assemble((f"{result.path}: ", "bold"), ("error: ", "bold red"), result.error)
+            )
 
 
 def _print_findings(results: list[FileResult]) -> None:
@@ -132,7 +144,10 @@ def _print_findings(results: list[FileResult]) -> None:
                 Text.assemble(
                     (f"{finding.location}:", "bold"),
                     " ",
-                    (finding.code, "bold red" if finding.safety.value == "manual" else "bold yellow"),
+                    (
+                        finding.code,
+                        "bold red" if finding.safety.value == "manual" else "bold yellow",
+                    ),
                     " ",
                     finding.message,
                     (fix, "cyan"),
@@ -153,7 +168,9 @@ def _summary_table(results: list[FileResult]) -> None:
         table.add_column("fix")
         for code, count in sorted(counts.items()):
             rule = names.get(code)
-            table.add_row(code, rule.name if rule else "?", str(count), rule.fix_safety.value if rule else "")
+            table.add_row(
+                code, rule.name if rule else "?", str(count), rule.fix_safety.value if rule else ""
+            )
         out.print()
         out.print(table)
     total = sum(counts.values())
@@ -172,8 +189,12 @@ def _exit_status(results: list[FileResult], pending: bool) -> int:
 @app.command()
 def scan(
     paths: Paths,
-    output_format: Annotated[ScanFormat, typer.Option("--format", help="Output format.")] = ScanFormat.text,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the report to this file.")] = None,
+    output_format: Annotated[
+        ScanFormat, typer.Option("--format", help="Output format.")
+    ] = ScanFormat.text,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the report to this file.")
+    ] = None,
     select: Select = None,
     ignore: Ignore = None,
     exclude: Exclude = None,
@@ -182,7 +203,15 @@ def scan(
     no_config: NoConfig = False,
 ) -> None:
     """Find TF1 multi-GPU patterns and TF2 pitfalls, with what each one means."""
-    options = RunOptions(paths, _codes(select), _codes(ignore), exclude or [], jobs=jobs, config=config, no_config=no_config)
+    options = RunOptions(
+        paths,
+        _codes(select),
+        _codes(ignore),
+        exclude or [],
+        jobs=jobs,
+        config=config,
+        no_config=no_config,
+    )
     result = _execute(options)
     results = result.results
     if output_format is ScanFormat.text and output is None:
@@ -274,12 +303,24 @@ def _rewrite_summary(results: list[FileResult], output_format: RewriteFormat, mo
 def rewrite(
     paths: Paths,
     write: Annotated[bool, typer.Option("--write", help="Apply the fixes in place.")] = False,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Write a migrated copy of the tree here.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 if --write would change anything.")] = False,
-    unsafe_fixes: Annotated[bool, typer.Option("--unsafe-fixes", help="Also apply fixes that change behaviour.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Allow --out into an existing non-empty folder.")] = False,
-    allow_dirty: Annotated[bool, typer.Option("--allow-dirty", help="Allow --write over uncommitted changes.")] = False,
-    output_format: Annotated[RewriteFormat, typer.Option("--format", help="Summary format.")] = RewriteFormat.text,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Write a migrated copy of the tree here.")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 if --write would change anything.")
+    ] = False,
+    unsafe_fixes: Annotated[
+        bool, typer.Option("--unsafe-fixes", help="Also apply fixes that change behaviour.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Allow --out into an existing non-empty folder.")
+    ] = False,
+    allow_dirty: Annotated[
+        bool, typer.Option("--allow-dirty", help="Allow --write over uncommitted changes.")
+    ] = False,
+    output_format: Annotated[
+        RewriteFormat, typer.Option("--format", help="Summary format.")
+    ] = RewriteFormat.text,
     select: Select = None,
     ignore: Ignore = None,
     exclude: Exclude = None,
@@ -298,8 +339,15 @@ def rewrite(
             err.print(f"[bold red]error:[/] {exc}")
             raise typer.Exit(EXIT_ERROR) from None
     options = RunOptions(
-        paths, _codes(select), _codes(ignore), exclude or [], fix=True, unsafe_fixes=unsafe_fixes,
-        jobs=jobs, config=config, no_config=no_config,
+        paths,
+        _codes(select),
+        _codes(ignore),
+        exclude or [],
+        fix=True,
+        unsafe_fixes=unsafe_fixes,
+        jobs=jobs,
+        config=config,
+        no_config=no_config,
     )
     result = _execute(options, include_other_files=out_dir is not None)
     results = result.results
@@ -309,7 +357,11 @@ def rewrite(
 
     if check:
         _rewrite_summary(results, output_format, "check")
-        raise typer.Exit(EXIT_ERROR if any(r.error for r in results) else (EXIT_FINDINGS if changed else EXIT_CLEAN))
+        raise typer.Exit(
+            EXIT_ERROR
+            if any(r.error for r in results)
+            else (EXIT_FINDINGS if changed else EXIT_CLEAN)
+        )
     if write:
         _apply_in_place(changed, sources, paths, allow_dirty)
         _rewrite_summary(results, output_format, "write")
@@ -326,7 +378,9 @@ def rewrite(
     raise typer.Exit(_exit_status(results, pending))
 
 
-def _apply_in_place(changed: list[FileResult], sources: dict[str, Path], inputs: list[Path], allow_dirty: bool) -> None:
+def _apply_in_place(
+    changed: list[FileResult], sources: dict[str, Path], inputs: list[Path], allow_dirty: bool
+) -> None:
     targets = [sources[r.path] for r in changed]
     if not allow_dirty:
         dirty = gitcheck.dirty_files(targets)
@@ -361,7 +415,9 @@ def _write_tree(result: RunResult, out_dir: Path, inputs: list[Path]) -> None:
     changed: dict[str, FileResult] = {}
     for discovered in result.files:
         source = discovered.path.resolve()
-        rel = source.relative_to(base) if source.is_relative_to(base) else Path(discovered.path.name)
+        rel = (
+            source.relative_to(base) if source.is_relative_to(base) else Path(discovered.path.name)
+        )
         target = out_dir / rel
         file_result = by_path.get(source)
         if file_result is not None and file_result.new is not None:
@@ -374,14 +430,24 @@ def _write_tree(result: RunResult, out_dir: Path, inputs: list[Path]) -> None:
 
 @app.command("rules")
 def list_rules(
-    output_format: Annotated[RewriteFormat, typer.Option("--format", help="text or json.")] = RewriteFormat.text,
+    output_format: Annotated[
+        RewriteFormat, typer.Option("--format", help="text or json.")
+    ] = RewriteFormat.text,
 ) -> None:
     """List the rule catalog."""
     rules = all_rules()
     if output_format is RewriteFormat.json:
         sys.stdout.write(
             json.dumps(
-                [{"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix_safety.value} for r in rules],
+                [
+                    {
+                        "code": r.code,
+                        "name": r.name,
+                        "summary": r.summary,
+                        "fix": r.fix_safety.value,
+                    }
+                    for r in rules
+                ],
                 indent=2,
             )
             + "\n"
@@ -402,7 +468,11 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code (TFM104) or na
     if rule is None:
         err.print(f"[bold red]error:[/] unknown rule {code!r} (see `tfmigrate rules`)")
         raise typer.Exit(EXIT_ERROR)
-    out.print(Markdown(f"# {rule.code} {rule.name}\n\n*{rule.summary}* — fix: **{rule.fix_safety.value}**\n\n{rule.docs()}"))
+    out.print(
+        Markdown(
+            f"# {rule.code} {rule.name}\n\n*{rule.summary}* — fix: **{rule.fix_safety.value}**\n\n{rule.docs()}"
+        )
+    )
 
 
 def _register_optional_commands() -> None:

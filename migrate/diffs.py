@@ -35,8 +35,10 @@ def notes_for(findings: list[Finding]) -> bytes:
     """Review notes, placed before a file's diff: `git apply` skips text before the header."""
     out = []
     for finding in findings:
-        state = "fixed" if finding.applied else (
-            f"{finding.safety.value} fix available" if finding.fixable else "manual"
+        state = (
+            "fixed"
+            if finding.applied
+            else (f"{finding.safety.value} fix available" if finding.fixable else "manual")
         )
         out.append(f"# {finding.location}: {finding.code} [{state}] {finding.message}\n")
     return "".join(out).encode()

@@ -81,7 +81,7 @@ class Walker:
                 if spec is not None:
                     specs.append((here, spec))
 
-            def ignored(path: Path, is_dir: bool) -> bool:
+            def ignored(path: Path, is_dir: bool, specs=tuple(specs)) -> bool:
                 rel = path.relative_to(top).as_posix() + ("/" if is_dir else "")
                 if self.exclude.match_file(rel):
                     return True

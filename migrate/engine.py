@@ -97,7 +97,9 @@ def process_source(source: str | bytes, path: str, settings: Settings) -> Source
     if problem is not None:
         for finding in findings:
             finding.applied = False
-        result.error = f"internal error: fixes produced invalid code ({problem}); file left unchanged"
+        result.error = (
+            f"internal error: fixes produced invalid code ({problem}); file left unchanged"
+        )
         return result
     result.new_code = new_code
     result.new_bytes = new_module.bytes
@@ -200,7 +202,9 @@ class _ApplyFixes(cst.CSTTransformer):
         return fix.replacement
 
 
-def _apply(module: cst.Module, fixes: list[tuple[Finding, Fix]]) -> tuple[cst.Module, list[Finding]]:
+def _apply(
+    module: cst.Module, fixes: list[tuple[Finding, Fix]]
+) -> tuple[cst.Module, list[Finding]]:
     applied = [finding for finding, _ in fixes]
     new_module = module.visit(_ApplyFixes([fix for _, fix in fixes]))
     imports = [imp for _, fix in fixes for imp in fix.imports]

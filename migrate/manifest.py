@@ -39,18 +39,30 @@ def entry_for(result: FileResult) -> dict[str, Any]:
     pending = [f for f in result.findings if not f.applied]
     entry: dict[str, Any] = {
         "applied": [
-            {"code": f.code, "line": f.line, "message": f.message, **({"cell": f.cell} if f.cell else {})}
+            {
+                "code": f.code,
+                "line": f.line,
+                "message": f.message,
+                **({"cell": f.cell} if f.cell else {}),
+            }
             for f in applied
         ],
         "manual": [
-            {"code": f.code, "line": f.line, "message": f.message, **({"cell": f.cell} if f.cell else {})}
+            {
+                "code": f.code,
+                "line": f.line,
+                "message": f.message,
+                **({"cell": f.cell} if f.cell else {}),
+            }
             for f in pending
         ],
     }
     return entry
 
 
-def update(root: Path, changed: dict[str, FileResult], extra: dict[str, dict[str, Any]] | None = None) -> Path | None:
+def update(
+    root: Path, changed: dict[str, FileResult], extra: dict[str, dict[str, Any]] | None = None
+) -> Path | None:
     """Merge entries for ``changed`` (keys relative to ``root``) into the root's manifest."""
     if not changed and not extra:
         return None

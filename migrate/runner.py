@@ -43,7 +43,9 @@ def run_files(
     context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
     ordered: list[list[FileResult] | None] = [None] * len(chunks)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {pool.submit(_process_chunk, chunk, settings): i for i, chunk in enumerate(chunks)}
+        futures = {
+            pool.submit(_process_chunk, chunk, settings): i for i, chunk in enumerate(chunks)
+        }
         from concurrent.futures import as_completed
 
         for future in as_completed(futures):

@@ -54,9 +54,7 @@ def to_sarif(results: list[FileResult], rules: tuple[type[Rule], ...]) -> dict[s
                 {
                     "level": "error",
                     "message": {"text": f"{result.path}: {result.error}"},
-                    "locations": [
-                        {"physicalLocation": {"artifactLocation": {"uri": result.path}}}
-                    ],
+                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": result.path}}}],
                 }
             )
     return {

@@ -43,7 +43,10 @@ class RunResult:
     @property
     def sources(self) -> dict[str, Path]:
         """Display path -> path on disk, for every processed source."""
-        return {r.path: f.path for f, r in zip((f for f in self.files if f.is_source), self.results)}
+        return {
+            r.path: f.path
+            for f, r in zip((f for f in self.files if f.is_source), self.results, strict=True)
+        }
 
 
 def display_path(path: Path) -> str:
@@ -51,13 +54,19 @@ def display_path(path: Path) -> str:
     try:
         return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
-        return path.as_posix() if not path.is_absolute() else os.path.normpath(path).replace(os.sep, "/")
+        return (
+            path.as_posix()
+            if not path.is_absolute()
+            else os.path.normpath(path).replace(os.sep, "/")
+        )
 
 
 def configure(options: RunOptions) -> tuple[Settings, FileConfig]:
     config = FileConfig()
     if not options.no_config:
-        pyproject = options.config or find_pyproject(options.paths[0] if options.paths else Path.cwd())
+        pyproject = options.config or find_pyproject(
+            options.paths[0] if options.paths else Path.cwd()
+        )
         config = load_config(pyproject)
     select = options.select or config.select
     ignore = [*config.ignore, *options.ignore]
@@ -74,7 +83,9 @@ def configure(options: RunOptions) -> tuple[Settings, FileConfig]:
     return settings, config
 
 
-def discover(options: RunOptions, config: FileConfig, include_other_files: bool = False) -> list[Discovered]:
+def discover(
+    options: RunOptions, config: FileConfig, include_other_files: bool = False
+) -> list[Discovered]:
     walker = Walker(exclude=[*config.exclude, *options.exclude])
     return list(walker.walk(options.paths, include_other_files=include_other_files))
 

@@ -36,7 +36,11 @@ def is_data(array: object) -> bool:
 def stream_digest(parts: Sequence[object]) -> str:
     """Digest of the rows of ``parts`` concatenated along axis 0 (the slices in tower/replica order)."""
     arrays = [canonical(part) for part in parts]
-    a = arrays[0] if len(arrays) == 1 else np.concatenate([x.reshape((-1,) + x.shape[1:]) for x in arrays])
+    a = (
+        arrays[0]
+        if len(arrays) == 1
+        else np.concatenate([x.reshape((-1,) + x.shape[1:]) for x in arrays])
+    )
     h = hashlib.sha1()
     h.update(a.dtype.str.encode())
     h.update(repr(a.shape).encode())

@@ -55,7 +55,9 @@ class RunRecord:
     steps: list[Step] = field(default_factory=list)
     devices: int = 0  # towers seen (legacy) / replicas (migrated)
     variables: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> shape, kind, ...
-    replica_spread: dict[str, float] = field(default_factory=dict)  # var -> max |replica i - replica 0|
+    replica_spread: dict[str, float] = field(
+        default_factory=dict
+    )  # var -> max |replica i - replica 0|
     peak_memory_bytes: int | None = None
     memory_source: str = ""
     notes: list[str] = field(default_factory=list)

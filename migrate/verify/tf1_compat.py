@@ -74,7 +74,9 @@ class _TF1Namespace(types.ModuleType):
     def __init__(self, v1: types.ModuleType, real: types.ModuleType, contrib: types.ModuleType):
         super().__init__("tensorflow", real.__doc__)
         self._v1, self._real = v1, real
-        self.__path__ = list(getattr(real, "__path__", []))  # submodule imports reach the real package
+        self.__path__ = list(
+            getattr(real, "__path__", [])
+        )  # submodule imports reach the real package
         self.__spec__ = real.__spec__
         self.__file__ = getattr(real, "__file__", None)
         self.contrib = contrib
@@ -90,7 +92,9 @@ class _TF1Namespace(types.ModuleType):
 class _MergedModule(types.ModuleType):
     """A module whose attributes come from the first of several modules that has them."""
 
-    def __init__(self, name: str, sources: list[types.ModuleType], extra: dict[str, Any] | None = None):
+    def __init__(
+        self, name: str, sources: list[types.ModuleType], extra: dict[str, Any] | None = None
+    ):
         super().__init__(name)
         self._sources = sources
         self.__dict__.update(extra or {})
@@ -133,7 +137,9 @@ def _memory_stats(v1: Any) -> types.ModuleType:
     mod = types.ModuleType("tensorflow.contrib.memory_stats")
     mod.MaxBytesInUse = op("MaxBytesInUse", peak_rss_bytes)  # type: ignore[attr-defined]
     mod.BytesInUse = op("BytesInUse", current_rss_bytes)  # type: ignore[attr-defined]
-    mod.BytesLimit = op("BytesLimit", lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))  # type: ignore[attr-defined]
+    mod.BytesLimit = op(
+        "BytesLimit", lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )  # type: ignore[attr-defined]
     mod.BytesInUse.__doc__ = "CPU stand-in: process resident memory."
     return mod
 
@@ -152,8 +158,10 @@ def _contrib(v1: Any) -> types.ModuleType:
     framework = _MergedModule(
         "tensorflow.contrib.framework",
         [slim_variables, arg_scope_mod, tf_slim],
-        {"get_or_create_global_step": v1.train.get_or_create_global_step,
-         "get_global_step": v1.train.get_global_step},
+        {
+            "get_or_create_global_step": v1.train.get_or_create_global_step,
+            "get_global_step": v1.train.get_global_step,
+        },
     )
     subs: dict[str, types.ModuleType] = {
         "slim": tf_slim,
@@ -175,7 +183,7 @@ def _keras_aliases() -> None:
     def resolve(name: str) -> types.ModuleType:
         if name == "keras.backend.tensorflow_backend":
             return importlib.import_module("tf_keras.backend")
-        return importlib.import_module("tf_keras" + name[len("keras"):])
+        return importlib.import_module("tf_keras" + name[len("keras") :])
 
     sys.modules.pop("keras", None)
     sys.meta_path.insert(0, _AliasFinder({"keras": resolve}))
