@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 from tfmigrate.names import NameResolver
 from tfmigrate.python2 import describe_syntax_error
@@ -209,6 +207,10 @@ def _apply(
     new_module = module.visit(_ApplyFixes([fix for _, fix in fixes]))
     imports = [imp for _, fix in fixes for imp in fix.imports]
     if imports:
+        # libcst.codemod pulls in libcst.matchers (half a second): only load it when needed.
+        from libcst.codemod import CodemodContext
+        from libcst.codemod.visitors import AddImportsVisitor
+
         resolver = NameResolver.for_module(new_module)
         context = CodemodContext()
         for imp in imports:

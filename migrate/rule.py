@@ -170,10 +170,14 @@ class Rule(cst.BatchableCSTVisitor):
         replacement: cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel | None = None,
         safety: FixSafety | None = None,
         imports: tuple[Import, ...] = (),
+        target: cst.CSTNode | None = None,
     ) -> None:
+        """Report a finding at ``node``. ``replacement`` replaces ``target`` (default: ``node``);
+        a finding can sit on one call while its fix rewrites the enclosing statement or block.
+        Findings whose fixes share one target must pass equal replacements."""
         fix = None
         if replacement is not None:
-            fix = Fix(node, replacement, safety or self.fix_safety, imports)
+            fix = Fix(target or node, replacement, safety or self.fix_safety, imports)
         self.reports.append(Report(node, message, fix))
 
     # -- catalog ------------------------------------------------------------------------------

@@ -210,5 +210,17 @@ def install(seed: int) -> Any:
         _keras_aliases()
     except ImportError:  # tf_keras missing: only Keras 2-era scripts will notice
         pass
+    _seed_every_graph(ops, seed)
     v1.set_random_seed(seed)
     return namespace
+
+
+def _seed_every_graph(ops: Any, seed: int) -> None:
+    """Op determinism refuses unseeded random ops; scripts often build a fresh ``tf.Graph()``."""
+    orig_init = ops.Graph.__init__
+
+    def init(graph: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(graph, *args, **kwargs)
+        graph.seed = seed
+
+    ops.Graph.__init__ = init

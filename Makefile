@@ -1,0 +1,31 @@
+# Set-up is part of every target: a fresh machine needs only Python 3.10+ and make.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+DEMO   := fixtures/cifar_towers
+
+.PHONY: install demo test test-fast lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[verify,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	bash scripts/demo.sh $(DEMO)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --durations=15
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check migrate rules tests bench scripts
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,462 @@
+"""Legacy side of verify: ``python -m tfmigrate.verify.legacy_boot --script train.py --out DIR ...``.
+
+Runs an unmodified TF1 tower script on TF 2.21 (see tf1_compat) and instruments it from outside:
+- device ``/gpu:i`` becomes logical ``CPU:i+1`` (``CPU:0`` stays the host the script calls /cpu:0),
+  so an op's device tells its tower; sessions get the CPU devices via ``device_count``;
+- ``Optimizer.apply_gradients`` (hence ``minimize``) marks its op as a train op; a ``Session.run``
+  whose fetches depend on a train op is a training step;
+- per training step: every fetched scalar (with its tower), an input fingerprint (fed arrays, or the
+  outputs of in-graph dequeue/iterator ops the step consumed), the wall time;
+- before step 1: every global variable (init.npz, written at once so the migrated side can start);
+- after every step: the traced variables; after step K: every global variable, then a private
+  exception unwinds the user's loop.
+Writes a record (record.py) and exits 0 even when the user code crashed: the record says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import runpy
+import sys
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfmigrate.verify import fingerprint, tf1_compat, tower_names
+from tfmigrate.verify.record import (
+    CRASHED,
+    ERROR,
+    FINAL_NPZ,
+    INIT_NPZ,
+    TRACE_NPZ,
+    Fetch,
+    RunRecord,
+    Step,
+    save_arrays,
+)
+
+PIPELINE_OP_TYPES = {
+    "IteratorGetNext",
+    "IteratorGetNextSync",
+    "QueueDequeueV2",
+    "QueueDequeueManyV2",
+    "QueueDequeueUpToV2",
+    "QueueDequeue",
+    "QueueDequeueMany",
+    "QueueDequeueUpTo",
+}
+SLOT_HINTS = ("/Momentum", "/RMSProp", "/Adam", "/Adagrad", "/Ftrl", "/Adadelta", "beta1_power", "beta2_power")
+AUTO_TRACE_LIMIT = 2_000_000  # elements; above it only the final values are kept
+
+
+class StopTraining(BaseException):
+    """Raised out of Session.run after step K. BaseException so ``except Exception`` in user loops
+    does not swallow it."""
+
+
+class LegacyRecorder:
+    def __init__(self, out: Path, steps: int, towers: int, trace: list[str] | None) -> None:
+        self.out, self.max_steps, self.towers = out, steps, towers
+        self.trace_request = trace
+        self.record = RunRecord(side="legacy")
+        self.train_op_names: set[str] = set()
+        self.optimizers: list[Any] = []
+        self.towers_seen: set[int] = set()
+        self.steps_done = 0
+        self.finalized = False
+        self.trace_values: dict[str, list[np.ndarray]] = {}
+        self._plans: dict[tuple[int, tuple[str, ...]], tuple[bool, list[Any]]] = {}
+        self._inside = False
+
+    # -- patches ---------------------------------------------------------------------------------
+    def install(self, tf: Any) -> None:
+        from tensorflow.python.client import session as session_lib
+        from tensorflow.python.framework import device_spec, ops
+        from tensorflow.python.training import optimizer as optimizer_lib
+
+        rec = self
+        spec_types = (device_spec.DeviceSpecV1, device_spec.DeviceSpecV2)
+
+        def translate(dev: Any) -> Any:
+            if dev is None or (callable(dev) and not isinstance(dev, spec_types)):
+                if dev is None:
+                    return None
+                return lambda op: translate(dev(op))
+            text = dev.to_string() if isinstance(dev, spec_types) else str(dev)
+            spec = device_spec.DeviceSpecV2.from_string(text)
+            if (spec.device_type or "").upper() == "GPU":
+                index = spec.device_index or 0
+                rec.towers_seen.add(index)
+                return spec.replace(device_type="CPU", device_index=index + 1).to_string()
+            if (spec.device_type or "").upper() == "CPU":
+                return spec.replace(device_index=0).to_string()
+            return dev
+
+        orig_device = ops.Graph.device
+
+        def device(graph: Any, device_name_or_function: Any) -> Any:
+            return orig_device(graph, translate(device_name_or_function))
+
+        ops.Graph.device = device
+
+        orig_init = session_lib.BaseSession.__init__
+
+        def session_init(sess: Any, target: str = "", graph: Any = None, config: Any = None) -> None:
+            config = tf.ConfigProto() if config is None else _copy_proto(config)
+            config.device_count["CPU"] = rec.towers + 1  # host CPU:0 + one device per tower
+            config.device_count["GPU"] = 0
+            config.log_device_placement = False
+            config.allow_soft_placement = True
+            orig_init(sess, target, graph, config)
+
+        session_lib.BaseSession.__init__ = session_init
+
+        orig_apply = optimizer_lib.Optimizer.apply_gradients
+
+        def apply_gradients(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            op = orig_apply(opt, *args, **kwargs)
+            rec.train_op_names.add(op.name)
+            rec.optimizers.append(opt)
+            return op
+
+        optimizer_lib.Optimizer.apply_gradients = apply_gradients
+
+        orig_run = session_lib.BaseSession.run
+        self._orig_run = orig_run
+
+        def run(sess: Any, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+            if rec._inside or rec.finalized:
+                if rec.finalized and rec.steps_done >= rec.max_steps:
+                    raise StopTraining()
+                return orig_run(sess, fetches, feed_dict, options, run_metadata)
+            rec._inside = True
+            try:
+                return rec.run(sess, fetches, feed_dict, options, run_metadata)
+            finally:
+                rec._inside = False
+
+        session_lib.BaseSession.run = run
+
+        orig_close = session_lib.BaseSession.close
+
+        def close(sess: Any) -> None:
+            if rec.steps_done and not rec.finalized and not getattr(sess, "_closed", False):
+                try:
+                    rec.finalize(sess)
+                except Exception as exc:  # noqa: BLE001  closing must not fail because of us
+                    rec.record.notes.append(f"final variables not captured at session close: {exc}")
+            orig_close(sess)
+
+        session_lib.BaseSession.close = close
+
+    # -- one Session.run ---------------------------------------------------------------------------
+    def run(self, sess: Any, fetches: Any, feed_dict: Any, options: Any, run_metadata: Any) -> Any:
+        from tensorflow.python.util import nest
+
+        graph = sess.graph
+        leaves = nest.flatten(fetches)
+        elements = [_graph_element(graph, leaf) for leaf in leaves]
+        is_train, pipeline = self._plan(graph, elements)
+        if not is_train:
+            return self._orig_run(sess, fetches, feed_dict, options, run_metadata)
+        if self.steps_done == 0:
+            self._check_towers()
+            self.capture_initial(sess)
+        extra = [t for op in pipeline for t in op.outputs] if not _has_data_feed(feed_dict) else []
+        start = time.perf_counter()
+        results, extra_values = self._orig_run(sess, (fetches, extra), feed_dict, options, run_metadata)
+        seconds = time.perf_counter() - start
+        self.steps_done += 1
+        step = Step(step=self.steps_done, seconds=seconds)
+        step.fetches = self._scalars(elements, nest.flatten(results))
+        step.inputs = self._fingerprint(graph, feed_dict, extra, extra_values)
+        self.record.steps.append(step)
+        self._trace(sess)
+        if self.steps_done >= self.max_steps:
+            self.finalize(sess)
+            raise StopTraining()
+        return results
+
+    def _plan(self, graph: Any, elements: list[Any]) -> tuple[bool, list[Any]]:
+        """Is this run a training step, and which input-pipeline ops does it consume? (cached)"""
+        ops_ = [getattr(e, "op", e) for e in elements if e is not None]
+        key = (id(graph), tuple(sorted(op.name for op in ops_)))
+        if key in self._plans:
+            return self._plans[key]
+        if not self.train_op_names:
+            self._plans[key] = (False, [])
+            return self._plans[key]
+        seen: set[str] = set()
+        queue = deque(ops_)
+        is_train, pipeline = False, []
+        while queue:
+            op = queue.popleft()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            if op.name in self.train_op_names:
+                is_train = True
+            if op.type in PIPELINE_OP_TYPES:
+                pipeline.append(op)
+            queue.extend(t.op for t in op.inputs)
+            queue.extend(op.control_inputs)
+        pipeline.sort(key=lambda op: op.name)
+        self._plans[key] = (is_train, pipeline if is_train else [])
+        return self._plans[key]
+
+    def _check_towers(self) -> None:
+        if self.towers_seen and max(self.towers_seen) + 1 != self.towers:
+            raise _RuntimeProblem(
+                f"the legacy script built {max(self.towers_seen) + 1} tower(s) on /gpu:0..."
+                f"{max(self.towers_seen)} but verify runs {self.towers} replica(s): pass the "
+                "script's own tower-count flag after `--`, or change --replicas"
+            )
+        if not self.towers_seen:
+            self.record.notes.append(
+                "the legacy script placed nothing on /gpu:i; towers were recognised by scope name only"
+            )
+        self.record.devices = max(self.towers_seen) + 1 if self.towers_seen else self.towers
+
+    def _scalars(self, elements: list[Any], values: list[Any]) -> list[Fetch]:
+        out = []
+        for element, value in zip(elements, values, strict=False):
+            if element is None or not hasattr(element, "op") or value is None:
+                continue
+            arr = np.asarray(value)
+            if arr.size != 1 or arr.dtype.kind not in "fiub":
+                continue
+            name = tower_names.strip_output_index(element.name)
+            if tf1_compat.MEMORY_STATS_SCOPE in name:
+                continue
+            base, tower = tower_names.split_tower(name, _tower_of_device(element.op.device))
+            out.append(Fetch(name=name, base=base, tower=tower, value=float(arr.reshape(()))))
+        return out
+
+    def _fingerprint(self, graph: Any, feed_dict: Any, extra: list[Any], extra_values: list[Any]) -> list[str] | None:
+        streams: dict[str, dict[int, Any]] = {}
+        if _has_data_feed(feed_dict):
+            for key, value in feed_dict.items():
+                element = _graph_element(graph, key)
+                if element is None or not fingerprint.is_data(value):
+                    continue
+                arr = np.asarray(value, dtype=element.dtype.as_numpy_dtype) if hasattr(element, "dtype") else value
+                self._add_stream(streams, element, arr)
+        else:
+            for tensor, value in zip(extra, extra_values, strict=False):
+                if fingerprint.is_data(value):
+                    self._add_stream(streams, tensor, value)
+        if not streams:
+            return None
+        return fingerprint.step_fingerprint([parts[i] for i in sorted(parts)] for parts in streams.values())
+
+    @staticmethod
+    def _add_stream(streams: dict[str, dict[int, Any]], tensor: Any, value: Any) -> None:
+        # per-tower feeds (tower_0/x, tower_1/x) form one stream, concatenated in tower order
+        name = tower_names.strip_output_index(tensor.name)
+        base, tower = tower_names.split_tower(name, _tower_of_device(tensor.op.device))
+        streams.setdefault(base, {})[tower if tower is not None else 0] = value
+
+    # -- variables -------------------------------------------------------------------------------
+    def _global_variables(self, sess: Any) -> list[Any]:
+        return list(sess.graph.get_collection("variables"))
+
+    def _read(self, sess: Any, variables: list[Any]) -> dict[str, np.ndarray]:
+        values = self._orig_run(sess, [v.value() if hasattr(v, "value") else v for v in variables])
+        return {v.op.name: np.asarray(x) for v, x in zip(variables, values, strict=True)}
+
+    def capture_initial(self, sess: Any) -> None:
+        variables = self._global_variables(sess)
+        trainable = {v.op.name for v in sess.graph.get_collection("trainable_variables")}
+        averaged = {v.op.name for v in sess.graph.get_collection("moving_average_variables")}
+        slots = self._slot_names()
+        values = self._read(sess, variables)
+        for v in variables:
+            name = v.op.name
+            self.record.variables[name] = {
+                "shape": list(values[name].shape),
+                "dtype": str(values[name].dtype),
+                "kind": _kind(name, name in trainable, name in slots),
+                "trainable": name in trainable,
+                "moving_average": name in averaged,
+            }
+        save_arrays(self.out / INIT_NPZ, values)  # the migrated side waits for this file
+        if self.trace_request is None:
+            candidates = [n for n, meta in self.record.variables.items() if meta["kind"] in _TRACED_KINDS]
+            size = sum(int(np.prod(self.record.variables[n]["shape"])) for n in candidates)
+            self.trace_names = candidates if size <= AUTO_TRACE_LIMIT else []
+        else:
+            missing = [n for n in self.trace_request if n not in values]
+            if missing:
+                self.record.notes.append(f"mapped legacy variables not in the graph: {missing}")
+            self.trace_names = [n for n in self.trace_request if n in values]
+        by_name = {v.op.name: v for v in variables}
+        self._trace_vars = [by_name[n] for n in self.trace_names]
+
+    def _slot_names(self) -> set[str]:
+        names = set()
+        for opt in self.optimizers:
+            for slot in opt.get_slot_names():
+                for var in list(getattr(opt, "_slots", {}).get(slot, {}).values()):
+                    names.add(var.op.name)
+            for extra in getattr(opt, "_non_slot_dict", {}).values():
+                names.add(extra.op.name)
+        return names
+
+    def _trace(self, sess: Any) -> None:
+        if not self._trace_vars:
+            return
+        for name, value in self._read(sess, self._trace_vars).items():
+            self.trace_values.setdefault(name, []).append(value)
+
+    def finalize(self, sess: Any) -> None:
+        if self.finalized:
+            return
+        self.finalized = True
+        save_arrays(self.out / FINAL_NPZ, self._read(sess, self._global_variables(sess)))
+        self.flush_trace()
+
+    def flush_trace(self) -> None:
+        if self.trace_values:
+            save_arrays(self.out / TRACE_NPZ, {n: np.stack(v) for n, v in self.trace_values.items()})
+
+
+_TRACED_KINDS = {"weight", "ema", "bn_stat", "other"}
+
+
+class _RuntimeProblem(Exception):
+    """A problem verify must report as 'could not run' (not a crash of user code)."""
+
+
+def _kind(name: str, trainable: bool, slot: bool) -> str:
+    if slot or any(h in name for h in SLOT_HINTS):
+        return "optimizer"
+    if name.endswith("ExponentialMovingAverage") or "/ExponentialMovingAverage" in name:
+        return "ema"
+    if "moving_mean" in name or "moving_variance" in name:
+        return "bn_stat"
+    if name.split("/")[-1] in ("global_step",):
+        return "step"
+    return "weight" if trainable else "other"
+
+
+def _tower_of_device(device: str) -> int | None:
+    """Our mapping put tower i on CPU:i+1."""
+    if not device:
+        return None
+    low = device.lower()
+    marker = "device:cpu:" if "device:cpu:" in low else ("cpu:" if "cpu:" in low else None)
+    if marker is None:
+        return None
+    try:
+        index = int(low.split(marker)[-1].split("/")[0])
+    except ValueError:
+        return None
+    return index - 1 if index >= 1 else None
+
+
+def _graph_element(graph: Any, leaf: Any) -> Any:
+    try:
+        return graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
+    except Exception:  # noqa: BLE001  e.g. a SparseTensor or a callable fetch: not a scalar anyway
+        return None
+
+
+def _has_data_feed(feed_dict: Any) -> bool:
+    return bool(feed_dict) and any(fingerprint.is_data(v) for v in feed_dict.values())
+
+
+def _copy_proto(config: Any) -> Any:
+    copy = type(config)()
+    copy.CopyFrom(config)
+    return copy
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The user's traceback without tfmigrate's own frames (boot, patches, runpy)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    te = traceback.TracebackException.from_exception(exc)
+    for chained in _chain(te):
+        chained.stack = traceback.StackSummary.from_list(
+            [f for f in chained.stack if not (f.filename.startswith(here) or f.filename.endswith("runpy.py"))]
+        )
+    return "".join(te.format())
+
+
+def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
+    out, cur = [], te
+    while cur is not None and cur not in out:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfmigrate.verify.legacy_boot")
+    parser.add_argument("--script", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--towers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace", type=Path, help="JSON list of legacy variable names to trace per step")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    ns.out.mkdir(parents=True, exist_ok=True)
+    trace = json.loads(ns.trace.read_text()) if ns.trace else None
+    recorder = LegacyRecorder(ns.out, ns.steps, ns.towers, trace)
+    record = recorder.record
+
+    random.seed(ns.seed)
+    np.random.seed(ns.seed)
+    try:
+        tf = tf1_compat.install(ns.seed)
+        recorder.install(tf)
+    except Exception as exc:  # noqa: BLE001
+        record.status, record.message = ERROR, f"legacy runtime could not start: {exc!r}"
+        record.traceback = traceback.format_exc()
+        record.save(ns.out)
+        return 0
+
+    script = ns.script.resolve()
+    sys.argv = [str(script), *script_args]
+    sys.path.insert(0, str(script.parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except StopTraining:
+        pass
+    except _RuntimeProblem as exc:
+        record.status, record.message = ERROR, str(exc)
+    except SystemExit as exc:
+        if exc.code not in (None, 0) and recorder.steps_done < ns.steps:
+            record.status = CRASHED
+            record.message = f"the legacy script exited with status {exc.code}"
+    except BaseException as exc:  # noqa: BLE001  user code crashed: report it as theirs
+        record.status = CRASHED
+        record.message = f"{type(exc).__name__}: {exc}".strip()
+        record.traceback = _user_traceback(exc)
+    if recorder.steps_done == 0 and record.status not in (CRASHED, ERROR):
+        record.status = ERROR
+        record.message = (
+            "no training step recognised: no Session.run fetched an op built by "
+            "Optimizer.apply_gradients/minimize"
+        )
+    elif 0 < recorder.steps_done < ns.steps:
+        record.notes.append(f"the legacy script ended after {recorder.steps_done} of {ns.steps} steps")
+        recorder.flush_trace()
+    record.peak_memory_bytes = tf1_compat.peak_rss_bytes()
+    record.memory_source = "process peak RSS (CPU)"
+    record.save(ns.out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # queue-runner threads and the like must not keep the process alive
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

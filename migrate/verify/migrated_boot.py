@@ -1,0 +1,264 @@
+"""Migrated side of verify: ``python -m tfmigrate.verify.migrated_boot --script train.py --out DIR ...``.
+
+Imports the TF2 script as a module (its ``__main__`` block does not run), calls its
+``tfmigrate_program(strategy, argv)`` (protocol.py) with a MirroredStrategy over N logical CPU
+devices, waits for the legacy side's initial variables, loads them through the name mapping, then
+drives ``train_step`` for K batches, recording what the legacy side records (record.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfmigrate.verify import fingerprint, protocol
+from tfmigrate.verify.record import (
+    CRASHED,
+    ERROR,
+    FINAL_NPZ,
+    INIT_NPZ,
+    TRACE_NPZ,
+    Fetch,
+    RunRecord,
+    Step,
+    load_arrays,
+    save_arrays,
+)
+
+
+class _SetupProblem(Exception):
+    """verify could not run the program (protocol not followed, mapping does not fit, ...)."""
+
+
+def configure_devices(tf: Any, replicas: int, device: str) -> list[str]:
+    if device == "gpu":
+        gpus = tf.config.list_logical_devices("GPU")
+        if len(gpus) < replicas:
+            raise _SetupProblem(f"--device gpu: {len(gpus)} GPU(s) visible, {replicas} replicas requested")
+        return [d.name for d in gpus[:replicas]]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    return [f"/cpu:{i}" for i in range(replicas)]
+
+
+def load_program_module(script: Path) -> Any:
+    spec = importlib.util.spec_from_file_location("tfmigrate_migrated_program", script)
+    if spec is None or spec.loader is None:
+        raise _SetupProblem(f"cannot import {script}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_for(path: Path, timeout: float) -> None:
+    """The legacy side writes its initial variables while it trains; start as soon as they exist."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise _SetupProblem(f"timed out waiting for the legacy initial variables ({path})")
+        time.sleep(0.05)
+
+
+def local_values(strategy: Any, value: Any) -> list[np.ndarray]:
+    return [np.asarray(v) for v in strategy.experimental_local_results(value)]
+
+
+def is_distributed(tf: Any, value: Any) -> bool:
+    return isinstance(value, tf.distribute.DistributedValues)
+
+
+class MigratedRunner:
+    def __init__(self, tf: Any, strategy: Any, program: dict[str, Any], out: Path) -> None:
+        self.tf, self.strategy, self.out = tf, strategy, out
+        missing = [k for k in protocol.REQUIRED_KEYS if k not in program]
+        if missing:
+            raise _SetupProblem(f"{protocol.ENTRY_POINT}() must return the keys {missing}")
+        self.variables: dict[str, Any] = dict(program[protocol.KEY_VARIABLES])
+        self.train_step = program[protocol.KEY_TRAIN_STEP]
+        self.batches = program[protocol.KEY_BATCHES]
+        self.record = RunRecord(side="migrated", devices=strategy.num_replicas_in_sync)
+        self.trace: dict[str, list[np.ndarray]] = {}
+
+    def load_initial(self, init: dict[str, np.ndarray], mapping: dict[str, str]) -> None:
+        problems = []
+        for legacy_name, new_name in mapping.items():
+            if legacy_name not in init:
+                problems.append(f"legacy variable {legacy_name!r} (mapped to {new_name!r}) does not exist")
+                continue
+            var = self.variables.get(new_name)
+            if var is None:
+                problems.append(f"migrated variable {new_name!r} (mapped from {legacy_name!r}) is not in "
+                                f"the program's variables")
+                continue
+            value = init[legacy_name]
+            if tuple(var.shape) != value.shape:
+                problems.append(f"{legacy_name} {value.shape} -> {new_name} {tuple(var.shape)}: shapes differ")
+                continue
+            var.assign(value.astype(var.dtype.as_numpy_dtype))
+        if problems:
+            raise _SetupProblem("the variable mapping does not fit:\n  " + "\n  ".join(problems))
+
+    def describe_variables(self, mapped: set[str]) -> None:
+        for name, var in self.variables.items():
+            self.record.variables[name] = {
+                "shape": list(var.shape),
+                "dtype": var.dtype.name,
+                "trainable": bool(getattr(var, "trainable", False)),
+                "mapped": name in mapped,
+            }
+
+    def read(self, names: list[str]) -> dict[str, np.ndarray]:
+        return {n: local_values(self.strategy, self.variables[n])[0] for n in names}
+
+    def run(self, steps: int, trace_names: list[str]) -> None:
+        iterator = iter(self.batches)
+        for index in range(1, steps + 1):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                self.record.notes.append(f"the migrated program's batches ended after {index - 1} steps")
+                break
+            inputs = self.fingerprint(batch)
+            start = time.perf_counter()
+            out = self.train_step(batch)
+            fetches = self.fetches(out)  # converting to numpy waits for the step to finish
+            seconds = time.perf_counter() - start
+            self.record.steps.append(Step(step=index, seconds=seconds, fetches=fetches, inputs=inputs))
+            for name, value in self.read(trace_names).items():
+                self.trace.setdefault(name, []).append(value)
+
+    def fetches(self, out: Any) -> list[Fetch]:
+        if not hasattr(out, "items"):
+            raise _SetupProblem("train_step must return a mapping {name: per-replica value or tensor}")
+        result = []
+        for key, value in out.items():
+            if is_distributed(self.tf, value):
+                for i, v in enumerate(local_values(self.strategy, value)):
+                    if v.size == 1:
+                        result.append(Fetch(name=f"{key}[{i}]", base=key, tower=i, value=float(v.reshape(()))))
+            else:
+                v = np.asarray(value)
+                if v.size == 1:
+                    result.append(Fetch(name=key, base=key, tower=None, value=float(v.reshape(()))))
+        return result
+
+    def fingerprint(self, batch: Any) -> list[str] | None:
+        streams = []
+        for leaf in self.tf.nest.flatten(batch):
+            parts = local_values(self.strategy, leaf) if is_distributed(self.tf, leaf) else [np.asarray(leaf)]
+            if parts and all(fingerprint.is_data(p) for p in parts):
+                streams.append(parts)
+        return fingerprint.step_fingerprint(streams) if streams else None
+
+    def finish(self) -> None:
+        names = list(self.variables)
+        save_arrays(self.out / FINAL_NPZ, self.read(names))
+        for name in names:
+            parts = local_values(self.strategy, self.variables[name])
+            spread = max((float(np.max(np.abs(p - parts[0]))) for p in parts[1:] if p.size), default=0.0)
+            if spread > 0:
+                self.record.replica_spread[name] = spread
+        if self.trace:
+            save_arrays(self.out / TRACE_NPZ, {n: np.stack(v) for n, v in self.trace.items()})
+
+
+def _user_traceback(exc: BaseException) -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    te = traceback.TracebackException.from_exception(exc)
+    te.stack = traceback.StackSummary.from_list([f for f in te.stack if not f.filename.startswith(here)])
+    return "".join(te.format())
+
+
+def _peak_memory(tf: Any, devices: list[str]) -> tuple[int, str]:
+    if devices and "gpu" in devices[0].lower():
+        try:
+            return max(tf.config.experimental.get_memory_info(d)["peak"] for d in devices), "GPU peak"
+        except Exception:  # noqa: BLE001
+            pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process peak RSS (CPU)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfmigrate.verify.migrated_boot")
+    parser.add_argument("--script", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--init", type=Path, required=True, help="legacy side's init.npz (waited for)")
+    parser.add_argument("--mapping", type=Path, required=True, help="JSON {legacy name: migrated name}")
+    parser.add_argument("--wait", type=float, default=600.0)
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    ns.out.mkdir(parents=True, exist_ok=True)
+    record = RunRecord(side="migrated")
+    os.environ.pop("TF_USE_LEGACY_KERAS", None)  # the migrated side is Keras 3
+    random.seed(ns.seed)
+    np.random.seed(ns.seed)
+    runner: MigratedRunner | None = None
+    import tensorflow as tf
+
+    devices: list[str] = []
+    stage = "setup"
+    try:
+        devices = configure_devices(tf, ns.replicas, ns.device)
+        tf.random.set_seed(ns.seed)
+        tf.config.experimental.enable_op_determinism()
+        strategy = tf.distribute.MirroredStrategy(devices=devices)
+        script = ns.script.resolve()
+        sys.argv = [str(script), *script_args]
+        sys.path.insert(0, str(script.parent))
+        stage = "user"
+        module = load_program_module(script)
+        entry = getattr(module, protocol.ENTRY_POINT, None)
+        if entry is None:
+            raise _SetupProblem(
+                f"{script.name} defines no {protocol.ENTRY_POINT}(strategy, argv); see docs/verify.md"
+            )
+        program = entry(strategy, list(script_args))
+        stage = "setup"
+        runner = MigratedRunner(tf, strategy, program, ns.out)
+        record = runner.record
+        mapping: dict[str, str] = json.loads(ns.mapping.read_text())
+        runner.describe_variables(set(mapping.values()))
+        wait_for(ns.init, ns.wait)
+        runner.load_initial(load_arrays(ns.init), mapping)
+        save_arrays(ns.out / INIT_NPZ, runner.read(list(runner.variables)))
+        stage = "user"
+        runner.run(ns.steps, [n for n in mapping.values() if n in runner.variables])
+        stage = "setup"
+        runner.finish()
+    except _SetupProblem as exc:
+        record.status, record.message = ERROR, str(exc)
+    except Exception as exc:  # noqa: BLE001
+        if stage == "user":
+            record.status = CRASHED
+            record.message = f"{type(exc).__name__}: {exc}".strip()
+            record.traceback = _user_traceback(exc)
+        else:
+            record.status, record.message = ERROR, f"verify's migrated runner failed: {exc!r}"
+            record.traceback = traceback.format_exc()
+    record.peak_memory_bytes, record.memory_source = _peak_memory(tf, devices)
+    record.save(ns.out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

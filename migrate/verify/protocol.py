@@ -1,0 +1,33 @@
+"""The protocol a migrated TF2 program follows so that verify can drive it (no TensorFlow here).
+
+A migrated script stays an ordinary program (``python train.py`` trains) and does not import
+tfmigrate. It additionally defines, at module level::
+
+    def tfmigrate_program(strategy: tf.distribute.Strategy, argv: list[str]) -> dict:
+        # build model, optimizer, variables inside strategy.scope(); parse argv like main() does
+        return {
+            "variables": {name: tf.Variable, ...},   # every variable verify may load or compare
+            "train_step": train_step,                 # distributed batch -> {key: PerReplica|Tensor}
+            "batches": dist_dataset,                  # iterable of distributed batches, in step order
+        }
+
+- ``variables``: created (built) before returning — Keras models built, EMA shadows created. Keys
+  are the migrated names the manifest's variable mapping points to (for Keras 3 use ``v.path``).
+  Optimizer slots are not needed: verify never loads them, so a wrong slot initialisation shows.
+- ``train_step(batch)``: one training step, usually ``strategy.run(step_fn, args=...)`` inside a
+  ``@tf.function``. Returns a mapping of the values the legacy loop fetched: a per-replica value
+  (``PerReplica``, what ``strategy.run`` returns) is compared tower i against replica i; a plain
+  tensor (e.g. ``strategy.reduce(...)``) is compared against a legacy value not tied to a tower.
+- ``batches``: what the program's own loop iterates (e.g. ``strategy.experimental_distribute_dataset``),
+  yielding exactly what ``train_step`` takes. verify fingerprints each batch (per replica, in replica
+  order) to make sure both sides saw the same data.
+Optional keys: ``"ema"`` is not needed (shadows are ordinary variables in ``variables``).
+"""
+
+from __future__ import annotations
+
+ENTRY_POINT = "tfmigrate_program"
+KEY_VARIABLES = "variables"
+KEY_TRAIN_STEP = "train_step"
+KEY_BATCHES = "batches"
+REQUIRED_KEYS = (KEY_VARIABLES, KEY_TRAIN_STEP, KEY_BATCHES)
