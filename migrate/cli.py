@@ -48,6 +48,12 @@ class RewriteFormat(str, enum.Enum):
     json = "json"
 
 
+class RulesFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"tfmigrate {__version__}")
@@ -431,12 +437,15 @@ def _write_tree(result: RunResult, out_dir: Path, inputs: list[Path]) -> None:
 @app.command("rules")
 def list_rules(
     output_format: Annotated[
-        RewriteFormat, typer.Option("--format", help="text or json.")
-    ] = RewriteFormat.text,
+        RulesFormat, typer.Option("--format", help="text, json or markdown.")
+    ] = RulesFormat.text,
 ) -> None:
     """List the rule catalog."""
     rules = all_rules()
-    if output_format is RewriteFormat.json:
+    if output_format is RulesFormat.markdown:
+        sys.stdout.write(rules_markdown())
+        return
+    if output_format is RulesFormat.json:
         sys.stdout.write(
             json.dumps(
                 [
@@ -459,6 +468,12 @@ def list_rules(
     for rule in rules:
         table.add_row(rule.code, rule.name, rule.fix_safety.value, rule.summary)
     out.print(table)
+
+
+def rules_markdown() -> str:
+    lines = ["| code | name | fix | what it flags |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.code} | {r.name} | {r.fix_safety.value} | {r.summary} |" for r in all_rules()]
+    return "\n".join(lines) + "\n"
 
 
 @app.command()

@@ -388,8 +388,11 @@ class DeviceConfig:
     def _gpus_subset(self, indices: list[int]) -> str:
         tf, q = self.tf, self.quote
         listed = f"{tf}.config.list_physical_devices({q}GPU{q})"
-        if indices == list(range(len(indices))):
-            subset = f"{listed}[:{len(indices)}]" if indices else "[]"
+        if not indices:
+            subset = "[]"
+        elif indices == list(range(indices[0], indices[-1] + 1)):  # contiguous: a slice
+            start = str(indices[0]) if indices[0] else ""
+            subset = f"{listed}[{start}:{indices[-1] + 1}]"
         else:
             wanted = ", ".join(map(str, indices)) + ("," if len(indices) == 1 else "")
             subset = f"[g for i, g in enumerate({listed}) if i in ({wanted})]"

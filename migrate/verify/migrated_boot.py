@@ -74,6 +74,11 @@ def local_values(strategy: Any, value: Any) -> list[np.ndarray]:
     return [np.asarray(v) for v in strategy.experimental_local_results(value)]
 
 
+def tf_variable(var: Any) -> Any:
+    """Keras 3 variables wrap the tf.Variable (a MirroredVariable under a strategy) in ``.value``."""
+    return var.value if type(var).__module__.startswith("keras") else var
+
+
 def is_distributed(tf: Any, value: Any) -> bool:
     return isinstance(value, tf.distribute.DistributedValues)
 
@@ -105,7 +110,7 @@ class MigratedRunner:
             if tuple(var.shape) != value.shape:
                 problems.append(f"{legacy_name} {value.shape} -> {new_name} {tuple(var.shape)}: shapes differ")
                 continue
-            var.assign(value.astype(var.dtype.as_numpy_dtype))
+            var.assign(value.astype(self.tf.as_dtype(var.dtype).as_numpy_dtype))
         if problems:
             raise _SetupProblem("the variable mapping does not fit:\n  " + "\n  ".join(problems))
 
@@ -113,13 +118,13 @@ class MigratedRunner:
         for name, var in self.variables.items():
             self.record.variables[name] = {
                 "shape": list(var.shape),
-                "dtype": var.dtype.name,
+                "dtype": self.tf.as_dtype(var.dtype).name,
                 "trainable": bool(getattr(var, "trainable", False)),
                 "mapped": name in mapped,
             }
 
     def read(self, names: list[str]) -> dict[str, np.ndarray]:
-        return {n: local_values(self.strategy, self.variables[n])[0] for n in names}
+        return {n: local_values(self.strategy, tf_variable(self.variables[n]))[0] for n in names}
 
     def run(self, steps: int, trace_names: list[str]) -> None:
         iterator = iter(self.batches)
@@ -165,7 +170,7 @@ class MigratedRunner:
         names = list(self.variables)
         save_arrays(self.out / FINAL_NPZ, self.read(names))
         for name in names:
-            parts = local_values(self.strategy, self.variables[name])
+            parts = local_values(self.strategy, tf_variable(self.variables[name]))
             spread = max((float(np.max(np.abs(p - parts[0]))) for p in parts[1:] if p.size), default=0.0)
             if spread > 0:
                 self.record.replica_spread[name] = spread
