@@ -8,10 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from tfmigrate.workflow import RunOptions, run
 
-from .conftest import FIXTURES
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 FIXTURE_DIRS = sorted(p.parent for p in FIXTURES.glob("*/EXPECTED"))
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tfmigrate.cli import rules_markdown
 
-from .conftest import REPO
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_readme_rule_table_is_current():
