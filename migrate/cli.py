@@ -15,6 +15,7 @@ from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
 from tfmigrate import __version__, diffs, gitcheck, manifest, writer
 from tfmigrate.config import ConfigError
 from tfmigrate.discovery import DiscoveryError

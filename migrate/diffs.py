@@ -6,6 +6,7 @@ import difflib
 
 from rich.console import Console
 from rich.text import Text
+
 from tfmigrate.rule import Finding
 
 _NO_NEWLINE = b"\\ No newline at end of file\n"

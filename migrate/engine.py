@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
 from tfmigrate.names import NameResolver
 from tfmigrate.python2 import describe_syntax_error
 from tfmigrate.rule import Finding, Fix, FixSafety, Rule, RuleContext
@@ -42,6 +43,7 @@ class SourceResult:
     findings: list[Finding] = field(default_factory=list)
     new_code: str | None = None  # set only when the text changed
     new_bytes: bytes | None = None  # new_code in the file's own encoding (BOM kept)
+    bindings: dict[str, str] = field(default_factory=dict)  # names this source binds
     error: str | None = None
 
 
@@ -65,17 +67,23 @@ def check_syntax(source: bytes | str, path: str) -> str | None:
     return None
 
 
-def process_source(source: str | bytes, path: str, settings: Settings) -> SourceResult:
-    """Findings (and, with ``settings.fix``, new text) for one Python source."""
-    if not mentions_tensorflow(source):
+def process_source(
+    source: str | bytes,
+    path: str,
+    settings: Settings,
+    inherited: dict[str, str] | None = None,
+) -> SourceResult:
+    """Findings (and, with ``settings.fix``, new text) for one Python source. ``inherited`` are
+    bindings made before this source runs (earlier notebook cells)."""
+    if not inherited and not mentions_tensorflow(source):
         return SourceResult(error=check_syntax(source, path))
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         return SourceResult(error=check_syntax(source, path) or _libcst_error(exc))
 
-    findings, fixes = _run_rules(module, path, settings)
-    result = SourceResult(findings=findings)
+    findings, fixes, bindings = _run_rules(module, path, settings, inherited)
+    result = SourceResult(findings=findings, bindings=bindings)
     if not fixes:
         return result
 
@@ -84,7 +92,7 @@ def process_source(source: str | bytes, path: str, settings: Settings) -> Source
     for _ in range(_MAX_FIX_PASSES):
         new_module, applied = _apply(new_module, pending)
         _mark_applied(findings, applied)
-        later, pending = _run_rules(new_module, path, settings)
+        _, pending, _ = _run_rules(new_module, path, settings, inherited)
         if not pending:
             break
     original = module.code
@@ -120,11 +128,12 @@ def _suppressed(lines: list[str], line: int, code: str) -> bool:
 
 
 def _run_rules(
-    module: cst.Module, path: str, settings: Settings
-) -> tuple[list[Finding], list[tuple[Finding, Fix]]]:
-    resolver = NameResolver.for_module(module)
+    module: cst.Module, path: str, settings: Settings, inherited: dict[str, str] | None = None
+) -> tuple[list[Finding], list[tuple[Finding, Fix | None]], dict[str, str]]:
+    resolver = NameResolver.for_module(module, inherited)
+    bindings = dict(resolver.bindings)
     if not resolver.uses_any(("tensorflow", "keras", "horovod")):
-        return [], []
+        return [], [], bindings
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     context = RuleContext(PurePosixPath(path), resolver, module, settings.options)
     rules = [rule_class(context) for rule_class in settings.rules]
@@ -162,19 +171,26 @@ def _run_rules(
             if report.fix is not None and settings.enabled(report.fix.safety):
                 fixes.append((finding, report.fix))
     findings.sort(key=lambda f: (f.line, f.col, f.code))
-    return findings, _outermost(fixes, wrapper)
+    return findings, _outermost(fixes, wrapper), bindings
 
 
 def _outermost(
     fixes: list[tuple[Finding, Fix]], wrapper: MetadataWrapper
-) -> list[tuple[Finding, Fix]]:
+) -> list[tuple[Finding, Fix | None]]:
     """Drop fixes nested inside another fix's node; the next pass re-finds them."""
     if len(fixes) < 2:
         return fixes
     parents = wrapper.resolve(ParentNodeProvider)
     fixed = {id(fix.node) for _, fix in fixes}
     kept = []
+    first_for_target: dict[int, Fix] = {}
     for finding, fix in fixes:
+        # One fix per target and pass; a finding whose fix equals the one applied is done too.
+        first = first_for_target.setdefault(id(fix.node), fix)
+        if first is not fix:
+            if _same_replacement(first, fix):
+                kept.append((finding, None))
+            continue
         node = parents.get(fix.node)
         nested = False
         while node is not None:
@@ -185,6 +201,12 @@ def _outermost(
         if not nested:
             kept.append((finding, fix))
     return kept
+
+
+def _same_replacement(a: Fix, b: Fix) -> bool:
+    if isinstance(a.replacement, cst.CSTNode) and isinstance(b.replacement, cst.CSTNode):
+        return a.replacement.deep_equals(b.replacement)
+    return a.replacement is b.replacement
 
 
 class _ApplyFixes(cst.CSTTransformer):
@@ -201,11 +223,12 @@ class _ApplyFixes(cst.CSTTransformer):
 
 
 def _apply(
-    module: cst.Module, fixes: list[tuple[Finding, Fix]]
+    module: cst.Module, fixes: list[tuple[Finding, Fix | None]]
 ) -> tuple[cst.Module, list[Finding]]:
     applied = [finding for finding, _ in fixes]
-    new_module = module.visit(_ApplyFixes([fix for _, fix in fixes]))
-    imports = [imp for _, fix in fixes for imp in fix.imports]
+    real = [fix for _, fix in fixes if fix is not None]
+    new_module = module.visit(_ApplyFixes(real))
+    imports = [imp for fix in real for imp in fix.imports]
     if imports:
         # libcst.codemod pulls in libcst.matchers (half a second): only load it when needed.
         from libcst.codemod import CodemodContext

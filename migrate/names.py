@@ -32,7 +32,9 @@ _TRACKED_ROOTS = ("tensorflow", "tf_slim", "keras", "horovod", "numpy")
 def canonical(name: str) -> str:
     """Map an equivalent spelling of a TF/Keras name to the canonical one rules match on."""
     for prefix, replacement in _CANONICAL_PREFIXES:
-        if name == prefix.rstrip(".") or name.startswith(prefix):
+        if name == prefix.rstrip("."):
+            name = replacement.rstrip(".")
+        elif name.startswith(prefix):
             name = replacement + name[len(prefix) :]
     return name
 
@@ -62,8 +64,11 @@ class NameResolver(cst.CSTVisitor):
         self.imported_modules: set[str] = set()
 
     @classmethod
-    def for_module(cls, module: cst.Module) -> NameResolver:
+    def for_module(cls, module: cst.Module, inherited: dict[str, str] | None = None) -> NameResolver:
         resolver = cls()
+        if inherited:
+            resolver.bindings.update(inherited)
+            resolver.imported_modules.update(inherited.values())
         module.visit(resolver)
         return resolver
 

@@ -48,9 +48,11 @@ def process_file(path: Path, display: str, settings: Settings) -> FileResult:
 def _process_notebook(data: bytes, display: str, settings: Settings) -> FileResult:
     findings: list[Finding] = []
     errors: list[str] = []
+    bindings: dict[str, str] = {}  # cells share one namespace: imports carry over
 
     def handle(cell: notebook.Cell) -> str | None:
-        result = process_source(cell.source, display, settings)
+        result = process_source(cell.source, display, settings, bindings)
+        bindings.update(result.bindings)
         for finding in result.findings:
             finding.cell = cell.index
         findings.extend(result.findings)

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
+
 from tfmigrate.names import NameResolver
 
 

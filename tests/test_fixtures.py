@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from tfmigrate.workflow import RunOptions, run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.registry import all_rules
 from tfmigrate.rule import FixSafety
