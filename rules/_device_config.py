@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
-
 from tfmigrate.names import NameResolver
 
 CONFIG_PROTO = "tensorflow.ConfigProto"
@@ -116,7 +115,9 @@ class _Collect(cst.CSTVisitor):
         self.names.append(node)
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        self.strings.append(node.value.lstrip("rRbBuUfF")[:1])
+        body = node.value.lstrip("rRbBuUfF")
+        if not body.startswith(('"""', "'''")):  # docstrings say nothing about the style
+            self.strings.append(body[:1])
 
 
 class DeviceConfig:
@@ -246,7 +247,11 @@ class DeviceConfig:
                 for a in call.args
                 if a.keyword is not None
             ]
-            if owner is not None and owner[1] == "gpu_options" and id(owner[0]) in self.group_of_call:
+            if (
+                owner is not None
+                and owner[1] == "gpu_options"
+                and id(owner[0]) in self.group_of_call
+            ):
                 group = self.group_of_call[id(owner[0])]
                 group.anchors.append(Anchor(call, settings))
                 # Inline settings belong to the ConfigProto's statement.
@@ -328,7 +333,9 @@ class DeviceConfig:
         setting = Setting(prefix + path[1], assign.value)
         stmt = self.statement(line) if isinstance(line, cst.SimpleStatementLine) else None
         if stmt is None or len(assign.targets) != 1 or len(line.body) != 1:
-            group.problems.append(f"line {self.line(assign)} sets the config in a complex statement")
+            group.problems.append(
+                f"line {self.line(assign)} sets the config in a complex statement"
+            )
             stmt = line
         group.anchors.append(Anchor(line, [setting]))
         group.statements.append((stmt, [setting]))
@@ -364,8 +371,10 @@ class DeviceConfig:
         """TF2 statements for one setting ([] when it is TF1's default), None if none exist."""
         tf, q, gpu = self.tf, self.quote, self.gpu
         value = self.module.code_for_node(setting.value)
-        if setting.field in _FALSE_IS_DEFAULT and times_set == 1 and _is_literal(
-            setting.value, "False"
+        if (
+            setting.field in _FALSE_IS_DEFAULT
+            and times_set == 1
+            and _is_literal(setting.value, "False")
         ):
             return []
         if setting.field == "gpu_options.allow_growth":
@@ -507,9 +516,7 @@ class _Rewrite(cst.CSTTransformer):
     def leave_IndentedBlock(
         self, original: cst.IndentedBlock, updated: cst.IndentedBlock
     ) -> cst.IndentedBlock:
-        body = self._body(original.body, updated.body) or [
-            cst.SimpleStatementLine([cst.Pass()])
-        ]
+        body = self._body(original.body, updated.body) or [cst.SimpleStatementLine([cst.Pass()])]
         return updated.with_changes(body=body)
 
     def _body(self, originals, updated) -> list[cst.BaseStatement]:  # type: ignore[no-untyped-def]
@@ -520,16 +527,19 @@ class _Rewrite(cst.CSTTransformer):
             if key in self.plan:
                 new = self.plan[key] or []
                 if not new:
-                    carried += [line for line in stmt.leading_lines if line.comment]
+                    carried += list(stmt.leading_lines)
                     continue
                 new = [_with_comments(new[0], stmt), *new[1:]]
-            elif key in self.prefix:
+            elif self.prefix.get(key):
                 first = _with_comments(self.prefix[key][0], stmt, trailing=False)
                 new = [first, *self.prefix[key][1:], stmt.with_changes(leading_lines=[])]
             else:
                 new = [stmt]
             if carried:
-                new[0] = new[0].with_changes(leading_lines=[*carried, *new[0].leading_lines])
+                own = list(new[0].leading_lines)
+                if own:  # it keeps its own spacing; only comments move to it
+                    carried = [line for line in carried if line.comment]
+                new[0] = new[0].with_changes(leading_lines=[*carried, *own])
                 carried = []
             body.extend(new)
         return body
@@ -550,3 +560,12 @@ def _with_comments(
     if isinstance(body, cst.IndentedBlock):
         return new.with_changes(body=body.with_changes(header=old.trailing_whitespace))
     return new
+
+
+def remove_statement(
+    config: DeviceConfig, statement: cst.BaseStatement
+) -> tuple[cst.CSTNode, cst.CSTNode]:
+    """(block, block without ``statement``); an emptied block gets `pass`."""
+    block = config.parent(statement)
+    assert block is not None
+    return block, block.visit(_Rewrite({id(statement): []}, {}, {}))

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import libcst as cst
 from libcst.metadata import PositionProvider
-
 from tfmigrate.rule import Rule
 
 LOOP = (cst.For, cst.While)

@@ -4,7 +4,6 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
-
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import (
     ADD_N,

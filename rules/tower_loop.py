@@ -3,7 +3,6 @@ from __future__ import annotations
 import builtins
 
 import libcst as cst
-
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import SCOPES, TowerRule, get_arg, method_name, walk
 
@@ -208,7 +207,9 @@ for i in range(4):
                 for target in current.targets:
                     if isinstance(target.target, cst.Name | cst.Attribute):
                         name = target.target
-                        self._templates.add(name.value if isinstance(name, cst.Name) else name.attr.value)
+                        self._templates.add(
+                            name.value if isinstance(name, cst.Name) else name.attr.value
+                        )
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self.is_device_call(node):

@@ -3,7 +3,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import TowerRule, get_arg, identifiers, int_value, walk
 
@@ -346,9 +345,11 @@ def _first_or_last(node: cst.BaseExpression) -> int | None:
 
 
 def _last_element_is_zero(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Tuple) and bool(node.elements) and int_value(
-        node.elements[-1].value
-    ) == 0
+    return (
+        isinstance(node, cst.Tuple)
+        and bool(node.elements)
+        and int_value(node.elements[-1].value) == 0
+    )
 
 
 def _index_guard(test: cst.BaseExpression) -> int | None:

@@ -158,10 +158,8 @@ class LegacyRecorder:
 
     # -- one Session.run ---------------------------------------------------------------------------
     def run(self, sess: Any, fetches: Any, feed_dict: Any, options: Any, run_metadata: Any) -> Any:
-        from tensorflow.python.util import nest
-
         graph = sess.graph
-        leaves = nest.flatten(fetches)
+        leaves = _leaves(fetches)
         elements = [_graph_element(graph, leaf) for leaf in leaves]
         is_train, pipeline = self._plan(graph, elements)
         if not is_train:
@@ -175,7 +173,12 @@ class LegacyRecorder:
         seconds = time.perf_counter() - start
         self.steps_done += 1
         step = Step(step=self.steps_done, seconds=seconds)
-        step.fetches = self._scalars(elements, nest.flatten(results))
+        caller = _caller_part(fetches)  # a MonitoredSession's hooks add fetches the loop never saw
+        if caller is None:
+            step.fetches = self._scalars(elements, _leaves(results, like=fetches))
+        else:
+            step.fetches = self._scalars([_graph_element(graph, leaf) for leaf in _leaves(fetches["caller"])],
+                                         _leaves(results["caller"], like=fetches["caller"]))
         step.inputs = self._fingerprint(graph, feed_dict, extra, extra_values)
         self.record.steps.append(step)
         self._trace(sess)
@@ -225,10 +228,12 @@ class LegacyRecorder:
         self.record.devices = max(self.towers_seen) + 1 if self.towers_seen else self.towers
 
     def _scalars(self, elements: list[Any], values: list[Any]) -> list[Fetch]:
-        out = []
+        out: list[Fetch] = []
+        seen: set[str] = set()
         for element, value in zip(elements, values, strict=False):
-            if element is None or not hasattr(element, "op") or value is None:
+            if element is None or not hasattr(element, "op") or value is None or element.name in seen:
                 continue
+            seen.add(element.name)  # hooks of a MonitoredSession fetch the same tensor repeatedly
             arr = np.asarray(value)
             if arr.size != 1 or arr.dtype.kind not in "fiub":
                 continue
@@ -361,6 +366,27 @@ def _tower_of_device(device: str) -> int | None:
     return index - 1 if index >= 1 else None
 
 
+def _caller_part(fetches: Any) -> Any:
+    if isinstance(fetches, dict) and "caller" in fetches and len(fetches) > 1:
+        from tensorflow.python.training.session_run_hook import SessionRunHook
+
+        if all(isinstance(k, SessionRunHook) for k in fetches if k != "caller"):
+            return fetches["caller"]
+    return None
+
+
+def _leaves(structure: Any, like: Any = None) -> list[Any]:
+    """Leaves of a Session.run fetch structure in a stable order; with ``like`` (the fetches), walk
+    the results the same way. Not tf.nest: MonitoredSession keys its dicts by hook objects,
+    which nest.flatten tries to sort."""
+    like = structure if like is None else like
+    if isinstance(like, dict):
+        return [leaf for key in like for leaf in _leaves(structure[key], like[key])]
+    if isinstance(like, (list, tuple)):
+        return [leaf for s, l in zip(structure, like, strict=False) for leaf in _leaves(s, l)]
+    return [structure]
+
+
 def _graph_element(graph: Any, leaf: Any) -> Any:
     try:
         return graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
@@ -387,6 +413,17 @@ def _user_traceback(exc: BaseException) -> str:
             [f for f in chained.stack if not (f.filename.startswith(here) or f.filename.endswith("runpy.py"))]
         )
     return "".join(te.format())
+
+
+def _raised_by_us(exc: BaseException) -> bool:
+    """Innermost frame outside TensorFlow/site-packages decides whose bug it is."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if "site-packages" in frame.filename or frame.filename.startswith("<frozen"):
+            continue
+        return frame.filename.startswith(here)
+    return False
 
 
 def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
@@ -438,9 +475,13 @@ def main(argv: list[str] | None = None) -> int:
             record.status = CRASHED
             record.message = f"the legacy script exited with status {exc.code}"
     except BaseException as exc:  # noqa: BLE001  user code crashed: report it as theirs
-        record.status = CRASHED
-        record.message = f"{type(exc).__name__}: {exc}".strip()
-        record.traceback = _user_traceback(exc)
+        if _raised_by_us(exc):
+            record.status, record.message = ERROR, f"internal error in tfmigrate's legacy runtime: {exc!r}"
+            record.traceback = "".join(traceback.format_exception(exc))
+        else:
+            record.status = CRASHED
+            record.message = f"{type(exc).__name__}: {exc}".strip()
+            record.traceback = _user_traceback(exc)
     if recorder.steps_done == 0 and record.status not in (CRASHED, ERROR):
         record.status = ERROR
         record.message = (

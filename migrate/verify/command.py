@@ -1,0 +1,90 @@
+"""``tfmigrate verify``: the typer command (registered by tfmigrate.cli). Imports no TensorFlow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tfmigrate.verify.compare import COULD_NOT_RUN, Tolerances, could_not_run
+
+EXIT_ERROR = 2
+
+
+def verify(
+    legacy: Annotated[Path, typer.Argument(help="The legacy TF1 tower training script.", show_default=False)],
+    migrated: Annotated[Path, typer.Argument(help="The migrated TF2 script (verify protocol).", show_default=False)],
+    script_args: Annotated[
+        list[str] | None,
+        typer.Argument(help="Arguments for both scripts, after `--`.", show_default=False, metavar="[-- ARGS]"),
+    ] = None,
+    replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Towers / replicas.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", "-k", min=1, help="Training steps to compare.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed for Python, numpy and TF on both sides.")] = 0,
+    report: Annotated[
+        Path | None, typer.Option(help="Write report.json, report.md and loss.png (and the runs) here.")
+    ] = None,
+    manifest: Annotated[
+        Path | None, typer.Option(help="tfmigrate.json (default: next to MIGRATED or in its parents).")
+    ] = None,
+    mapping: Annotated[
+        Path | None, typer.Option(help="Explicit variable mapping JSON for hand-migrated code.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu: N logical CPU devices; gpu: the first N GPUs.")] = "cpu",
+    timeout: Annotated[float, typer.Option(help="Seconds for both sides together.")] = 600.0,
+    atol: Annotated[float, typer.Option(help="Per-step scalars: absolute tolerance (early steps).")] = 1e-5,
+    rtol: Annotated[float, typer.Option(help="Per-step scalars: relative tolerance (later steps).")] = 1e-4,
+    early_steps: Annotated[int, typer.Option(help="Steps judged by --atol before --rtol applies.")] = 10,
+    weights_atol: Annotated[float, typer.Option(help="Variables: absolute tolerance.")] = 1e-6,
+    weights_rtol: Annotated[float, typer.Option(help="Variables: relative tolerance.")] = 1e-4,
+    legacy_rev: Annotated[
+        str | None, typer.Option(help="Take the legacy script's folder from this git revision.")
+    ] = None,
+    roundtrip: Annotated[bool, typer.Option(help="Save/load round trip check (not implemented yet).")] = False,
+) -> None:
+    """Train LEGACY and MIGRATED side by side on N devices and show whether they learn the same.
+
+    Exit status: 0 equivalent, 1 diverged, 2 could not run (crash, different inputs, bad arguments).
+    """
+    from tfmigrate.verify.report import print_terminal, write_report
+    from tfmigrate.verify.verifier import Outcome, VerifyOptions, run_verify
+
+    console = Console(highlight=False, soft_wrap=True)
+    opts = VerifyOptions(
+        legacy=legacy, migrated=migrated, replicas=replicas, steps=steps, seed=seed, device=device,
+        timeout=timeout, report_dir=report, manifest=manifest, mapping=mapping,
+        tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
+                              weights_rtol=weights_rtol),
+        script_args=tuple(script_args or ()), legacy_rev=legacy_rev,
+    )
+    problem = _argument_problem(opts, roundtrip)
+    if problem:
+        outcome = Outcome(could_not_run(problem), opts)
+    else:
+        with console.status(f"training both sides for {steps} steps on {replicas} {device} replicas..."):
+            outcome = run_verify(opts)
+    print_terminal(outcome, console)
+    if report is not None:
+        write_report(outcome, report)
+        console.print(f"report: {report / 'report.md'}", style="dim")
+    code = outcome.comparison.exit_code
+    raise typer.Exit(EXIT_ERROR if outcome.comparison.verdict == COULD_NOT_RUN else code)
+
+
+def _argument_problem(opts: object, roundtrip: bool) -> str | None:
+    from tfmigrate.verify.verifier import VerifyOptions
+
+    assert isinstance(opts, VerifyOptions)
+    if roundtrip:
+        return "--roundtrip is not implemented yet"
+    if opts.device not in ("cpu", "gpu"):
+        return f"--device must be cpu or gpu, not {opts.device!r}"
+    for label, path in (("legacy", opts.legacy), ("migrated", opts.migrated)):
+        if not path.is_file() and not (label == "legacy" and opts.legacy_rev):
+            return f"{label} script {path} does not exist"
+    for label, path in (("--manifest", opts.manifest), ("--mapping", opts.mapping)):
+        if path is not None and not path.is_file():
+            return f"{label} {path} does not exist"
+    return None

@@ -1,0 +1,278 @@
+"""Decide whether two recorded runs trained the same (numpy only).
+
+Time order inside step s: the fetched scalars are computed *before* update s, traced variables are
+read *after* it; the first divergence is the earliest (step, phase) that breaks its tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tfmigrate.verify.manifest import ScriptManifest, parse_fetch_target
+from tfmigrate.verify.record import OK, Fetch, RunRecord
+
+EQUIVALENT, DIVERGED, COULD_NOT_RUN = "equivalent", "diverged", "could-not-run"
+EXIT_CODES = {EQUIVALENT: 0, DIVERGED: 1, COULD_NOT_RUN: 2}
+PASS, FAIL, EXPECTED, UNMATCHED = "pass", "fail", "expected", "unmatched"
+FETCH_PHASE, VARIABLE_PHASE, FINAL_PHASE = 0, 1, 2
+
+
+@dataclass
+class Tolerances:
+    """DESIGN.md defaults (CPU float32)."""
+
+    atol: float = 1e-5  # fetched scalars, steps 1..early_steps
+    rtol: float = 1e-4  # fetched scalars after early_steps (never stricter than atol)
+    early_steps: int = 10
+    weights_atol: float = 1e-6
+    weights_rtol: float = 1e-4
+
+    def scalar_ok(self, step: int, legacy: float, migrated: float) -> bool:
+        diff = abs(legacy - migrated)
+        if not np.isfinite(diff):
+            return bool(np.isnan(legacy) and np.isnan(migrated))
+        if step <= self.early_steps:
+            return diff <= self.atol
+        return diff <= max(self.atol, self.rtol * abs(legacy))
+
+    def scalar_text(self) -> str:
+        return f"atol {self.atol:g} (steps 1-{self.early_steps}), then rtol {self.rtol:g}"
+
+    def array_ok(self, legacy: np.ndarray, migrated: np.ndarray) -> bool:
+        return bool(np.all(np.abs(legacy - migrated) <= self.weights_atol + self.weights_rtol * np.abs(legacy)))
+
+    def array_text(self) -> str:
+        return f"rtol {self.weights_rtol:g}, atol {self.weights_atol:g}"
+
+
+@dataclass
+class Row:
+    quantity: str  # what the report calls it
+    category: str  # loss/metric fetch, weight, ema, bn_stat, other
+    legacy: str
+    migrated: str
+    status: str
+    steps_compared: int = 0
+    max_abs: float | None = None
+    max_rel: float | None = None
+    first_step: int | None = None  # first step out of tolerance (None: none, or final only)
+    phase: int = FETCH_PHASE
+    tolerance: str = ""
+    note: str = ""
+
+
+@dataclass
+class Series:
+    label: str
+    steps: list[int]
+    legacy: list[float]
+    migrated: list[float]
+
+
+@dataclass
+class Comparison:
+    verdict: str
+    reason: str = ""
+    rows: list[Row] = field(default_factory=list)
+    first_divergence: dict[str, Any] | None = None
+    series: list[Series] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    steps_compared: int = 0
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SideData:
+    record: RunRecord
+    init: dict[str, np.ndarray]
+    final: dict[str, np.ndarray]
+    trace: dict[str, np.ndarray]
+
+
+def could_not_run(reason: str, notes: list[str] | None = None) -> Comparison:
+    return Comparison(verdict=COULD_NOT_RUN, reason=reason, notes=notes or [])
+
+
+def compare(legacy: SideData, migrated: SideData, manifest: ScriptManifest, tol: Tolerances) -> Comparison:
+    for side in (legacy, migrated):
+        if side.record.status != OK:
+            return could_not_run(f"{side.record.side} side: {side.record.message}")
+    n_steps = min(len(legacy.record.steps), len(migrated.record.steps))
+    notes: list[str] = []
+    if len(legacy.record.steps) != len(migrated.record.steps):
+        notes.append(f"legacy ran {len(legacy.record.steps)} steps, migrated {len(migrated.record.steps)}; "
+                     f"comparing the first {n_steps}")
+    if n_steps == 0:
+        return could_not_run("no training step ran on one of the sides", notes)
+
+    mismatch = _input_mismatch(legacy.record, migrated.record, n_steps, notes)
+    if mismatch:
+        return could_not_run(mismatch, notes)
+
+    rows, series = _compare_fetches(legacy.record, migrated.record, n_steps, manifest, tol)
+    rows += _compare_variables(legacy, migrated, n_steps, manifest, tol, notes)
+    for name, spread in migrated.record.replica_spread.items():
+        notes.append(f"migrated replicas hold different values of {name} (max |replica i - replica 0| = "
+                     f"{spread:.3g}); replica 0's is what a checkpoint keeps")
+
+    result = Comparison(verdict=EQUIVALENT, rows=rows, series=series, notes=notes, steps_compared=n_steps)
+    compared = [r for r in rows if r.status in (PASS, FAIL, EXPECTED)]
+    if not compared:
+        return could_not_run("nothing to compare: no legacy fetch and no mapped variable has a migrated "
+                             "counterpart (check the manifest's 'fetches' and 'variables')", notes)
+    if not any(r.phase == FETCH_PHASE and r.status != UNMATCHED for r in rows):
+        notes.append("no per-step fetched scalar was compared (none matched); only variables were")
+    failing = [r for r in rows if r.status == FAIL]
+    if failing:
+        first = min(failing, key=lambda r: (r.first_step if r.first_step is not None else n_steps + 1, r.phase))
+        result.verdict = DIVERGED
+        result.first_divergence = {
+            "step": first.first_step,
+            "quantity": first.quantity,
+            "phase": ("fetched before the update of step", "after the update of step",
+                      "final values")[first.phase],
+        }
+        where = f"step {first.first_step}" if first.first_step is not None else "the final values"
+        result.reason = f"first divergence at {where}: {first.quantity} ({first.note or first.tolerance})"
+    return result
+
+
+def _input_mismatch(legacy: RunRecord, migrated: RunRecord, n_steps: int, notes: list[str]) -> str | None:
+    unchecked = 0
+    for ls, ms in zip(legacy.steps[:n_steps], migrated.steps[:n_steps], strict=True):
+        if ls.inputs is None or ms.inputs is None:
+            unchecked += 1
+            continue
+        if ls.inputs != ms.inputs:
+            return (f"the two sides trained on different inputs at step {ls.step} (input fingerprints "
+                    f"legacy {ls.inputs} vs migrated {ms.inputs}); a divergence would be meaningless. "
+                    "Make both programs read the same data in the same order and split it the same way.")
+    if unchecked:
+        notes.append(f"inputs could not be fingerprinted on {unchecked} of {n_steps} steps "
+                     "(no fed arrays or recognised input pipeline)")
+    return None
+
+
+def _fetch_table(record: RunRecord, n_steps: int) -> dict[str, dict[int, Fetch]]:
+    table: dict[str, dict[int, Fetch]] = {}
+    for step in record.steps[:n_steps]:
+        for f in step.fetches:
+            table.setdefault(f.name, {})[step.step] = f
+    return table
+
+
+def _counterpart(f: Fetch, manifest: ScriptManifest, migrated: dict[str, dict[int, Fetch]]) -> str | None:
+    """The migrated fetch name that should equal legacy fetch ``f``."""
+    by_key: dict[tuple[str, int | None], str] = {}
+    for name, steps in migrated.items():
+        sample = next(iter(steps.values()))
+        by_key[(sample.base, sample.tower)] = name
+    target = manifest.fetches.get(f.name) or manifest.fetches.get(f.name + ":0")
+    if target is not None:
+        key, replica = parse_fetch_target(target)
+        return by_key.get((key, replica if replica is not None else f.tower)) or by_key.get((key, None))
+    candidates = [f.base, f.base.split("/")[-1]]
+    for base in candidates:
+        if (base, f.tower) in by_key:
+            return by_key[(base, f.tower)]
+    return None
+
+
+def _compare_fetches(legacy: RunRecord, migrated: RunRecord, n_steps: int, manifest: ScriptManifest,
+                     tol: Tolerances) -> tuple[list[Row], list[Series]]:
+    ltable, mtable = _fetch_table(legacy, n_steps), _fetch_table(migrated, n_steps)
+    rows, series = [], []
+    for lname, lsteps in ltable.items():
+        sample = next(iter(lsteps.values()))
+        mname = _counterpart(sample, manifest, mtable)
+        tower = f"tower {sample.tower}" if sample.tower is not None else "reduced"
+        quantity = f"{sample.base} ({tower})"
+        category = "loss" if "loss" in sample.base.lower() else "fetch"
+        if mname is None:
+            rows.append(Row(quantity, category, lname, "-", UNMATCHED,
+                            note="no migrated train_step value matches; map it in the manifest's 'fetches'"))
+            continue
+        msteps = mtable[mname]
+        common = sorted(s for s in lsteps if s in msteps)
+        lv = [lsteps[s].value for s in common]
+        mv = [msteps[s].value for s in common]
+        diffs = [abs(a - b) for a, b in zip(lv, mv, strict=True)]
+        bad = [s for s, a, b in zip(common, lv, mv, strict=True) if not tol.scalar_ok(s, a, b)]
+        announced = manifest.announcement_for(lname, mname)
+        status = PASS if not bad else (EXPECTED if announced else FAIL)
+        note = ""
+        if bad:
+            s = bad[0]
+            note = f"legacy {lsteps[s].value:.8g} vs migrated {msteps[s].value:.8g} at step {s}"
+        if announced:
+            note = f"announced {announced.code}: {announced.reason}".strip()
+        rows.append(Row(
+            quantity, category, lname, mname, status, steps_compared=len(common),
+            max_abs=max(diffs) if diffs else None,
+            max_rel=max((d / abs(a) for d, a in zip(diffs, lv, strict=True) if a), default=None),
+            first_step=bad[0] if bad else None, phase=FETCH_PHASE, tolerance=tol.scalar_text(), note=note,
+        ))
+        series.append(Series(quantity, common, lv, mv))
+    return rows, series
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    rel = d / np.maximum(np.abs(a.astype(np.float64)), 1e-12)
+    return (float(d.max()) if d.size else 0.0, float(rel.max()) if rel.size else 0.0)
+
+
+def _compare_variables(legacy: SideData, migrated: SideData, n_steps: int, manifest: ScriptManifest,
+                       tol: Tolerances, notes: list[str]) -> list[Row]:
+    rows = []
+    same_length = len(legacy.record.steps) == len(migrated.record.steps)
+    for lname, mname in manifest.variables.items():
+        meta = legacy.record.variables.get(lname, {})
+        category = meta.get("kind", "weight")
+        announced = manifest.announcement_for(lname, mname)
+        lt, mt = legacy.trace.get(lname), migrated.trace.get(mname)
+        first_bad: int | None = None
+        max_abs = max_rel = 0.0
+        compared = 0
+        if lt is not None and mt is not None:
+            for i in range(min(n_steps, len(lt), len(mt))):
+                compared += 1
+                a, r = _diff(lt[i], mt[i])
+                max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+                if first_bad is None and not tol.array_ok(lt[i], mt[i]):
+                    first_bad = i + 1
+        if same_length and lname in legacy.final and mname in migrated.final:
+            lf, mf = legacy.final[lname], migrated.final[mname]
+            final_ok = lf.shape == mf.shape and tol.array_ok(lf, mf)
+            if lf.shape == mf.shape:
+                a, r = _diff(lf, mf)
+                max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+            compared = max(compared, 1)
+        elif compared:
+            final_ok = first_bad is None
+        else:
+            rows.append(Row(f"{lname}", category, lname, mname, UNMATCHED,
+                            phase=FINAL_PHASE, note="no values on one of the sides"))
+            continue
+        ok = final_ok and first_bad is None
+        status = PASS if ok else (EXPECTED if announced else FAIL)
+        note = ""
+        if announced:
+            note = f"announced {announced.code}: {announced.reason} (measured max |diff| {max_abs:.3g})".strip()
+        elif not ok:
+            note = f"max |diff| {max_abs:.3g}, max rel {max_rel:.3g}"
+        rows.append(Row(
+            lname, category, lname, mname, status, steps_compared=compared, max_abs=max_abs, max_rel=max_rel,
+            first_step=first_bad, phase=VARIABLE_PHASE if first_bad is not None else FINAL_PHASE,
+            tolerance=tol.array_text(), note=note,
+        ))
+    return rows

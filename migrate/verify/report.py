@@ -1,0 +1,200 @@
+"""Show an Outcome: rich terminal table, and in --report DIR report.json, report.md, loss.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from tfmigrate.verify import compare as cmp
+from tfmigrate.verify.verifier import Outcome
+
+STATUS_STYLE = {cmp.PASS: "green", cmp.FAIL: "bold red", cmp.EXPECTED: "yellow", cmp.UNMATCHED: "dim"}
+VERDICT_TEXT = {
+    cmp.EQUIVALENT: ("EQUIVALENT", "green"),
+    cmp.DIVERGED: ("DIVERGED", "red"),
+    cmp.COULD_NOT_RUN: ("COULD NOT RUN", "red"),
+}
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _side_summary(outcome: Outcome) -> dict[str, dict[str, Any]]:
+    sides: dict[str, dict[str, Any]] = {}
+    for run in (outcome.legacy, outcome.migrated):
+        if run is None:
+            continue
+        rec = run.record
+        sides[run.side] = {
+            "status": rec.status if rec else "no record",
+            "message": rec.message if rec else "",
+            "traceback": rec.traceback if rec else "",
+            "steps": len(rec.steps) if rec else 0,
+            "devices": rec.devices if rec else None,
+            "steps_per_second": rec.steps_per_second() if rec else None,
+            "peak_memory_bytes": rec.peak_memory_bytes if rec else None,
+            "memory_source": rec.memory_source if rec else "",
+            "returncode": run.returncode,
+            "timed_out": run.timed_out,
+            "stdout_tail": "\n".join(run.stdout.splitlines()[-20:]),
+            "stderr_tail": run.tail(40) if (rec is None or rec.status != "ok") else "",
+        }
+    return sides
+
+
+def to_json(outcome: Outcome) -> dict[str, Any]:
+    o = outcome.options
+    return {
+        "verdict": outcome.comparison.verdict,
+        "exit_code": outcome.comparison.exit_code,
+        "reason": outcome.comparison.reason,
+        "first_divergence": outcome.comparison.first_divergence,
+        "legacy": str(o.legacy),
+        "migrated": str(o.migrated),
+        "replicas": o.replicas,
+        "steps": o.steps,
+        "steps_compared": outcome.comparison.steps_compared,
+        "seed": o.seed,
+        "device": o.device,
+        "manifest": outcome.manifest.source if outcome.manifest else None,
+        "tolerances": vars(o.tolerances),
+        "rows": [vars(r) for r in outcome.comparison.rows],
+        "series": [vars(s) for s in outcome.comparison.series],
+        "notes": outcome.comparison.notes,
+        "sides": _side_summary(outcome),
+    }
+
+
+def _first_col(row: cmp.Row) -> str:
+    if row.first_step is not None:
+        return f"step {row.first_step}"
+    return "final" if row.status == cmp.FAIL else ""
+
+
+def print_terminal(outcome: Outcome, console: Console | None = None) -> None:
+    console = console or Console()
+    comp = outcome.comparison
+    if comp.rows:
+        table = Table(title=f"tfmigrate verify — {outcome.options.legacy.name} vs {outcome.options.migrated.name}",
+                      show_lines=False)
+        for col in ("quantity", "kind", "steps", "max |Δ|", "max rel", "status", "first", "note"):
+            table.add_column(col, overflow="fold")
+        for r in comp.rows:
+            style = STATUS_STYLE.get(r.status, "")
+            table.add_row(r.quantity, r.category, str(r.steps_compared), _num(r.max_abs), _num(r.max_rel),
+                          f"[{style}]{r.status.upper()}[/]", _first_col(r), r.note)
+        console.print(table)
+    sides = _side_summary(outcome)
+    perf = []
+    for name, s in sides.items():
+        sps = s["steps_per_second"]
+        mem = s["peak_memory_bytes"]
+        perf.append(f"{name}: {sps:.1f} steps/s" if sps else f"{name}: - steps/s")
+        if mem:
+            perf[-1] += f", peak {mem / 2**20:.0f} MiB ({s['memory_source']})"
+    if perf:
+        console.print("  " + " | ".join(perf), style="dim")
+    for note in comp.notes:
+        console.print(f"  note: {note}", style="dim", markup=False)
+    if outcome.crash is not None and outcome.crash.record is not None:
+        console.print(Panel(outcome.crash.record.traceback.rstrip() or outcome.crash.record.message,
+                            title=f"{outcome.crash.side} script traceback", border_style="red"),
+                      markup=False)
+    text, style = VERDICT_TEXT[comp.verdict]
+    console.print(f"[bold {style}]{text}[/]" + (f": {comp.reason}" if comp.reason else ""), highlight=False)
+
+
+def to_markdown(outcome: Outcome) -> str:
+    data = to_json(outcome)
+    comp = outcome.comparison
+    text, _ = VERDICT_TEXT[comp.verdict]
+    lines = [
+        f"# tfmigrate verify: {text}",
+        "",
+        f"- legacy: `{data['legacy']}`",
+        f"- migrated: `{data['migrated']}`",
+        f"- {data['replicas']} replicas on {data['device']}, {data['steps']} steps requested, "
+        f"{data['steps_compared']} compared, seed {data['seed']}",
+        f"- manifest: `{data['manifest']}`",
+    ]
+    if comp.reason:
+        lines += ["", f"**{comp.reason}**"]
+    if comp.rows:
+        lines += ["", "| quantity | kind | steps | max abs diff | max rel diff | status | first | note |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in comp.rows:
+            lines.append(f"| `{r.quantity}` | {r.category} | {r.steps_compared} | {_num(r.max_abs)} | "
+                         f"{_num(r.max_rel)} | {r.status.upper()} | {_first_col(r)} | {r.note} |")
+    lines += ["", "| side | status | steps/s (after warm-up) | peak memory |", "|---|---|---|---|"]
+    for name, s in data["sides"].items():
+        sps = f"{s['steps_per_second']:.1f}" if s["steps_per_second"] else "-"
+        mem = f"{s['peak_memory_bytes'] / 2**20:.0f} MiB ({s['memory_source']})" if s["peak_memory_bytes"] else "-"
+        lines.append(f"| {name} | {s['status']} | {sps} | {mem} |")
+    if comp.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in comp.notes]
+    if outcome.crash is not None and outcome.crash.record is not None:
+        lines += ["", f"## {outcome.crash.side} traceback", "", "```", outcome.crash.record.traceback.rstrip(), "```"]
+    t = outcome.options.tolerances
+    lines += ["", f"Tolerances: fetched scalars {t.scalar_text()}; variables {t.array_text()}.", ""]
+    if comp.series:
+        lines += ["![loss curves](loss.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(outcome: Outcome, path: Path) -> bool:
+    series = outcome.comparison.series
+    if not series:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = sorted(series, key=lambda s: ("loss" not in s.label.lower(), s.label))[:4]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[3, 2],
+                                      constrained_layout=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, s in enumerate(chosen):
+        c = colors[i % len(colors)]
+        top.plot(s.steps, s.legacy, "-", color=c, lw=2, alpha=0.6, label=f"{s.label} — legacy (TF1)")
+        top.plot(s.steps, s.migrated, "o--", color=c, ms=3, lw=1, label=f"{s.label} — migrated (TF2)")
+        diff = [abs(a - b) for a, b in zip(s.legacy, s.migrated, strict=True)]
+        bottom.plot(s.steps, [max(d, 1e-12) for d in diff], "o-", color=c, ms=3, lw=1, label=s.label)
+    t = outcome.options.tolerances
+    bottom.axhline(t.atol, color="grey", ls=":", lw=1, label=f"atol {t.atol:g}")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("|legacy − migrated|")
+    bottom.set_xlabel("training step")
+    top.set_ylabel("value")
+    first = outcome.comparison.first_divergence
+    if first and first.get("step"):
+        for ax in (top, bottom):
+            ax.axvline(first["step"], color="red", ls="--", lw=1)
+        top.annotate(f"first divergence: {first['quantity']}", (first["step"], top.get_ylim()[1]),
+                     xytext=(4, -12), textcoords="offset points", color="red", fontsize=8)
+    text, style = VERDICT_TEXT[outcome.comparison.verdict]
+    top.set_title(f"{outcome.options.legacy.name} vs {outcome.options.migrated.name} "
+                  f"({outcome.options.replicas} replicas): {text}", color=style if style != "green" else "darkgreen")
+    top.legend(fontsize=7, loc="upper right")
+    bottom.legend(fontsize=7, loc="upper left")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(outcome: Outcome, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(to_json(outcome), indent=2, default=str))
+    has_plot = plot(outcome, folder / "loss.png")
+    md = to_markdown(outcome)
+    if not has_plot:
+        md = md.replace("![loss curves](loss.png)\n", "")
+    (folder / "report.md").write_text(md)

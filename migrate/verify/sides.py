@@ -1,0 +1,136 @@
+"""Run the two sides as subprocesses, concurrently, each in its own scratch folder (no TensorFlow).
+
+The migrated side starts at once: importing TensorFlow and building its program overlaps with the
+legacy run; it then waits for the legacy side's initial variables (init.npz). If the legacy side
+ends without writing them, the migrated process is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfmigrate.verify.record import INIT_NPZ, RECORD_JSON, RunRecord
+
+LEGACY_ENV = {
+    "TF_USE_LEGACY_KERAS": "1",
+    "TF_DETERMINISTIC_OPS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}
+MIGRATED_ENV = {"TF_DETERMINISTIC_OPS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+@dataclass
+class SideRun:
+    side: str
+    out: Path
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    record: RunRecord | None
+
+    def tail(self, lines: int = 25) -> str:
+        return "\n".join(self.stderr.strip().splitlines()[-lines:])
+
+
+@dataclass
+class RunPlan:
+    legacy: Path
+    migrated: Path
+    workdir: Path
+    replicas: int = 2
+    steps: int = 20
+    seed: int = 0
+    device: str = "cpu"
+    timeout: float = 600.0
+    mapping: dict[str, str] | None = None
+    script_args: tuple[str, ...] = ()
+
+
+def _env(extra: dict[str, str], seed: int, device: str, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(extra)
+    env["PYTHONHASHSEED"] = str(seed)
+    env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = "-1"
+    return env
+
+
+def _start(cmd: list[str], cwd: Path, env: dict[str, str], log_prefix: Path) -> subprocess.Popen:
+    cwd.mkdir(parents=True, exist_ok=True)
+    stdout = open(log_prefix.with_suffix(".stdout"), "w")  # noqa: SIM115  closed after wait
+    stderr = open(log_prefix.with_suffix(".stderr"), "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+    proc._tfmigrate_logs = (stdout, stderr)  # type: ignore[attr-defined]
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _finish(side: str, proc: subprocess.Popen, out: Path, log_prefix: Path, timed_out: bool) -> SideRun:
+    for f in proc._tfmigrate_logs:  # type: ignore[attr-defined]
+        f.close()
+    record = RunRecord.load(out) if (out / RECORD_JSON).exists() else None
+    return SideRun(
+        side=side, out=out, returncode=proc.returncode,
+        stdout=log_prefix.with_suffix(".stdout").read_text(errors="replace"),
+        stderr=log_prefix.with_suffix(".stderr").read_text(errors="replace"),
+        timed_out=timed_out, record=record,
+    )
+
+
+def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
+    work = plan.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    legacy_out, migrated_out = work / "legacy" / "out", work / "migrated" / "out"
+    for d in (legacy_out, migrated_out):
+        d.mkdir(parents=True, exist_ok=True)
+    mapping_file = work / "mapping.json"
+    mapping_file.write_text(json.dumps(plan.mapping or {}, indent=2))
+    trace_file = work / "trace.json"
+    trace_file.write_text(json.dumps(sorted((plan.mapping or {}).keys())))
+    tail = ["--", *plan.script_args]
+    common = ["--steps", str(plan.steps), "--seed", str(plan.seed)]
+    legacy_cmd = [sys.executable, "-m", "tfmigrate.verify.legacy_boot", "--script", str(plan.legacy.resolve()),
+                  "--out", str(legacy_out), "--towers", str(plan.replicas), *common]
+    if plan.mapping:
+        legacy_cmd += ["--trace", str(trace_file)]
+    migrated_cmd = [sys.executable, "-m", "tfmigrate.verify.migrated_boot", "--script",
+                    str(plan.migrated.resolve()), "--out", str(migrated_out), "--replicas", str(plan.replicas),
+                    "--device", plan.device, "--init", str(legacy_out / INIT_NPZ), "--mapping",
+                    str(mapping_file), "--wait", str(plan.timeout), *common]
+    legacy_proc = _start(legacy_cmd + tail, work / "legacy" / "cwd", _env(LEGACY_ENV, plan.seed, plan.device),
+                         work / "legacy" / "log")
+    migrated_proc = _start(migrated_cmd + tail, work / "migrated" / "cwd",
+                           _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)),
+                           work / "migrated" / "log")
+    deadline = time.monotonic() + plan.timeout
+    timed_out = False
+    try:
+        while legacy_proc.poll() is None or migrated_proc.poll() is None:
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            if legacy_proc.poll() is not None and not (legacy_out / INIT_NPZ).exists():
+                break  # the migrated side would wait forever for the initial variables
+            time.sleep(0.05)
+    finally:
+        legacy_timed_out = timed_out and legacy_proc.poll() is None
+        migrated_timed_out = timed_out and migrated_proc.poll() is None
+        _stop(legacy_proc)
+        _stop(migrated_proc)
+    return (
+        _finish("legacy", legacy_proc, legacy_out, work / "legacy" / "log", legacy_timed_out),
+        _finish("migrated", migrated_proc, migrated_out, work / "migrated" / "log", migrated_timed_out),
+    )

@@ -1,0 +1,139 @@
+"""One verify run from options to a Comparison: manifest → both sides → records → comparison.
+
+No TensorFlow in this process: the sides run in subprocesses (sides.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tfmigrate.verify import compare as cmp
+from tfmigrate.verify.manifest import (
+    ManifestError,
+    ScriptManifest,
+    find_manifest,
+    load_manifest,
+    load_mapping_file,
+)
+from tfmigrate.verify.record import CRASHED, FINAL_NPZ, INIT_NPZ, TRACE_NPZ, load_arrays
+from tfmigrate.verify.sides import RunPlan, SideRun, run_sides
+
+
+@dataclass
+class VerifyOptions:
+    legacy: Path
+    migrated: Path
+    replicas: int = 2
+    steps: int = 20
+    seed: int = 0
+    device: str = "cpu"
+    timeout: float = 600.0
+    report_dir: Path | None = None
+    manifest: Path | None = None
+    mapping: Path | None = None
+    tolerances: cmp.Tolerances = field(default_factory=cmp.Tolerances)
+    script_args: tuple[str, ...] = ()
+    legacy_rev: str | None = None
+
+
+@dataclass
+class Outcome:
+    comparison: cmp.Comparison
+    options: VerifyOptions
+    legacy: SideRun | None = None
+    migrated: SideRun | None = None
+    manifest: ScriptManifest | None = None
+    crash: SideRun | None = None  # the side whose user code crashed, for the traceback
+
+
+def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
+    if opts.mapping is not None:
+        return load_mapping_file(opts.mapping)
+    path = opts.manifest or find_manifest(opts.migrated)
+    if path is None:
+        raise ManifestError(
+            f"no tfmigrate.json next to {opts.migrated} or in its parents, and no --mapping: verify needs "
+            "the legacy→migrated variable-name mapping to start both sides from the same weights"
+        )
+    return load_manifest(path, opts.migrated)
+
+
+def legacy_from_git(legacy: Path, rev: str, into: Path) -> Path:
+    """The legacy script's folder as it was at ``rev`` (read-only git: ``git archive``)."""
+    folder = legacy.resolve().parent
+    top = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    rel = folder.relative_to(Path(top).resolve()).as_posix()
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", top, "archive", "--format=tar", rev, rel or "."],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / rel / legacy.name
+
+
+def side_problem(run: SideRun, timeout: float) -> str | None:
+    if run.timed_out:
+        return f"the {run.side} side timed out after {timeout:g} s"
+    if run.record is None:
+        return (f"the {run.side} runtime stopped (exit status {run.returncode}) before writing its record"
+                + (f":\n{run.tail()}" if run.stderr.strip() else ""))
+    if run.record.status == CRASHED:
+        return f"the {run.side} script crashed: {run.record.message}"
+    if run.record.status != "ok":
+        return f"the {run.side} side could not run: {run.record.message}"
+    return None
+
+
+def _side_data(run: SideRun) -> cmp.SideData:
+    assert run.record is not None
+    return cmp.SideData(run.record, load_arrays(run.out / INIT_NPZ), load_arrays(run.out / FINAL_NPZ),
+                        load_arrays(run.out / TRACE_NPZ))
+
+
+def run_verify(opts: VerifyOptions) -> Outcome:
+    try:
+        manifest = resolve_manifest(opts)
+    except ManifestError as exc:
+        return Outcome(cmp.could_not_run(str(exc)), opts)
+    if not manifest.variables:
+        return Outcome(cmp.could_not_run(f"{manifest.source}: the variable mapping is empty"), opts, manifest=manifest)
+
+    scratch_parent = opts.report_dir / "runs" if opts.report_dir else None
+    if scratch_parent is not None:
+        shutil.rmtree(scratch_parent, ignore_errors=True)
+        scratch_parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="tfmigrate-verify-", dir=scratch_parent))
+    legacy = opts.legacy
+    if opts.legacy_rev:
+        try:
+            legacy = legacy_from_git(opts.legacy, opts.legacy_rev, workdir / "legacy-src")
+        except (subprocess.CalledProcessError, ValueError, OSError) as exc:
+            return Outcome(cmp.could_not_run(f"cannot take {opts.legacy} from git rev {opts.legacy_rev}: {exc}"),
+                           opts, manifest=manifest)
+    plan = RunPlan(legacy=legacy, migrated=opts.migrated, workdir=workdir, replicas=opts.replicas,
+                   steps=opts.steps, seed=opts.seed, device=opts.device, timeout=opts.timeout,
+                   mapping=manifest.variables, script_args=opts.script_args)
+    legacy_run, migrated_run = run_sides(plan)
+    outcome = Outcome(cmp.could_not_run(""), opts, legacy_run, migrated_run, manifest)
+    for run in (legacy_run, migrated_run):
+        problem = side_problem(run, opts.timeout)
+        if problem:
+            outcome.comparison = cmp.could_not_run(problem)
+            if run.record is not None and run.record.status == CRASHED:
+                outcome.crash = run
+            break
+    else:
+        outcome.comparison = cmp.compare(_side_data(legacy_run), _side_data(migrated_run), manifest,
+                                         opts.tolerances)
+    outcome.comparison.notes = manifest.notes + _record_notes(legacy_run, migrated_run) + outcome.comparison.notes
+    if opts.report_dir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return outcome
+
+
+def _record_notes(*runs: SideRun) -> list[str]:
+    return [f"{r.side}: {n}" for r in runs if r.record for n in r.record.notes]

@@ -1,0 +1,275 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+from tfmigrate.rule import Example, FixSafety
+from tfmigrate.rules._towers import TowerRule, get_arg, walk
+
+_SETTERS = {
+    "tensorflow.train.replica_device_setter": "replica_device_setter",
+    "tensorflow.contrib.framework.VariableDeviceChooser": "VariableDeviceChooser",
+    "tensorflow.contrib.slim.VariableDeviceChooser": "VariableDeviceChooser",
+}
+# Op types of variables in TF1 graphs: what a PS_OPS list names.
+_VARIABLE_OPS = frozenset(
+    {"Variable", "VariableV2", "AutoReloadVariable", "VarHandleOp", "MutableHashTable"}
+)
+_VARIABLE_FACTORIES = frozenset(
+    {
+        "tensorflow.get_variable",
+        "tensorflow.Variable",
+        "tensorflow.contrib.framework.variable",
+        "tensorflow.contrib.framework.model_variable",
+        "tensorflow.contrib.slim.variable",
+        "tensorflow.contrib.slim.model_variable",
+    }
+)
+_HOST_DEVICE = re.compile(r"cpu|/job:ps|ps_device|ps", re.I)
+
+
+class ParameterServerPlacement(TowerRule):
+    """
+    ## What it does
+    Flags TF1 variable placement that keeps the parameters away from the towers:
+    `tf.train.replica_device_setter(...)` and `VariableDeviceChooser`, "PS_OPS" device
+    functions that look at `op.type` (or `op.node_def.op`) and send variable ops to the CPU or
+    a parameter server while everything else goes to the tower's GPU, and variable factories
+    that wrap `tf.get_variable` in `tf.device('/cpu:0')` (cifar10's `_variable_on_cpu`).
+
+    ## Why is this bad?
+    The towers read one shared copy of each variable from the host (or a PS task) and the
+    averaged update is applied there. TF2 has no device functions: `MirroredStrategy` keeps a
+    mirrored copy of every variable on every GPU and all-reduces the gradients, and
+    `ParameterServerStrategy` is a different, multi-worker program. The numbers stay the same
+    (one update applied to identical copies), but the placement code must go: a device function
+    or `/cpu:0` pin left inside a strategy scope fights the strategy's placement.
+
+    ## Example
+    ```python
+    PS_OPS = ['Variable', 'VariableV2', 'AutoReloadVariable']
+
+    def assign_to_device(device, ps_device='/cpu:0'):
+        def _assign(op):
+            node_def = op if isinstance(op, tf.NodeDef) else op.node_def
+            return ps_device if node_def.op in PS_OPS else device
+        return _assign
+
+    with tf.device(assign_to_device('/gpu:%d' % i)):
+        ...
+    ```
+    Use instead: create the model under `tf.distribute.MirroredStrategy().scope()` and drop the
+    device function.
+
+    ## Fix safety
+    Manual: the placement goes away with the tower loop in the whole-script conversion.
+    """
+
+    code = "TFM111"
+    name = "parameter-server-placement"
+    summary = "variables pinned to the CPU or a parameter server by hand"
+    fix_safety = FixSafety.MANUAL
+
+    valid = (
+        # A device function that places nothing by op type.
+        """import tensorflow as tf
+def pick(op):
+    return '/gpu:0'
+with tf.device(pick):
+    y = f(x)
+""",
+        # Checks op types, but not variable ones.
+        """import tensorflow as tf
+def on_gpu(op):
+    if op.type in ['MatMul', 'Conv2D']:
+        return '/gpu:0'
+    return '/cpu:0'
+""",
+        # Input pipeline on the CPU is ordinary.
+        """import tensorflow as tf
+with tf.device('/cpu:0'):
+    images, labels = inputs()
+""",
+        # A variable created on the CPU but no factory returning it.
+        """import tensorflow as tf
+def train():
+    with tf.Graph().as_default(), tf.device('/cpu:0'):
+        global_step = tf.get_variable('global_step', [], trainable=False)
+        run(global_step)
+""",
+        # Not TensorFlow's replica_device_setter.
+        """import tensorflow as tf
+from mycluster import replica_device_setter
+setter = replica_device_setter(2)
+""",
+    )
+    invalid = (
+        Example(
+            """
+            import tensorflow as tf
+            with tf.device(tf.train.replica_device_setter(worker_device='/gpu:%d' % i,
+                                                          ps_device='/cpu:0', ps_tasks=1)):
+                loss = tower_loss(i)
+            """,
+            message="replica_device_setter",
+        ),
+        Example(
+            """
+            import tensorflow as tf
+            PS_OPS = ['Variable', 'VariableV2', 'AutoReloadVariable']
+
+            def assign_to_device(device, ps_device='/cpu:0'):
+                def _assign(op):
+                    node_def = op if isinstance(op, tf.NodeDef) else op.node_def
+                    if node_def.op in PS_OPS:
+                        return '/' + ps_device
+                    else:
+                        return device
+                return _assign
+            """,
+            message="`assign_to_device`",
+        ),
+        Example(
+            """
+            import tensorflow as tf
+            def variables_on_cpu(op):
+                if op.type in ('Variable', 'VariableV2', 'VarHandleOp'):
+                    return '/cpu:0'
+                return '/gpu:%d' % FLAGS.gpu
+            """,
+            message="`variables_on_cpu`",
+        ),
+        Example(
+            """
+            import tensorflow as tf
+            def _variable_on_cpu(name, shape, initializer):
+                with tf.device('/cpu:0'):
+                    var = tf.get_variable(name, shape, initializer=initializer)
+                return var
+            """,
+            message="/cpu:0",
+        ),
+        Example(
+            """
+            import tensorflow.compat.v1 as tf
+            slim = tf.contrib.slim
+            chooser = slim.VariableDeviceChooser(num_tasks=2, device_type='CPU')
+            """,
+        ),
+    )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        label = _SETTERS.get(self.call_name(node) or "")
+        if label is None:
+            return
+        ps = get_arg(node, None, "ps_device") or get_arg(node, None, "cluster")
+        where = f" (parameters on `{self.src(ps, 30)}`)" if ps is not None else ""
+        self.report(
+            node,
+            f"`{label}` places the variables on a parameter server{where}, the compute on the "
+            "towers. TF2: MirroredStrategy mirrors variables on every GPU; drop the device "
+            "function (ParameterServerStrategy is a multi-worker rewrite)",
+        )
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if self._checks_variable_ops(node):
+            anchor = self._factory_of(node) or node
+            self.report(
+                anchor,
+                f"`{anchor.name.value}` is a PS_OPS-style device function: variable ops go to "
+                "the CPU/parameter server, everything else to the tower's device. TF2: "
+                "MirroredStrategy mirrors variables on every GPU; drop the device function",
+            )
+            return
+        device = self._pins_returned_variable(node)
+        if device is not None:
+            self.report(
+                node,
+                f"`{node.name.value}` creates variables under `tf.device({device})`: one copy on "
+                "the host shared by all towers. TF2: MirroredStrategy mirrors variables on every "
+                "GPU; drop the pin",
+            )
+
+    # -- PS_OPS device functions --------------------------------------------------------------
+    def _checks_variable_ops(self, function: cst.FunctionDef) -> bool:
+        """``op.type in PS_OPS`` (or a literal list of variable op types) in its own body."""
+        for node in walk(function.body, into_defs=False):
+            if not isinstance(node, cst.Comparison):
+                continue
+            for target in node.comparisons:
+                if isinstance(target.operator, cst.In) and self._names_variable_ops(
+                    target.comparator
+                ):
+                    return True
+        return False
+
+    def _names_variable_ops(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Name):
+            binding = self.last_binding_before(node.value, node)
+            if binding is None:
+                # A module-level constant defined after the function.
+                for found, value in self.bindings(node.value, self.context.module):
+                    binding = (found, value)
+            if binding is None or not isinstance(binding[1], cst.BaseExpression):
+                return False
+            node = binding[1]
+        if not isinstance(node, cst.List | cst.Tuple | cst.Set):
+            return False
+        values = {
+            e.value.evaluated_value for e in node.elements if isinstance(e.value, cst.SimpleString)
+        }
+        return bool(values & _VARIABLE_OPS)
+
+    def _factory_of(self, function: cst.FunctionDef) -> cst.FunctionDef | None:
+        """``def assign_to_device(...): def _assign(op): ...; return _assign``: report the
+        factory users call, not the closure."""
+        outer = self.enclosing_def(function)
+        if outer is None:
+            return None
+        for node in walk(outer.body, into_defs=False):
+            if (
+                isinstance(node, cst.Return)
+                and isinstance(node.value, cst.Name)
+                and node.value.value == function.name.value
+            ):
+                return outer
+        return None
+
+    # -- `_variable_on_cpu` factories ---------------------------------------------------------
+    def _pins_returned_variable(self, function: cst.FunctionDef) -> str | None:
+        returned = {
+            node.value.value
+            for node in walk(function.body, into_defs=False)
+            if isinstance(node, cst.Return) and isinstance(node.value, cst.Name)
+        }
+        for node in walk(function.body, into_defs=False):
+            if not isinstance(node, cst.With):
+                continue
+            devices = [
+                item.item
+                for item in node.items
+                if self.is_device_call(item.item) and item.item.args  # type: ignore[attr-defined]
+            ]
+            host = [
+                d.args[0].value  # type: ignore[attr-defined]
+                for d in devices
+                if _HOST_DEVICE.search(self.src(d.args[0].value))  # type: ignore[attr-defined]
+            ]
+            if not host:
+                continue
+            for inner in walk(node.body, into_defs=False):
+                if not isinstance(inner, cst.Assign | cst.Return):
+                    continue
+                value = inner.value
+                if not (
+                    isinstance(value, cst.Call) and self.call_name(value) in _VARIABLE_FACTORIES
+                ):
+                    continue
+                targets = (
+                    {t.target.value for t in inner.targets if isinstance(t.target, cst.Name)}
+                    if isinstance(inner, cst.Assign)
+                    else set()
+                )
+                if isinstance(inner, cst.Return) or targets & returned:
+                    return self.src(host[0], 30)
+        return None

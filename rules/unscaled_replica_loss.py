@@ -1,0 +1,448 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+from tfmigrate.names import dotted
+from tfmigrate.rule import Example, FixSafety, Import, Rule
+from tfmigrate.rules._distribution import ModuleFacts, analyze, keyword, walk
+
+REDUCE_MEAN = frozenset({"tensorflow.reduce_mean", "tensorflow.math.reduce_mean"})
+_GLOBAL_BATCH = re.compile(r"global_?batch", re.I)
+# Keras 3 loss objects with their default reduction divide by the replica count themselves.
+_LOSS_PREFIXES = ("keras.losses.", "tensorflow.keras.losses.")
+
+
+class UnscaledReplicaLoss(Rule):
+    """
+    ## What it does
+    Flags a loss that the step function passed to `strategy.run` averages over its own replica's
+    examples with `tf.reduce_mean` (no `axis`) and then differentiates, instead of scaling it to
+    the global batch with `tf.nn.compute_average_loss`. It follows the loss into a helper
+    function (`loss = compute_loss(y, p)` that returns `tf.reduce_mean(...)`). It also flags
+    `strategy.reduce(SUM, ...)` of what such a step function returns.
+
+    ## Why is this bad?
+    Under `MirroredStrategy`, `optimizer.apply_gradients` all-reduces the replicas' gradients with
+    SUM. With a per-replica mean, every replica's gradient already has the size of a whole-batch
+    gradient, so N replicas take an N times larger step than one device on the same global batch.
+    Measured (tests/test_distribution_evidence.py, 2 logical CPUs, SGD lr 0.1, one step on a global
+    batch of 8): the weight moved by 0.0827 with the per-replica `reduce_mean` and by 0.0414 on one
+    device (ratio 2.000); with the fix, `tf.nn.compute_average_loss`, it moved by 0.0414
+    (difference 4e-9 from one device). `strategy.reduce(SUM, ...)` of the per-replica means then
+    reports N times the loss (0.887 instead of 0.444 in the same test). `model.fit` and Keras 3
+    loss objects with their default reduction scale by the replica count themselves (unlike
+    tf.keras 2) and are not flagged.
+
+    ## Example
+    ```python
+    def step_fn(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    losses = strategy.run(step_fn, args=(x, y))
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+    ```
+    Use instead:
+    ```python
+            loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
+                                              global_batch_size=GLOBAL_BATCH_SIZE)
+    ```
+
+    ## Fix safety
+    Unsafe: it changes the size of every update (back to what one device would do), so learning
+    rates tuned on the unscaled loss change meaning. `compute_average_loss` sums *all* elements
+    and divides by the global batch: a per-pixel or per-timestep loss must first be averaged over
+    its non-batch axes, which the fix cannot see. `global_batch_size=` is filled in from a
+    module-level name like `GLOBAL_BATCH_SIZE`; without one, TensorFlow uses the per-replica batch
+    times the replica count. The `strategy.reduce(SUM, ...)` finding has no fix of its own: once the
+    loss is scaled, SUM is the right reduction.
+    """
+
+    code = "TFM202"
+    name = "unscaled-replica-loss"
+    summary = "per-replica reduce_mean loss in strategy.run: gradients summed N times too large"
+    fix_safety = FixSafety.UNSAFE
+
+    valid = (
+        # The tutorial form: scaled to the global batch.
+        """import tensorflow as tf
+strategy = tf.distribute.MirroredStrategy()
+GLOBAL_BATCH_SIZE = 64
+def step_fn(x, y):
+    with tf.GradientTape() as tape:
+        per_example = loss_fn(y, model(x, training=True))
+        loss = tf.nn.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH_SIZE)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+per_replica = strategy.run(step_fn, args=(x, y))
+total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+""",
+        # Divided by the replica count by hand.
+        """import tensorflow as tf
+def step_fn(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y)) / strategy.num_replicas_in_sync
+    grads = tape.gradient(loss, model.trainable_variables)
+    return loss
+strategy.run(step_fn, args=(x, y))
+""",
+        # A Keras 3 loss object with its default reduction scales by the replica count itself.
+        """import tensorflow as tf
+loss_object = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+def step_fn(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(loss_object(y, model(x)))
+    grads = tape.gradient(loss, model.trainable_variables)
+strategy.run(step_fn, args=(x, y))
+""",
+        # reduce_mean over an axis is part of the per-example loss, not the batch mean.
+        """import tensorflow as tf
+def step_fn(x, y):
+    with tf.GradientTape() as tape:
+        per_example = tf.reduce_mean(tf.square(model(x) - y), axis=-1)
+        loss = tf.nn.compute_average_loss(per_example)
+    grads = tape.gradient(loss, model.trainable_variables)
+strategy.run(step_fn, args=(x, y))
+""",
+        # Not run by a strategy: one device, a mean is right.
+        """import tensorflow as tf
+@tf.function
+def train_step(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    grads = tape.gradient(loss, model.trainable_variables)
+    return loss
+""",
+        # Reporting means averaged with MEAN is right.
+        """import tensorflow as tf
+def step_fn(x, y):
+    return tf.reduce_mean(tf.square(model(x) - y))
+per_replica = strategy.run(step_fn, args=(x, y))
+mean = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+""",
+    )
+    invalid = (
+        Example(
+            """
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            GLOBAL_BATCH_SIZE = 64
+
+            def step_fn(x, y):
+                with tf.GradientTape() as tape:
+                    per_example = loss_fn(y, model(x, training=True))
+                    loss = tf.reduce_mean(per_example)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+
+            @tf.function
+            def train_step(x, y):
+                per_replica = strategy.run(step_fn, args=(x, y))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            """,
+            fixed="""
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            GLOBAL_BATCH_SIZE = 64
+
+            def step_fn(x, y):
+                with tf.GradientTape() as tape:
+                    per_example = loss_fn(y, model(x, training=True))
+                    loss = tf.nn.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH_SIZE)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+
+            @tf.function
+            def train_step(x, y):
+                per_replica = strategy.run(step_fn, args=(x, y))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            """,
+            message="compute_average_loss",
+        ),
+        # Through a helper, with a regularizer added; no global batch name in sight.
+        Example(
+            """
+            import tensorflow as tf
+
+            def compute_loss(labels, logits):
+                return tf.math.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+            def replica_step(images, labels):
+                with tf.GradientTape() as tape:
+                    loss = compute_loss(labels, net(images)) + 1e-4 * l2
+                grads = tape.gradient(loss, net.trainable_variables)
+                opt.apply_gradients(zip(grads, net.trainable_variables))
+
+            mirrored_strategy.run(replica_step, args=batch)
+            """,
+            fixed="""
+            import tensorflow as tf
+
+            def compute_loss(labels, logits):
+                return tf.nn.compute_average_loss(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+            def replica_step(images, labels):
+                with tf.GradientTape() as tape:
+                    loss = compute_loss(labels, net(images)) + 1e-4 * l2
+                grads = tape.gradient(loss, net.trainable_variables)
+                opt.apply_gradients(zip(grads, net.trainable_variables))
+
+            mirrored_strategy.run(replica_step, args=batch)
+            """,
+        ),
+        # The reduce of the means, reported on its own line (no fix of its own).
+        Example(
+            """
+            import tensorflow as tf
+            def step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.abs(model(x) - y))
+                tape_grads = tape.gradient(loss, model.trainable_variables)
+                return loss
+            total = strategy.reduce("SUM", strategy.run(step, args=(x, y)), axis=None)
+            """,
+            fixed="""
+            import tensorflow as tf
+            def step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = tf.nn.compute_average_loss(tf.abs(model(x) - y))
+                tape_grads = tape.gradient(loss, model.trainable_variables)
+                return loss
+            total = strategy.reduce("SUM", strategy.run(step, args=(x, y)), axis=None)
+            """,
+            message="times the mean loss",
+        ),
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        facts = analyze(node, self.context.resolver)
+        self._facts = facts
+        self._scaled_loss_objects = self._default_reduction_losses(facts)
+        self._steps: dict[int, list[cst.Call]] = {}  # id(FunctionDef) -> flagged reduce_means
+        global_batch = [
+            name for name in facts.assignments if "." not in name and _GLOBAL_BATCH.search(name)
+        ]
+        self._global_batch = global_batch[0] if len(global_batch) == 1 else None
+        reported: set[int] = set()
+        for call in facts.calls:
+            step = self._run_step(call)
+            if step is None:
+                continue
+            for mean in self._unscaled_means(step):
+                if id(mean) not in reported:
+                    reported.add(id(mean))
+                    self._report_mean(mean)
+        for call in facts.calls:
+            self._check_reduce(call)
+
+    # -- strategy.run(step_fn, ...) -------------------------------------------------------
+    def _run_step(self, call: cst.Call) -> cst.FunctionDef | None:
+        func = call.func
+        if not (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "run"
+            and self._facts.is_strategy(func.value)
+            and call.args
+            and isinstance(call.args[0].value, cst.Name)
+        ):
+            return None
+        return self._facts.function(call.args[0].value.value)
+
+    def _unscaled_means(self, step: cst.FunctionDef) -> list[cst.Call]:
+        if id(step) in self._steps:
+            return self._steps[id(step)]
+        means: list[cst.Call] = []
+        for node in walk(step.body):
+            if not (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "gradient"
+                and node.args
+            ):
+                continue
+            target = node.args[0].value
+            if isinstance(target, cst.Name):
+                for assign in self._assignments_in(step, target.value):
+                    means.extend(self._means_in(assign.value, follow=True))
+        self._steps[id(step)] = means
+        return means
+
+    def _assignments_in(self, function: cst.FunctionDef, name: str) -> list[cst.Assign]:
+        return [
+            n
+            for n in walk(function.body)
+            if isinstance(n, cst.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0].target, cst.Name)
+            and n.targets[0].target.value == name
+        ]
+
+    def _means_in(self, expr: cst.BaseExpression, *, follow: bool) -> list[cst.Call]:
+        """The unscaled batch means that make up ``expr`` (sums, products, one helper deep)."""
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, cst.Divide | cst.Multiply) and any(
+                _mentions_replicas(side) for side in (expr.left, expr.right)
+            ):
+                return []  # already divided by the replica count
+            return self._means_in(expr.left, follow=follow) + self._means_in(
+                expr.right, follow=follow
+            )
+        if not isinstance(expr, cst.Call):
+            return []
+        if self.call_name(expr) in REDUCE_MEAN:
+            axis = keyword(expr, "axis", 1)
+            if axis is None and not self._is_scaled_loss(expr.args[0].value if expr.args else None):
+                return [expr]
+            return []
+        if follow and isinstance(expr.func, cst.Name):
+            helper = self._facts.function(expr.func.value)
+            if helper is not None:
+                found: list[cst.Call] = []
+                for node in walk(helper.body):
+                    if isinstance(node, cst.Return) and node.value is not None:
+                        found.extend(self._means_in(node.value, follow=False))
+                return found
+        return []
+
+    def _is_scaled_loss(self, expr: cst.BaseExpression | None) -> bool:
+        if isinstance(expr, cst.Call):
+            callee = dotted(expr.func)
+            if callee in self._scaled_loss_objects:
+                return True
+            # `tf.keras.losses.MeanSquaredError()(y, p)` inline
+            if isinstance(expr.func, cst.Call) and self._is_default_loss_class(expr.func):
+                return True
+        return False
+
+    def _is_default_loss_class(self, call: cst.Call) -> bool:
+        name = self.call_name(call)
+        if not name or not name.startswith(_LOSS_PREFIXES):
+            return False
+        if not name.rsplit(".", 1)[1][:1].isupper():
+            return False  # a loss function (per example), not a class
+        reduction = keyword(call, "reduction")
+        if reduction is None:
+            return True
+        text = self.context.module.code_for_node(reduction.value).lower()
+        return "none" not in text and "sum" != text.strip("'\"")
+
+    def _default_reduction_losses(self, facts: ModuleFacts) -> set[str]:
+        return {
+            name
+            for name, assigns in facts.assignments.items()
+            if all(
+                isinstance(a.value, cst.Call) and self._is_default_loss_class(a.value)
+                for a in assigns
+            )
+        }
+
+    def _report_mean(self, mean: cst.Call) -> None:
+        tf = self.context.resolver.local_name_for("tensorflow")
+        imports: tuple[Import, ...] = ()
+        if tf is None:
+            tf, imports = "tf", (Import("tensorflow", asname="tf"),)
+        per_example = mean.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        args = [per_example]
+        if self._global_batch is not None:
+            args = [
+                per_example.with_changes(
+                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                ),
+                cst.Arg(
+                    keyword=cst.Name("global_batch_size"),
+                    value=cst.Name(self._global_batch),
+                    equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""),
+                        whitespace_after=cst.SimpleWhitespace(""),
+                    ),
+                ),
+            ]
+        if mean.args[-1].comma is not cst.MaybeSentinel.DEFAULT:
+            args[-1] = args[-1].with_changes(comma=mean.args[-1].comma)
+        replacement = mean.with_changes(
+            func=cst.parse_expression(f"{tf}.nn.compute_average_loss"), args=args
+        )
+        self.report(
+            mean,
+            "loss averaged per replica with `reduce_mean` inside `strategy.run`: replica "
+            "gradients are summed, so each step is num_replicas times too large; scale to the "
+            "global batch with `tf.nn.compute_average_loss` (average per-pixel losses over their "
+            "non-batch axes first)",
+            replacement=replacement,
+            imports=imports,
+        )
+
+    # -- strategy.reduce(SUM, per_replica_means) ------------------------------------------
+    def _check_reduce(self, call: cst.Call) -> None:
+        func = call.func
+        if not (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "reduce"
+            and self._facts.is_strategy(func.value)
+            and len(call.args) >= 2
+        ):
+            return
+        op = call.args[0].value
+        is_sum = (
+            isinstance(op, cst.SimpleString) and op.evaluated_value.upper() == "SUM"
+        ) or (self.qualify(op) or "").endswith("ReduceOp.SUM")
+        if not is_sum:
+            return
+        value = call.args[1].value
+        runs: list[cst.BaseExpression] = [value]
+        if isinstance(value, cst.Name):
+            runs = self._facts.values_of(value.value)
+        for run in runs:
+            step = self._run_step(run) if isinstance(run, cst.Call) else None
+            if step is not None and self._returns_mean(step):
+                self.report(
+                    call,
+                    "`strategy.reduce(SUM, ...)` of per-replica `reduce_mean` losses reports "
+                    "num_replicas times the mean loss; scale the loss with "
+                    "`tf.nn.compute_average_loss` (then SUM is right) or reduce with MEAN",
+                )
+                return
+
+    def _returns_mean(self, step: cst.FunctionDef) -> bool:
+        if not self._unscaled_means(step):
+            return False
+        names = {
+            node.targets[0].target.value
+            for node in walk(step.body)
+            if isinstance(node, cst.Assign)
+            and isinstance(node.targets[0].target, cst.Name)
+            and self._means_in(node.value, follow=True)
+        }
+        for node in walk(step.body):
+            if isinstance(node, cst.Return) and node.value is not None:
+                returned = node.value
+                items = (
+                    [e.value for e in returned.elements]
+                    if isinstance(returned, cst.Tuple)
+                    else [returned]
+                )
+                for item in items:
+                    if isinstance(item, cst.Name) and item.value in names:
+                        return True
+                    if self._means_in(item, follow=True):
+                        return True
+        return False
+
+
+def _mentions_replicas(node: cst.CSTNode) -> bool:
+    return any(
+        isinstance(n, cst.Name) and n.value == "num_replicas_in_sync" for n in walk(node)
+    ) or any(
+        isinstance(n, cst.Attribute) and n.attr.value == "num_replicas_in_sync" for n in walk(node)
+    )
+
+

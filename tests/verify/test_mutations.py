@@ -1,0 +1,45 @@
+"""Real migration bugs planted in correct migrated programs: verify must fail, naming the first
+diverging step (the fixtures are built so that every bug shows inside the compared steps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import pair, plant, verify
+from tfmigrate.verify import compare as cmp
+
+MUTATIONS = [
+    # (id, fixture, correct code, planted bug, first diverging step, quantity contains)
+    ("loss-not-scaled-by-replicas", "cifar_average",
+     "scaled_loss = total_loss / strategy.num_replicas_in_sync", "scaled_loss = total_loss", 1, ""),
+    ("loss-scaled-twice", "cifar_average",
+     "scaled_loss = total_loss / strategy.num_replicas_in_sync",
+     "scaled_loss = tf.nn.compute_average_loss(total_loss) / strategy.num_replicas_in_sync", 1, ""),
+    ("regularization-loss-dropped", "cifar_average",
+     "total_loss = cross_entropy + tf.add_n(model.losses)", "total_loss = cross_entropy", 1, "total_loss"),
+    ("bn-momentum-as-1-minus-decay", "bn_rmsprop",
+     "TF1BatchNorm(momentum=0.9,", "TF1BatchNorm(momentum=0.1,", 1, "moving_"),
+    ("rmsprop-slot-zeros", "bn_rmsprop",
+     'add_variable_from_reference(v, "rms", initializer="ones")',
+     'add_variable_from_reference(v, "rms", initializer="zeros")', 1, ""),
+    ("lr-schedule-off-by-one", "sum_ema_decay",
+     "keras.optimizers.SGD(learning_rate=schedule)",
+     "keras.optimizers.SGD(learning_rate=lambda: schedule(optimizer.iterations + 1))", 4, "learning_rate"),
+    ("ema-decay-without-num-updates", "sum_ema_decay",
+     "decay = tf.minimum(MOVING_AVERAGE_DECAY, (1.0 + n) / (10.0 + n))",
+     "decay = tf.constant(MOVING_AVERAGE_DECAY)", 1, "ExponentialMovingAverage"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fixture", "old", "new", "step", "quantity"),
+                         [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS])
+def test_planted_bug_diverges_at_the_first_affected_step(tmp_path, fixture, old, new, step, quantity):
+    legacy, _ = pair(fixture)
+    outcome = verify(legacy, plant(tmp_path, fixture, old, new), steps=6)
+    comp = outcome.comparison
+    assert comp.verdict == cmp.DIVERGED, comp.reason
+    assert comp.exit_code == 1
+    assert comp.first_divergence["step"] == step, comp.reason
+    assert quantity in comp.first_divergence["quantity"], comp.reason
+    assert f"step {step}" in comp.reason

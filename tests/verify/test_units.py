@@ -1,0 +1,173 @@
+"""Fast tests of verify's pure parts: fingerprints, names, manifest, comparison (no TensorFlow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfmigrate.verify import compare as cmp
+from tfmigrate.verify.fingerprint import step_fingerprint, stream_digest
+from tfmigrate.verify.manifest import (
+    Announced,
+    ManifestError,
+    ScriptManifest,
+    find_manifest,
+    load_manifest,
+    load_mapping_file,
+    parse_fetch_target,
+)
+from tfmigrate.verify.record import Fetch, RunRecord, Step, load_arrays, save_arrays
+from tfmigrate.verify.tower_names import split_tower, strip_output_index
+
+
+def test_fingerprint_ignores_how_the_batch_was_split_and_dtype_widening():
+    x = np.arange(24, dtype=np.float64).reshape(8, 3)
+    y = np.arange(8, dtype=np.int32)
+    whole = step_fingerprint([[x], [y]])
+    towers = step_fingerprint([[y[:4].astype(np.int64), y[4:]], [x[:4].astype(np.float32), x[4:]]])
+    assert whole == towers
+    assert stream_digest([x[::-1]]) != stream_digest([x])  # order of samples matters
+
+
+@pytest.mark.parametrize(
+    ("name", "hint", "expected"),
+    [
+        ("tower_1/total_loss", None, ("total_loss", 1)),
+        ("gpu_0/xent/value", None, ("xent/value", 0)),
+        ("clone_1/clone_loss", None, ("clone_loss", 1)),
+        ("mytower7/loss", 7, ("loss", 7)),
+        ("total_loss", None, ("total_loss", None)),
+        ("conv_1/weights", None, ("conv_1/weights", None)),
+    ],
+)
+def test_split_tower(name, hint, expected):
+    assert split_tower(name, hint) == expected
+
+
+def test_strip_output_index():
+    assert strip_output_index("tower_0/loss:0") == "tower_0/loss"
+    assert strip_output_index("split:1") == "split:1"
+
+
+def test_manifest_lookup_and_parse(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    script = tmp_path / "pkg" / "train.py"
+    script.write_text("")
+    manifest = tmp_path / "tfmigrate.json"
+    manifest.write_text(json.dumps({"format": 1, "files": {"pkg/train.py": {
+        "variables": {"a/w": "m/a/kernel"}, "fetches": {"tower_1/loss": "loss[1]"},
+        "announced": [{"match": "*/moving_mean", "code": "TFM301", "reason": "replica 0"}],
+        "applied": []}}}))
+    assert find_manifest(script) == manifest
+    entry = load_manifest(manifest, script)
+    assert entry.variables == {"a/w": "m/a/kernel"}
+    assert entry.announcement_for("bn/moving_mean").code == "TFM301"
+    assert entry.announcement_for("bn/beta") is None
+    other = tmp_path / "other.py"
+    other.write_text("")
+    with pytest.raises(ManifestError, match="no entry"):
+        load_manifest(manifest, other)
+
+
+def test_mapping_file_plain_or_full(tmp_path):
+    plain = tmp_path / "m.json"
+    plain.write_text(json.dumps({"a": "b"}))
+    assert load_mapping_file(plain).variables == {"a": "b"}
+    full = tmp_path / "f.json"
+    full.write_text(json.dumps({"variables": {"a": "b"}, "fetches": {"x": "y[0]"}}))
+    assert load_mapping_file(full).fetches == {"x": "y[0]"}
+    assert parse_fetch_target("y[0]") == ("y", 0)
+    assert parse_fetch_target("loss") == ("loss", None)
+
+
+def test_arrays_roundtrip_with_scope_names(tmp_path):
+    arrays = {"tower_0/conv1/weights:0": np.ones((2, 2)), "a/b": np.zeros(3, np.int64)}
+    save_arrays(tmp_path / "x.npz", arrays)
+    back = load_arrays(tmp_path / "x.npz")
+    assert set(back) == set(arrays)
+    np.testing.assert_array_equal(back["a/b"], arrays["a/b"])
+
+
+# -- comparison on synthetic records -------------------------------------------------------------
+
+def _side(side, losses, *, tower=1, inputs=None, every=1, weights=None):
+    rec = RunRecord(side=side, devices=2)
+    for i, v in enumerate(losses, start=1):
+        fetches = [Fetch(name="tower_1/loss" if side == "legacy" else f"loss[{tower}]", base="loss",
+                         tower=tower, value=v)] if (i - 1) % every == 0 else []
+        rec.steps.append(Step(step=i, seconds=0.01, fetches=fetches,
+                              inputs=inputs[i - 1] if inputs else [f"in{i}"]))
+    rec.variables = {"w": {"kind": "weight", "shape": [2]}}
+    final = {"w": np.asarray(weights if weights is not None else [1.0, 2.0], np.float32)}
+    return cmp.SideData(rec, {}, final, {})
+
+
+def _manifest():
+    return ScriptManifest(variables={"w": "w"})
+
+
+def test_equal_runs_are_equivalent():
+    result = cmp.compare(_side("legacy", [2.0, 1.5, 1.2]), _side("migrated", [2.0, 1.5, 1.2 + 1e-7]),
+                         _manifest(), cmp.Tolerances())
+    assert result.verdict == cmp.EQUIVALENT
+    assert [r.status for r in result.rows] == [cmp.PASS, cmp.PASS]
+
+
+def test_first_divergence_names_step_and_quantity():
+    result = cmp.compare(_side("legacy", [2.0, 1.5, 1.2, 1.0]), _side("migrated", [2.0, 1.5, 1.3, 1.1]),
+                         _manifest(), cmp.Tolerances())
+    assert result.verdict == cmp.DIVERGED
+    assert result.first_divergence["step"] == 3
+    assert "loss (tower 1)" in result.first_divergence["quantity"]
+    assert result.exit_code == 1
+
+
+def test_later_steps_use_relative_tolerance():
+    tol = cmp.Tolerances(early_steps=1)
+    assert tol.scalar_ok(5, 1000.0, 1000.05)  # 5e-5 relative
+    assert not tol.scalar_ok(1, 1000.0, 1000.05)
+
+
+def test_loss_fetched_every_few_steps_compares_common_steps_only():
+    legacy = _side("legacy", [2.0, 9.0, 1.2, 9.0, 1.0], every=2)
+    result = cmp.compare(legacy, _side("migrated", [2.0, 1.5, 1.2, 1.1, 1.0]), _manifest(), cmp.Tolerances())
+    assert result.verdict == cmp.EQUIVALENT
+    assert result.rows[0].steps_compared == 3
+
+
+def test_different_inputs_could_not_run_instead_of_diverging():
+    legacy = _side("legacy", [2.0, 1.5], inputs=[["a"], ["b"]])
+    migrated = _side("migrated", [2.0, 7.5], inputs=[["a"], ["c"]])
+    result = cmp.compare(legacy, migrated, _manifest(), cmp.Tolerances())
+    assert result.verdict == cmp.COULD_NOT_RUN
+    assert "different inputs at step 2" in result.reason
+    assert result.exit_code == 2
+
+
+def test_announced_difference_is_expected_with_its_size():
+    manifest = ScriptManifest(variables={"w": "w"}, announced=[Announced(["w"], "TFM301", "replica 0")])
+    result = cmp.compare(_side("legacy", [1.0]), _side("migrated", [1.0], weights=[1.0, 2.5]), manifest,
+                         cmp.Tolerances())
+    assert result.verdict == cmp.EQUIVALENT
+    row = next(r for r in result.rows if r.legacy == "w")
+    assert row.status == cmp.EXPECTED and row.max_abs == pytest.approx(0.5)
+
+
+def test_unmatched_fetch_is_reported_not_failed():
+    migrated = _side("migrated", [2.0, 1.0])
+    for step in migrated.record.steps:
+        for f in step.fetches:
+            f.base = "something_else"
+    result = cmp.compare(_side("legacy", [2.0, 1.0]), migrated, _manifest(), cmp.Tolerances())
+    assert result.verdict == cmp.EQUIVALENT
+    assert result.rows[0].status == cmp.UNMATCHED
+
+
+def test_cli_import_does_not_import_tensorflow():
+    code = ("import sys, tfmigrate.cli, tfmigrate.verify.command, tfmigrate.verify.verifier, "
+            "tfmigrate.verify.report; sys.exit('tensorflow' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
