@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
+
 from tfmigrate.names import NameResolver
 
 CONFIG_PROTO = "tensorflow.ConfigProto"

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
+
 from tfmigrate.names import NameResolver, dotted
 
 # Strategies whose replicas each run the step function on their own slice of the batch.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import libcst as cst
+
 from tfmigrate import tfapi
 from tfmigrate.names import dotted
 from tfmigrate.rule import Rule
@@ -43,13 +44,15 @@ def tf1_symbol(name: str) -> str | None:
 
 
 def classify(raw_names: Iterable[str], imported: Iterable[str]) -> str | None:
-    """"tf1", "tf2" or None (neither). TF1 wins: a file that still opens a Session or uses
+    """ "tf1", "tf2" or None (neither). TF1 wins: a file that still opens a Session or uses
     renamed TF1 symbols is migrated by TFM1xx/TFM301, not linted as TF2 code."""
     tf1 = tf2 = False
     for module in imported:
         if module.startswith(COMPAT_V1) or module.startswith(_KERAS2):
             tf1 = True
         elif module == "keras" or module.startswith("keras."):
+            tf2 = True
+        elif tfapi.tf_spelling(module).startswith(_TF2_PREFIXES):
             tf2 = True
     for raw in raw_names:
         if raw.startswith(COMPAT_V1):
@@ -136,3 +139,21 @@ class ApiNameRule(Rule):
 
     def finish(self, kind: str | None) -> None:
         raise NotImplementedError
+
+
+def contrib_advice(name: str) -> str:
+    """What TF's tables (or the tf_slim package) say about a ``tf.contrib`` symbol."""
+    note = tfapi.warning(name)
+    if note:
+        return note.removeprefix("(Manual edit required) ")
+    slim = tfapi.tf_slim_name(name)
+    if slim is not None:
+        return f"`{slim}` carries it (pip install tf-slim), or rewrite it with Keras"
+    deprecation = tfapi.module_deprecation(name)
+    if deprecation is not None and deprecation[0] != "tf.contrib":
+        return deprecation[1].removeprefix("(Manual edit required) ")
+    return "use a TF2 or Keras equivalent, TensorFlow Addons, or a copy of the code"
+
+
+def strip_compat_v1(raw: str) -> str:
+    return "tensorflow" + raw[len(COMPAT_V1) :] if raw.startswith(COMPAT_V1) else raw

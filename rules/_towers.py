@@ -7,14 +7,18 @@ than "which loop, which scope, which name" is guessing anyway.
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.metadata import PositionProvider
+
 from tfmigrate.rule import Rule
 
 LOOP = (cst.For, cst.While)
+COMPREHENSION = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 # A new Python scope: a loop or binding outside it is no longer "the same code".
 BOUNDARY = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
@@ -144,8 +148,108 @@ def method_name(call: cst.Call) -> str | None:
     return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
 
 
+def _callee(call: cst.Call) -> str | None:
+    """The called name, whatever the receiver: ``tower_fn(...)``, ``self.tower_fn(...)``."""
+    if isinstance(call.func, cst.Name):
+        return call.func.value
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return None
+
+
+def _varying(node: cst.CSTNode) -> set[str]:
+    """What changes between iterations: the loop target and whatever the body (re)binds --
+    ``device = '/gpu:%d' % i``, or ``i += 1`` in a while loop; a comprehension's targets."""
+    if isinstance(node, cst.For):
+        return bound_names(node.body) | _target_names(node.target)
+    if isinstance(node, cst.While):
+        return bound_names(node.body)
+    if isinstance(node, COMPREHENSION):
+        return bound_names(node.for_in)
+    return set()
+
+
+def _params(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    return {p.name.value for p in every}
+
+
+_BUILTINS = frozenset(dir(builtins))
+# Methods of lists, dicts, strings, sessions and loggers: calling them builds no model.
+_PLAIN_METHODS = frozenset(
+    {
+        "append", "extend", "insert", "pop", "remove", "index", "count", "copy", "clear",
+        "get", "items", "keys", "values", "update", "setdefault", "add", "discard",
+        "format", "join", "split", "strip", "replace", "startswith", "endswith", "lower",
+        "upper", "run", "info", "debug", "warning", "write", "flush", "print",
+    }
+)  # fmt: skip
+# TF namespaces whose calls create variables or layers: evidence of a model per device.
+_MODEL_PREFIXES = (
+    "tensorflow.layers.",
+    "tensorflow.contrib.layers.",
+    "tensorflow.contrib.slim.",
+    "tensorflow.keras.",
+    "keras.",
+    "tensorflow.get_variable",
+    "tensorflow.Variable",
+    "tensorflow.gradients",
+    "tensorflow.make_template",
+    "tensorflow.nn.conv",
+    "tensorflow.nn.rnn",
+    "tensorflow.nn.dynamic_rnn",
+    "tensorflow.losses.",
+)
+
+
+@dataclass
+class Towers:
+    """One place where the model is replicated per device, and what it says about sharing."""
+
+    replicator: cst.CSTNode  # the for/while loop or the comprehension
+    device: cst.Call
+    tower_fn: cst.FunctionDef | None  # the function holding `tf.device`, when called per tower
+    scopes: list[str] = field(default_factory=list)
+    sharing: list[str] = field(default_factory=list)
+
+
 class TowerRule(Rule):
-    """Helpers over the parent/position metadata that all tower rules need."""
+    """Helpers over the parent/position metadata that all tower rules need.
+
+    Subclasses implement ``on_call`` instead of ``visit_Call``: the base records every
+    ``tf.device(...)`` call on the way, so "is this tower code?" needs no second walk of the
+    module (libcst's ``children`` is costly on big files). Decisions that need that answer are
+    made in ``leave_Module``."""
+
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        self.device_calls: list[cst.Call] = []
+        self.calls_by_name: dict[str, list[cst.Call]] = {}
+        self.templates: set[str] = set()
+        self._towers: list[Towers] | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.call_name(node) == DEVICE:
+            self.device_calls.append(node)
+        callee = _callee(node)
+        if callee is not None:
+            self.calls_by_name.setdefault(callee, []).append(node)
+        self.on_call(node)
+
+    def on_call(self, node: cst.Call) -> None:
+        """Called for every call, after ``tf.device`` calls were recorded."""
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        # `net_fn = tf.make_template(...)`: calling net_fn per tower shares its variables.
+        if isinstance(node.value, cst.Call) and self.call_name(node.value) == (
+            "tensorflow.make_template"
+        ):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self.templates.add(target.target.value)
+                elif isinstance(target.target, cst.Attribute):
+                    self.templates.add(target.target.attr.value)
 
     def src(self, node: cst.CSTNode, limit: int = 70) -> str:
         text = " ".join(self.context.module.code_for_node(node).split())
@@ -179,27 +283,93 @@ class TowerRule(Rule):
     def is_device_call(self, node: cst.CSTNode) -> bool:
         return isinstance(node, cst.Call) and self.call_name(node) == DEVICE
 
-    def device_loop(self, device_call: cst.Call) -> cst.For | cst.While | None:
-        """The loop that replicates this ``tf.device`` block: the innermost enclosing loop, if
-        the device depends on what that loop binds (``'/gpu:%d' % i``, ``devices[i]``, ``d``)."""
-        loops = self.loops_of(device_call)
-        if not loops:
+    # -- where towers are replicated ----------------------------------------------------------
+    def device_loop(
+        self, device_call: cst.Call
+    ) -> tuple[cst.CSTNode, cst.FunctionDef | None] | None:
+        """What replicates this ``tf.device`` block: its innermost loop, if the device depends on
+        what the loop binds (``'/gpu:%d' % i``, ``devices[i]``, ``d``); or, for a ``tf.device``
+        keyed on a parameter of its function, a loop/comprehension calling that function with
+        the loop's variable (``[tower(i) for i in range(n)]``)."""
+        if not device_call.args:
             return None
-        loop = loops[0]
-        # What changes from one iteration to the next: the loop target, and whatever the body
-        # (re)binds -- `device = '/gpu:%d' % i`, or `i += 1` in a while loop.
-        varying = bound_names(loop.body)
-        if isinstance(loop, cst.For):
-            varying |= _target_names(loop.target)
-        if device_call.args and free_names(device_call.args[0].value) & varying:
-            return loop
+        device = free_names(device_call.args[0].value)
+        loops = self.loops_of(device_call)
+        if loops:
+            return (loops[0], None) if device & _varying(loops[0]) else None
+        function = self.enclosing_def(device_call)
+        if function is None or not device & _params(function):
+            return None
+        for caller in self.calls_by_name.get(function.name.value, []):
+            for ancestor in self.upto_boundary(caller):
+                if isinstance(ancestor, LOOP | COMPREHENSION):
+                    if free_names(caller) & _varying(ancestor):
+                        return ancestor, function
+                    break
         return None
 
+    def tower_loops(self) -> list[Towers]:
+        """Every per-device replication that builds a model. Complete only in leave_Module."""
+        if self._towers is None:
+            self._towers = []
+            seen: set[int] = set()
+            for call in self.device_calls:
+                found = self.device_loop(call)
+                if found is None or id(found[0]) in seen:
+                    continue
+                seen.add(id(found[0]))
+                towers = Towers(found[0], call, found[1])
+                if self._read_towers(towers):
+                    self._towers.append(towers)
+        return self._towers
+
     def has_device_loop(self) -> bool:
-        return any(
-            self.is_device_call(n) and self.device_loop(n) is not None  # type: ignore[arg-type]
-            for n in walk(self.context.module)
-        )
+        return bool(self.tower_loops())
+
+    def _read_towers(self, towers: Towers) -> bool:
+        """Fill in scopes and sharing; True if the replicated code builds a model at all."""
+        replicator = towers.replicator
+        roots: list[cst.CSTNode] = [replicator.body if isinstance(replicator, LOOP) else replicator]
+        if towers.tower_fn is not None:
+            roots.append(towers.tower_fn.body)
+        builds = False
+        for root in roots:
+            for current in walk(root, into_defs=False):
+                if isinstance(current, cst.Call):
+                    builds |= self._read_call(current, towers)
+        towers.scopes = list(dict.fromkeys(towers.scopes))
+        towers.sharing = list(dict.fromkeys(towers.sharing))
+        return builds or bool(towers.scopes or towers.sharing)
+
+    def _read_call(self, call: cst.Call, towers: Towers) -> bool:
+        name = self.call_name(call)
+        if name in SCOPES:
+            scope = get_arg(call, 0, "name_or_scope") or get_arg(call, 0, "name")
+            if scope is not None:
+                towers.scopes.append(f"{name.rsplit('.', 1)[1]}({self.src(scope, 45)})")
+            reuse = get_arg(call, None, "reuse")
+            if reuse is not None:
+                if self.qualify(reuse) == "tensorflow.AUTO_REUSE":
+                    towers.sharing.append("tf.AUTO_REUSE")
+                else:
+                    towers.sharing.append(f"reuse={self.src(reuse, 40)}")
+            return True
+        if method_name(call) == "reuse_variables":
+            towers.sharing.append(self.src(call, 50))
+            return True
+        if name == "tensorflow.make_template" or _callee(call) in self.templates:
+            towers.sharing.append("tf.make_template")
+            return True
+        return self._builds_model(call, name)
+
+    def _builds_model(self, call: cst.Call, name: str | None) -> bool:
+        """A layer/variable/gradient call, or a call into the user's own code (``tower_loss``)."""
+        if name is not None:
+            return name.startswith(_MODEL_PREFIXES)
+        method = method_name(call)
+        if method is not None:
+            return method not in _PLAIN_METHODS
+        return isinstance(call.func, cst.Name) and call.func.value not in _BUILTINS
 
     def bindings(self, name: str, scope: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode]]:
         """(binding node, bound value) for ``name`` in ``scope``, in source order. The value of a

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import (
     ADD_N,
@@ -122,15 +123,26 @@ grads = opt.compute_gradients(loss, colocate_gradients_with_ops=False)
         ),
     )
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        self._candidates: list[cst.Call] = []
+
+    def on_call(self, node: cst.Call) -> None:
         name = self.call_name(node)
         method = method_name(node)
         if name != "tensorflow.gradients" and (name is not None or method not in _GRADIENT_METHODS):
             return
-        if not is_true(get_arg(node, None, "colocate_gradients_with_ops")):
-            return
+        if is_true(get_arg(node, None, "colocate_gradients_with_ops")):
+            self._candidates.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for node in self._candidates:
+            self._check(node)
+
+    def _check(self, node: cst.Call) -> None:
         # Inside a tower loop the call differentiates one tower: not this pattern.
-        if any(self.is_device_call(n) for loop in self.loops_of(node) for n in walk(loop)):
+        loops = {id(loop) for loop in self.loops_of(node)}
+        if any(id(a) in loops for call in self.device_calls for a in self.ancestors(call)):
             return
         loss = get_arg(node, 0, "loss") or get_arg(node, 0, "ys")
         averaged = loss is not None and self._averaged_over_towers(loss, node)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
+
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules.session_device_config import tf_imports, tf_module
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
+
 from tfmigrate.rule import Example, FixSafety, Rule
 
 EMA = "tensorflow.train.ExponentialMovingAverage"

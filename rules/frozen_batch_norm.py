@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety, Rule
 
 BATCH_NORM_FUNCTIONS = frozenset(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety, Rule
 
 # Where Keras 2 / tf.keras 1.x kept it (canonical spellings; `tensorflow.python.keras` and

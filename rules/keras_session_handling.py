@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules._device_config import remove_statement
 from tfmigrate.rules.session_device_config import device_config, tf_imports

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import libcst as cst
+
+from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules._distribution import analyze, is_true, keyword
 
@@ -16,6 +18,18 @@ _KERAS2_MARKERS = (
     "tensorflow.contrib",
     "tf_keras",
 )
+
+
+def _file_literal(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The literal that ends the file name: ``node`` or the last part of ``os.path.join``."""
+    if (
+        isinstance(node, cst.Call)
+        and node.args
+        and dotted(node.func) in {"os.path.join", "path.join"}
+        and node.args[-1].keyword is None
+    ):
+        return node.args[-1].value
+    return node
 
 
 def _literal_text(node: cst.BaseExpression) -> str | None:
@@ -136,6 +150,21 @@ model.save_weights('model.h5')
                                  save_weights_only=True)
             """,
         ),
+        # The name built with os.path.join; the load is renamed with its save.
+        Example(
+            """
+            import os
+            import keras
+            model.save_weights(os.path.join(out_dir, "best.hdf5"))
+            model.load_weights(os.path.join(out_dir, "best.hdf5"))
+            """,
+            fixed="""
+            import os
+            import keras
+            model.save_weights(os.path.join(out_dir, "best.weights.h5"))
+            model.load_weights(os.path.join(out_dir, "best.weights.h5"))
+            """,
+        ),
         # A TF checkpoint prefix: reported, not renamed.
         Example(
             """
@@ -162,7 +191,7 @@ model.save_weights('model.h5')
             if method == "save_weights":
                 arg = keyword(call, "filepath", 0)
                 if arg is not None and self._check(arg, "`save_weights`"):
-                    saved.add(_literal_text(arg.value) or "")
+                    saved.add(_literal_text(_file_literal(arg.value)) or "")
             elif method == "load_weights":
                 arg = keyword(call, "filepath", 0)
                 if arg is not None and keyword(call, "by_name") is None:
@@ -172,22 +201,24 @@ model.save_weights('model.h5')
                 arg = keyword(call, "filepath", 0)
                 if only is not None and is_true(only.value) and arg is not None:
                     if self._check(arg, "`ModelCheckpoint(save_weights_only=True)`"):
-                        saved.add(_literal_text(arg.value) or "")
+                        saved.add(_literal_text(_file_literal(arg.value)) or "")
         for _, arg in loads:
-            text = _literal_text(arg.value)
+            literal = _file_literal(arg.value)
+            text = _literal_text(literal)
             if text in saved and text.lower().endswith(_H5):
                 self.report(
-                    arg.value,
+                    literal,
                     "`load_weights` reads the file this script saves: rename it with the save "
                     f"(Keras 3 weight files end in `{WEIGHTS}`)",
-                    replacement=_renamed(arg.value),
+                    replacement=_renamed(literal),
                 )
 
     def _check(self, arg: cst.Arg, what: str) -> bool:
-        text = _literal_text(arg.value)
+        literal = _file_literal(arg.value)
+        text = _literal_text(literal)
         if text is None or text.endswith(WEIGHTS):
             return False
-        replacement = _renamed(arg.value)
+        replacement = _renamed(literal)
         if replacement is not None:
             message = f"{what} with a `.h5` name: Keras 3 raises unless it ends in `{WEIGHTS}`"
         else:
@@ -195,5 +226,5 @@ model.save_weights('model.h5')
                 f"{what} with a TF checkpoint prefix: Keras 3 raises unless the name ends in "
                 f"`{WEIGHTS}`; use a `.weights.h5` file or `tf.train.Checkpoint`"
             )
-        self.report(arg.value, message, replacement=replacement)
+        self.report(literal, message, replacement=replacement)
         return True

@@ -4,6 +4,7 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import (
     ADD_N,
@@ -222,7 +223,7 @@ train_op = opt.apply_gradients(grads)
         self._sites: dict[int, _Site] = {}
 
     # -- collection ---------------------------------------------------------------------------
-    def visit_Call(self, node: cst.Call) -> None:
+    def on_call(self, node: cst.Call) -> None:
         name = short_tf(self.call_name(node))
         if name in ("tensorflow.reduce_mean", "tensorflow.reduce_sum"):
             how = self._reduce_over_towers(node)
@@ -359,7 +360,10 @@ train_op = opt.apply_gradients(grads)
 
     # -- reporting ----------------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:
-        scaled = self._losses_scaled_per_tower()
+        # A walk of the whole module: only when a SUM needs explaining.
+        scaled = any(not s.averages for s in self._sites.values()) and (
+            self._losses_scaled_per_tower()
+        )
         for site in self._sites.values():
             where = f"`{site.helper}`" if site.helper else "this statement"
             if site.averages:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import TowerRule, get_arg, walk
 
@@ -158,8 +159,16 @@ setter = replica_device_setter(2)
         ),
     )
 
-    def visit_Call(self, node: cst.Call) -> None:
-        label = _SETTERS.get(self.call_name(node) or "")
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        self._reported: set[int] = set()
+
+    def on_call(self, node: cst.Call) -> None:
+        name = self.call_name(node)
+        if name in _VARIABLE_FACTORIES:
+            self._check_pinned_factory(node)
+            return
+        label = _SETTERS.get(name or "")
         if label is None:
             return
         ps = get_arg(node, None, "ps_device") or get_arg(node, None, "cluster")
@@ -171,37 +180,29 @@ setter = replica_device_setter(2)
             "function (ParameterServerStrategy is a multi-worker rewrite)",
         )
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if self._checks_variable_ops(node):
-            anchor = self._factory_of(node) or node
-            self.report(
-                anchor,
-                f"`{anchor.name.value}` is a PS_OPS-style device function: variable ops go to "
-                "the CPU/parameter server, everything else to the tower's device. TF2: "
-                "MirroredStrategy mirrors variables on every GPU; drop the device function",
-            )
-            return
-        device = self._pins_returned_variable(node)
-        if device is not None:
-            self.report(
-                node,
-                f"`{node.name.value}` creates variables under `tf.device({device})`: one copy on "
-                "the host shared by all towers. TF2: MirroredStrategy mirrors variables on every "
-                "GPU; drop the pin",
-            )
-
     # -- PS_OPS device functions --------------------------------------------------------------
-    def _checks_variable_ops(self, function: cst.FunctionDef) -> bool:
-        """``op.type in PS_OPS`` (or a literal list of variable op types) in its own body."""
-        for node in walk(function.body, into_defs=False):
-            if not isinstance(node, cst.Comparison):
-                continue
-            for target in node.comparisons:
-                if isinstance(target.operator, cst.In) and self._names_variable_ops(
-                    target.comparator
-                ):
-                    return True
-        return False
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        """``op.type in PS_OPS`` (or a literal list of variable op types) in a function."""
+        if not any(
+            isinstance(t.operator, cst.In) and self._names_variable_ops(t.comparator)
+            for t in node.comparisons
+        ):
+            return
+        function = self.enclosing_def(node)
+        if function is None:
+            return
+        anchor = self._factory_of(function) or function
+        self._report_once(
+            anchor,
+            f"`{anchor.name.value}` is a PS_OPS-style device function: variable ops go to "
+            "the CPU/parameter server, everything else to the tower's device. TF2: "
+            "MirroredStrategy mirrors variables on every GPU; drop the device function",
+        )
+
+    def _report_once(self, node: cst.FunctionDef, message: str) -> None:
+        if id(node) not in self._reported:
+            self._reported.add(id(node))
+            self.report(node, message)
 
     def _names_variable_ops(self, node: cst.BaseExpression) -> bool:
         if isinstance(node, cst.Name):
@@ -236,40 +237,46 @@ setter = replica_device_setter(2)
         return None
 
     # -- `_variable_on_cpu` factories ---------------------------------------------------------
-    def _pins_returned_variable(self, function: cst.FunctionDef) -> str | None:
-        returned = {
-            node.value.value
-            for node in walk(function.body, into_defs=False)
-            if isinstance(node, cst.Return) and isinstance(node.value, cst.Name)
-        }
-        for node in walk(function.body, into_defs=False):
-            if not isinstance(node, cst.With):
+    def _check_pinned_factory(self, call: cst.Call) -> None:
+        """``with tf.device('/cpu:0'): var = tf.get_variable(...)`` ... ``return var``."""
+        statement = self.parent(call)
+        if isinstance(statement, cst.Return):
+            returned_name = None
+        elif (
+            isinstance(statement, cst.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0].target, cst.Name)
+        ):
+            returned_name = statement.targets[0].target.value
+        else:
+            return
+        host = self._host_device(call)
+        function = self.enclosing_def(call)
+        if host is None or function is None:
+            return
+        if returned_name is not None and not any(
+            isinstance(n, cst.Return)
+            and isinstance(n.value, cst.Name)
+            and n.value.value == returned_name
+            for n in walk(function.body, into_defs=False)
+        ):
+            return
+        self._report_once(
+            function,
+            f"`{function.name.value}` creates variables under `tf.device({host})`: one copy "
+            "on the host, read by every tower. TF2: MirroredStrategy mirrors variables on "
+            "every GPU; drop the pin",
+        )
+
+    def _host_device(self, node: cst.CSTNode) -> str | None:
+        """The CPU/PS device of an enclosing ``with tf.device(...)`` in the same function."""
+        for ancestor in self.upto_boundary(node):
+            if not isinstance(ancestor, cst.With):
                 continue
-            devices = [
-                item.item
-                for item in node.items
-                if self.is_device_call(item.item) and item.item.args  # type: ignore[attr-defined]
-            ]
-            host = [
-                d.args[0].value  # type: ignore[attr-defined]
-                for d in devices
-                if _HOST_DEVICE.search(self.src(d.args[0].value))  # type: ignore[attr-defined]
-            ]
-            if not host:
-                continue
-            for inner in walk(node.body, into_defs=False):
-                if not isinstance(inner, cst.Assign | cst.Return):
-                    continue
-                value = inner.value
-                if not (
-                    isinstance(value, cst.Call) and self.call_name(value) in _VARIABLE_FACTORIES
-                ):
-                    continue
-                targets = (
-                    {t.target.value for t in inner.targets if isinstance(t.target, cst.Name)}
-                    if isinstance(inner, cst.Assign)
-                    else set()
-                )
-                if isinstance(inner, cst.Return) or targets & returned:
-                    return self.src(host[0], 30)
+            for item in ancestor.items:
+                device = item.item
+                if self.is_device_call(device) and device.args:  # type: ignore[attr-defined]
+                    spelled = self.src(device.args[0].value, 30)  # type: ignore[attr-defined]
+                    if _HOST_DEVICE.search(spelled):
+                        return spelled
         return None

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules._distribution import ModuleFacts, analyze, keyword, scope_strategy, walk
@@ -156,6 +157,17 @@ model.save_weights('model.weights.h5')
             """,
             message="wrapper",
         ),
+        # The callback bound to a name first (the usual Keras 2 script).
+        Example(
+            """
+            from keras.callbacks import ModelCheckpoint
+            from keras.utils import multi_gpu_model
+            model = multi_gpu_model(template, gpus=2)
+            checkpoint = ModelCheckpoint('unet.h5', save_weights_only=True)
+            model.fit(x, y, callbacks=[checkpoint, logger])
+            """,
+            message="`ModelCheckpoint` on the multi_gpu_model wrapper `model`",
+        ),
         # Two strategies in the file: which scope is ambiguous, so no fix.
         Example(
             """
@@ -286,10 +298,8 @@ model.save_weights('model.weights.h5')
                 callbacks = keyword(call, "callbacks")
                 if callbacks is None:
                     continue
-                for node in walk(callbacks.value):
-                    if isinstance(node, cst.Call) and (self.call_name(node) or "").endswith(
-                        "ModelCheckpoint"
-                    ):
+                for node in self._callback_calls(callbacks.value, facts):
+                    if (self.call_name(node) or "").endswith("ModelCheckpoint"):
                         self.report(
                             node,
                             f"`ModelCheckpoint` on the multi_gpu_model wrapper `{owner}` saves "
@@ -297,3 +307,15 @@ model.save_weights('model.weights.h5')
                             "template; save the template (a callback that calls "
                             f"`{template}.save_weights`, or MirroredStrategy, TFM107)",
                         )
+
+    def _callback_calls(self, value: cst.BaseExpression, facts: ModuleFacts) -> list[cst.Call]:
+        """Calls in a ``callbacks=`` expression, following names bound once to a call."""
+        found: list[cst.Call] = []
+        for node in walk(value):
+            if isinstance(node, cst.Call):
+                found.append(node)
+            elif isinstance(node, cst.Name):
+                values = facts.values_of(node.value)
+                if len(values) == 1 and isinstance(values[0], cst.Call):
+                    found.append(values[0])
+        return found

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 from libcst.metadata import PositionProvider
+
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 from tfmigrate.rules._device_config import EXPLAIN, DeviceConfig
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules._distribution import MIRRORED, ModuleFacts, add_keyword, analyze, keyword
@@ -10,6 +11,8 @@ OPTION = "bn-min-replica-batch"
 # Replicas assumed when the device list is not written out: a MirroredStrategy has at least two
 # devices in the setting this rule is about.
 _ASSUMED_REPLICAS = 2
+# Batch sizes of these calls do not reach a training step.
+_NOT_TRAINING = frozenset({"predict", "evaluate", "predict_on_batch", "test_on_batch"})
 _PER_REPLICA_WORDS = ("per_replica", "per_gpu", "per_device", "per_worker")
 
 # (coefficient, power of num_replicas_in_sync): 4 * strategy.num_replicas_in_sync is (4, 1).
@@ -90,6 +93,13 @@ model.fit(x, y, batch_size=4)
 strategy = tf.distribute.MirroredStrategy(devices=["/gpu:0", "/gpu:1"])
 bn = tf.keras.layers.BatchNormalization(axis=-1)
 model.fit(x, y, batch_size=32)
+""",
+        # Only inference runs with a small batch.
+        """import tensorflow as tf
+strategy = tf.distribute.MirroredStrategy()
+bn = tf.keras.layers.BatchNormalization()
+model.fit(x, y, batch_size=64)
+masks = model.predict(images, batch_size=1)
 """,
         # Not a batch norm, and a layer the user wrote.
         """import tensorflow as tf
@@ -204,7 +214,9 @@ ds = ds.batch(4)
             arg = None
             if isinstance(call.func, cst.Attribute) and call.func.attr.value == "batch":
                 arg = keyword(call, "batch_size", 0)
-            else:
+            elif not (
+                isinstance(call.func, cst.Attribute) and call.func.attr.value in _NOT_TRAINING
+            ):
                 arg = keyword(call, "batch_size")
             if arg is not None:
                 size = _evaluate(arg.value, facts, 0)

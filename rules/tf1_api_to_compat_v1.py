@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate import tfapi
 from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety

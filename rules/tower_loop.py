@@ -1,37 +1,9 @@
 from __future__ import annotations
 
-import builtins
-
 import libcst as cst
-from tfmigrate.rule import Example, FixSafety
-from tfmigrate.rules._towers import SCOPES, TowerRule, get_arg, method_name, walk
 
-_BUILTINS = frozenset(dir(builtins))
-# Methods of lists, dicts, strings and sessions: calling them builds no model.
-_PLAIN_METHODS = frozenset(
-    {
-        "append", "extend", "insert", "pop", "remove", "index", "count", "copy", "clear",
-        "get", "items", "keys", "values", "update", "setdefault", "add", "discard",
-        "format", "join", "split", "strip", "replace", "startswith", "endswith", "lower",
-        "upper", "run", "info", "debug", "warning", "write", "flush", "print",
-    }
-)  # fmt: skip
-# TF namespaces whose calls create variables or layers: evidence of a model in the loop.
-_MODEL_PREFIXES = (
-    "tensorflow.layers.",
-    "tensorflow.contrib.layers.",
-    "tensorflow.contrib.slim.",
-    "tensorflow.keras.",
-    "keras.",
-    "tensorflow.get_variable",
-    "tensorflow.Variable",
-    "tensorflow.gradients",
-    "tensorflow.make_template",
-    "tensorflow.nn.conv",
-    "tensorflow.nn.rnn",
-    "tensorflow.nn.dynamic_rnn",
-    "tensorflow.losses.",
-)
+from tfmigrate.rule import Example, FixSafety
+from tfmigrate.rules._towers import TowerRule, Towers
 
 
 class TowerLoop(TowerRule):
@@ -189,99 +161,38 @@ for i in range(4):
             """,
             message="no variable sharing",
         ),
+        Example(
+            """
+            import tensorflow as tf
+            def build_tower(i, images):
+                with tf.device('/gpu:%d' % i), tf.variable_scope('tower', reuse=i > 0):
+                    return model_fn(images[i])
+            tower_logits = [build_tower(i, images) for i in range(FLAGS.num_gpus)]
+            """,
+            message="through `build_tower`",
+        ),
     )
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(context)
-        self._seen: set[int] = set()
-        self._templates: set[str] = set()
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for towers in self.tower_loops():
+            self.report(towers.replicator, self._message(towers))
 
-    def visit_Module(self, node: cst.Module) -> None:
-        # `net_fn = tf.make_template(...)`: calling net_fn in the loop shares its variables.
-        for current in walk(node):
-            if (
-                isinstance(current, cst.Assign)
-                and isinstance(current.value, cst.Call)
-                and self.call_name(current.value) == "tensorflow.make_template"
-            ):
-                for target in current.targets:
-                    if isinstance(target.target, cst.Name | cst.Attribute):
-                        name = target.target
-                        self._templates.add(
-                            name.value if isinstance(name, cst.Name) else name.attr.value
-                        )
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if not self.is_device_call(node):
-            return
-        loop = self.device_loop(node)
-        if loop is None or id(loop) in self._seen:
-            return
-        self._seen.add(id(loop))
-        scopes, sharing, builds = self._read_loop(loop)
-        if not (scopes or sharing or builds):
-            return
-        kind = "for" if isinstance(loop, cst.For) else "while"
-        parts = [f"tower loop (`{kind}`): the model is built once per device, `{self.src(node)}`"]
+    def _message(self, towers: Towers) -> str:
+        replicator = towers.replicator
+        kind = {cst.For: "for", cst.While: "while"}.get(type(replicator), "comprehension")
+        via = f" through `{towers.tower_fn.name.value}`" if towers.tower_fn else ""
+        parts = [
+            f"tower loop (`{kind}`{via}): the model is built once per device, "
+            f"`{self.src(towers.device)}`"
+        ]
         parts.append(
-            "towers scoped by " + ", ".join(f"`{s}`" for s in scopes)
-            if scopes
+            "towers scoped by " + ", ".join(f"`{s}`" for s in towers.scopes)
+            if towers.scopes
             else "no per-tower scope"
         )
         parts.append(
-            "variables shared via " + ", ".join(f"`{s}`" for s in sharing)
-            if sharing
+            "variables shared via " + ", ".join(f"`{s}`" for s in towers.sharing)
+            if towers.sharing
             else "no variable sharing in the loop (each tower may create its own variables)"
         )
-        self.report(
-            loop,
-            "; ".join(parts) + ". TF2: one replica function under MirroredStrategy replaces it",
-        )
-
-    def _read_loop(self, loop: cst.For | cst.While) -> tuple[list[str], list[str], bool]:
-        scopes: list[str] = []
-        sharing: list[str] = []
-        builds = False
-        for current in walk(loop.body, into_defs=False):
-            if not isinstance(current, cst.Call):
-                continue
-            name = self.call_name(current)
-            if name in SCOPES:
-                builds = True
-                scope = get_arg(current, 0, "name_or_scope") or get_arg(current, 0, "name")
-                if scope is not None:
-                    scopes.append(f"{name.rsplit('.', 1)[1]}({self.src(scope, 45)})")
-                reuse = get_arg(current, None, "reuse")
-                if reuse is not None:
-                    if self.qualify(reuse) == "tensorflow.AUTO_REUSE":
-                        sharing.append("tf.AUTO_REUSE")
-                    else:
-                        sharing.append(f"reuse={self.src(reuse, 40)}")
-            elif method_name(current) == "reuse_variables":
-                sharing.append(self.src(current, 50))
-            elif name == "tensorflow.make_template" or self._calls_template(current):
-                sharing.append("tf.make_template")
-                builds = True
-            elif self._builds_model(current, name):
-                builds = True
-        return _unique(scopes), _unique(sharing), builds
-
-    def _calls_template(self, call: cst.Call) -> bool:
-        func = call.func
-        called = func.value if isinstance(func, cst.Name) else None
-        if isinstance(func, cst.Attribute):
-            called = func.attr.value
-        return called in self._templates
-
-    def _builds_model(self, call: cst.Call, name: str | None) -> bool:
-        """A layer/variable/gradient call, or a call into the user's own code (``tower_loss``)."""
-        if name is not None:
-            return name.startswith(_MODEL_PREFIXES)
-        method = method_name(call)
-        if method is not None:
-            return method in ("compute_gradients", "minimize") or method not in _PLAIN_METHODS
-        return isinstance(call.func, cst.Name) and call.func.value not in _BUILTINS
-
-
-def _unique(items: list[str]) -> list[str]:
-    return list(dict.fromkeys(items))
+        return "; ".join(parts) + ". TF2: one replica function under MirroredStrategy replaces it"

@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+
 from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 from tfmigrate.rules._distribution import ModuleFacts, analyze, keyword, walk
@@ -199,6 +200,61 @@ mean = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
             mirrored_strategy.run(replica_step, args=batch)
             """,
         ),
+        # Step functions nested in tf.functions (same name twice) and a trainer method.
+        Example(
+            """
+            import tensorflow as tf
+
+            @tf.function
+            def train(x, y):
+                def step_fn(x, y):
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_mean(tf.square(model(x) - y))
+                    opt.apply_gradients(zip(tape.gradient(loss, model.weights), model.weights))
+                strategy.run(step_fn, args=(x, y))
+
+            @tf.function
+            def test(x, y):
+                def step_fn(x, y):
+                    return tf.reduce_mean(tf.square(model(x) - y))
+                return strategy.run(step_fn, args=(x, y))
+
+            class Trainer:
+                def replica_step(self, batch):
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_mean(self.loss(batch))
+                    return tape.gradient(loss, self.model.trainable_variables)
+
+                def step(self, batch):
+                    return self.strategy.run(self.replica_step, args=(batch,))
+            """,
+            fixed="""
+            import tensorflow as tf
+
+            @tf.function
+            def train(x, y):
+                def step_fn(x, y):
+                    with tf.GradientTape() as tape:
+                        loss = tf.nn.compute_average_loss(tf.square(model(x) - y))
+                    opt.apply_gradients(zip(tape.gradient(loss, model.weights), model.weights))
+                strategy.run(step_fn, args=(x, y))
+
+            @tf.function
+            def test(x, y):
+                def step_fn(x, y):
+                    return tf.reduce_mean(tf.square(model(x) - y))
+                return strategy.run(step_fn, args=(x, y))
+
+            class Trainer:
+                def replica_step(self, batch):
+                    with tf.GradientTape() as tape:
+                        loss = tf.nn.compute_average_loss(self.loss(batch))
+                    return tape.gradient(loss, self.model.trainable_variables)
+
+                def step(self, batch):
+                    return self.strategy.run(self.replica_step, args=(batch,))
+            """,
+        ),
         # The reduce of the means, reported on its own line (no fix of its own).
         Example(
             """
@@ -252,10 +308,24 @@ mean = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
             and func.attr.value == "run"
             and self._facts.is_strategy(func.value)
             and call.args
-            and isinstance(call.args[0].value, cst.Name)
         ):
             return None
-        return self._facts.function(call.args[0].value.value)
+        target = call.args[0].value
+        if isinstance(target, cst.Attribute) and dotted(target.value) == "self":
+            name = target.attr.value  # a method of the trainer class
+        elif isinstance(target, cst.Name):
+            name = target.value
+        else:
+            return None
+        candidates = self._facts.functions.get(name, [])
+        if len(candidates) > 1:
+            # `def step_fn` nested in several tf.functions: take the one beside this call.
+            enclosing = next(
+                (a for a in self.ancestors(call) if isinstance(a, cst.FunctionDef)), None
+            )
+            if enclosing is not None:
+                candidates = [c for c in candidates if c in enclosing.body.body]
+        return candidates[0] if len(candidates) == 1 else None
 
     def _unscaled_means(self, step: cst.FunctionDef) -> list[cst.Call]:
         if id(step) in self._steps:

@@ -3,8 +3,9 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety
-from tfmigrate.rules._towers import TowerRule, get_arg, identifiers, int_value, walk
+from tfmigrate.rules._towers import TOWERISH, TowerRule, get_arg, identifiers, int_value, walk
 
 # The value of tf.GraphKeys.UPDATE_OPS, and old slim's own collection ('_update_ops_').
 _UPDATE_OPS_STRINGS = frozenset({"update_ops", "_update_ops_"})
@@ -81,6 +82,16 @@ ops = get_collection('update_ops')
         """import tensorflow as tf
 summaries = tf.get_collection(tf.GraphKeys.SUMMARIES, 'tower_0')
 """,
+        # The ordinary single-device batch-norm idiom: no towers.
+        """import tensorflow as tf
+update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+with tf.control_dependencies(update_ops):
+    train_op = opt.minimize(loss)
+""",
+        # A GAN's sub-network scope, not a tower.
+        """import tensorflow as tf
+d_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'discriminator')
+""",
     )
     invalid = (
         Example(
@@ -111,6 +122,9 @@ summaries = tf.get_collection(tf.GraphKeys.SUMMARIES, 'tower_0')
         Example(
             """
             import tensorflow.compat.v1 as tf
+            for i, device in enumerate(['/gpu:0', '/gpu:1']):
+                with tf.device(device), tf.variable_scope('net', reuse=i > 0):
+                    tower_grads.append(opt.compute_gradients(model_loss(images[i])))
             update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
             update_op = tf.group(*update_ops)
             train_op = tf.group(apply_op, update_op)
@@ -158,13 +172,24 @@ summaries = tf.get_collection(tf.GraphKeys.SUMMARIES, 'tower_0')
         ),
     )
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if not self._is_get_collection(node):
-            return
-        key = get_arg(node, 0, "key")
-        if key is None or not self._is_update_ops(key):
-            return
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        self._candidates: list[cst.Call] = []
+
+    def on_call(self, node: cst.Call) -> None:
+        if self._is_get_collection(node):
+            key = get_arg(node, 0, "key")
+            if key is not None and self._is_update_ops(key):
+                self._candidates.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for node in self._candidates:
+            self._check(node)
+
+    def _check(self, node: cst.Call) -> None:
         scope = get_arg(node, 1, "scope")
+        if not self._in_tower_code(scope):
+            return  # the ordinary single-device batch-norm idiom, or a GAN's sub-network
         whose = "all towers" if scope is None else self._whose(scope, node)
         if scope is None:
             message = (
@@ -196,6 +221,18 @@ summaries = tf.get_collection(tf.GraphKeys.SUMMARIES, 'tower_0')
             return True
         # Old slim (inception's own `slim` package) named its collection UPDATE_OPS_COLLECTION.
         return isinstance(key, cst.Attribute) and key.attr.value == "UPDATE_OPS_COLLECTION"
+
+    def _in_tower_code(self, scope: cst.BaseExpression | None) -> bool:
+        if self.has_device_loop():
+            return True
+        if scope is None:
+            return False
+        spelled = self.src(scope)
+        if isinstance(scope, cst.Name):
+            binding = self.last_binding_before(scope.value, scope)
+            if binding is not None:
+                spelled += " " + self.src(binding[1])
+        return bool(TOWERISH.search(spelled))
 
     # -- whose updates ------------------------------------------------------------------------
     def _whose(self, scope: cst.BaseExpression, call: cst.Call, depth: int = 0) -> str:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 from tfmigrate.rules._distribution import analyze, is_true, keyword, walk
 
@@ -35,7 +36,8 @@ class VariableInLossClosure(Rule):
     later `.assign`ed are left alone.
 
     ## Why is this bad?
-    Measured on TF 2.21/Keras 3 with 2 logical CPUs under `MirroredStrategy`: a variable created
+    Tried on TF 2.21/Keras 3 with 2 logical CPUs under `MirroredStrategy` (`model.fit`; a manual
+    check, not part of the test suite): a variable created
     inside the loss function fails in `fit` with "tf.function only supports singleton tf.Variables
     created on the first call"; created by a factory called inside `strategy.scope()` it becomes a
     trainable `MirroredVariable` (a copy per replica, kept in sync, tracked by no model or

@@ -112,8 +112,10 @@ class ApiWalker:
                 static = inspect.getattr_static(cls, name)
             except AttributeError:
                 continue
-            if isinstance(static, property) or not callable(static) and not isinstance(
-                static, staticmethod | classmethod
+            if (
+                isinstance(static, property)
+                or not callable(static)
+                and not isinstance(static, staticmethod | classmethod)
             ):
                 members[name] = -1  # attribute / property
                 continue
@@ -169,8 +171,12 @@ class ApiWalker:
         def class_key(i: int) -> str:
             entry = self.class_table[i]
             return json.dumps(
-                [signatures[entry["init"]] if entry["init"] >= 0 else None,
-                 sorted((k, signatures[v] if v >= 0 else None) for k, v in entry["members"].items())],
+                [
+                    signatures[entry["init"]] if entry["init"] >= 0 else None,
+                    sorted(
+                        (k, signatures[v] if v >= 0 else None) for k, v in entry["members"].items()
+                    ),
+                ],
                 sort_keys=True,
             )
 
@@ -267,9 +273,7 @@ def build_upgrade(versions: dict[str, str]) -> dict[str, Any]:
     def qualified(name: str) -> bool:
         return name.startswith("tf.")
 
-    renames = {
-        _normalize(k): _normalize(v) for k, v in spec.symbol_renames.items() if qualified(k)
-    }
+    renames = {_normalize(k): _normalize(v) for k, v in spec.symbol_renames.items() if qualified(k)}
     # A target that is itself renamed would be renamed again on the next fix pass; apply the
     # whole chain now (tf.nn.max_pool_v2 -> tf.nn.max_pool -> tf.nn.max_pool2d).
     for key in list(renames):

@@ -42,6 +42,11 @@ def verify(
     legacy_rev: Annotated[
         str | None, typer.Option(help="Take the legacy script's folder from this git revision.")
     ] = None,
+    legacy_cache: Annotated[
+        Path | None,
+        typer.Option(help="Reuse the legacy run from this cache while its script folder and the run "
+                          "parameters are unchanged (fast iteration on the migrated side)."),
+    ] = None,
     roundtrip: Annotated[bool, typer.Option(help="Save/load round trip check (not implemented yet).")] = False,
 ) -> None:
     """Train LEGACY and MIGRATED side by side on N devices and show whether they learn the same.
@@ -57,7 +62,7 @@ def verify(
         timeout=timeout, report_dir=report, manifest=manifest, mapping=mapping,
         tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
                               weights_rtol=weights_rtol),
-        script_args=tuple(script_args or ()), legacy_rev=legacy_rev,
+        script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
     )
     problem = _argument_problem(opts, roundtrip)
     if problem:

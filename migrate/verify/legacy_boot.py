@@ -383,7 +383,7 @@ def _leaves(structure: Any, like: Any = None) -> list[Any]:
     if isinstance(like, dict):
         return [leaf for key in like for leaf in _leaves(structure[key], like[key])]
     if isinstance(like, (list, tuple)):
-        return [leaf for s, l in zip(structure, like, strict=False) for leaf in _leaves(s, l)]
+        return [leaf for s, f in zip(structure, like, strict=False) for leaf in _leaves(s, f)]
     return [structure]
 
 
@@ -410,7 +410,7 @@ def _user_traceback(exc: BaseException) -> str:
     te = traceback.TracebackException.from_exception(exc)
     for chained in _chain(te):
         chained.stack = traceback.StackSummary.from_list(
-            [f for f in chained.stack if not (f.filename.startswith(here) or f.filename.endswith("runpy.py"))]
+            [f for f in chained.stack if not (f.filename.startswith(here) or "runpy" in f.filename)]
         )
     return "".join(te.format())
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from tfmigrate.verify import compare as cmp
 from tfmigrate.verify.verifier import Outcome
 
+EXACT_FLOOR = 1e-10  # where a zero difference is drawn on the log axis
 STATUS_STYLE = {cmp.PASS: "green", cmp.FAIL: "bold red", cmp.EXPECTED: "yellow", cmp.UNMATCHED: "dim"}
 VERDICT_TEXT = {
     cmp.EQUIVALENT: ("EQUIVALENT", "green"),
@@ -71,6 +72,12 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def _short(path: Path) -> str:
+    """'towers/cifar_average/train.py' reads better than 'train.py' vs 'train.py'."""
+    parts = path.parts
+    return "/".join(parts[-3:]) if len(parts) >= 3 else str(path)
+
+
 def _first_col(row: cmp.Row) -> str:
     if row.first_step is not None:
         return f"step {row.first_step}"
@@ -81,14 +88,20 @@ def print_terminal(outcome: Outcome, console: Console | None = None) -> None:
     console = console or Console()
     comp = outcome.comparison
     if comp.rows:
-        table = Table(title=f"tfmigrate verify — {outcome.options.legacy.name} vs {outcome.options.migrated.name}",
-                      show_lines=False)
-        for col in ("quantity", "kind", "steps", "max |Δ|", "max rel", "status", "first", "note"):
-            table.add_column(col, overflow="fold")
+        o = outcome.options
+        table = Table(title=f"tfmigrate verify: {_short(o.legacy)} vs {_short(o.migrated)}", title_justify="left",
+                      show_edge=False, pad_edge=False)
+        table.add_column("status", no_wrap=True)
+        table.add_column("quantity", overflow="fold", ratio=3)
+        table.add_column("kind", no_wrap=True)
+        table.add_column("steps", justify="right", no_wrap=True)
+        table.add_column("max |Δ|", justify="right", no_wrap=True)
+        table.add_column("first", no_wrap=True)
+        table.add_column("note", overflow="fold", ratio=2)
         for r in comp.rows:
             style = STATUS_STYLE.get(r.status, "")
-            table.add_row(r.quantity, r.category, str(r.steps_compared), _num(r.max_abs), _num(r.max_rel),
-                          f"[{style}]{r.status.upper()}[/]", _first_col(r), r.note)
+            table.add_row(f"[{style}]{r.status.upper()}[/]", r.quantity, r.category, str(r.steps_compared),
+                          _num(r.max_abs), _first_col(r), r.note)
         console.print(table)
     sides = _side_summary(outcome)
     perf = []
@@ -165,10 +178,16 @@ def plot(outcome: Outcome, path: Path) -> bool:
         top.plot(s.steps, s.legacy, "-", color=c, lw=2, alpha=0.6, label=f"{s.label} — legacy (TF1)")
         top.plot(s.steps, s.migrated, "o--", color=c, ms=3, lw=1, label=f"{s.label} — migrated (TF2)")
         diff = [abs(a - b) for a, b in zip(s.legacy, s.migrated, strict=True)]
-        bottom.plot(s.steps, [max(d, 1e-12) for d in diff], "o-", color=c, ms=3, lw=1, label=s.label)
+        bottom.plot(s.steps, [max(d, EXACT_FLOOR) for d in diff], "o-", color=c, ms=3, lw=1, label=s.label)
     t = outcome.options.tolerances
     bottom.axhline(t.atol, color="grey", ls=":", lw=1, label=f"atol {t.atol:g}")
     bottom.set_yscale("log")
+    bottom.set_ylim(bottom=EXACT_FLOOR / 3)
+    bottom.text(0.99, 0.02, "points on the floor: bit-identical", transform=bottom.transAxes, ha="right",
+                va="bottom", fontsize=7, color="grey")
+    from matplotlib.ticker import MaxNLocator
+
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_ylabel("|legacy − migrated|")
     bottom.set_xlabel("training step")
     top.set_ylabel("value")
@@ -179,7 +198,7 @@ def plot(outcome: Outcome, path: Path) -> bool:
         top.annotate(f"first divergence: {first['quantity']}", (first["step"], top.get_ylim()[1]),
                      xytext=(4, -12), textcoords="offset points", color="red", fontsize=8)
     text, style = VERDICT_TEXT[outcome.comparison.verdict]
-    top.set_title(f"{outcome.options.legacy.name} vs {outcome.options.migrated.name} "
+    top.set_title(f"{_short(outcome.options.legacy)} vs {_short(outcome.options.migrated)} "
                   f"({outcome.options.replicas} replicas): {text}", color=style if style != "green" else "darkgreen")
     top.legend(fontsize=7, loc="upper right")
     bottom.legend(fontsize=7, loc="upper left")

@@ -51,6 +51,7 @@ class RunPlan:
     timeout: float = 600.0
     mapping: dict[str, str] | None = None
     script_args: tuple[str, ...] = ()
+    legacy_done: Path | None = None  # a reusable earlier legacy run (its out folder): run only migrated
 
 
 def _env(extra: dict[str, str], seed: int, device: str, drop: tuple[str, ...] = ()) -> dict[str, str]:
@@ -110,27 +111,34 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
                     str(plan.migrated.resolve()), "--out", str(migrated_out), "--replicas", str(plan.replicas),
                     "--device", plan.device, "--init", str(legacy_out / INIT_NPZ), "--mapping",
                     str(mapping_file), "--wait", str(plan.timeout), *common]
-    legacy_proc = _start(legacy_cmd + tail, work / "legacy" / "cwd", _env(LEGACY_ENV, plan.seed, plan.device),
-                         work / "legacy" / "log")
+    legacy_out = plan.legacy_done or legacy_out
+    migrated_cmd[migrated_cmd.index("--init") + 1] = str(legacy_out / INIT_NPZ)
+    legacy_proc = None
+    if plan.legacy_done is None:
+        legacy_proc = _start(legacy_cmd + tail, work / "legacy" / "cwd",
+                             _env(LEGACY_ENV, plan.seed, plan.device), work / "legacy" / "log")
     migrated_proc = _start(migrated_cmd + tail, work / "migrated" / "cwd",
                            _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)),
                            work / "migrated" / "log")
+    procs = [p for p in (legacy_proc, migrated_proc) if p is not None]
     deadline = time.monotonic() + plan.timeout
     timed_out = False
     try:
-        while legacy_proc.poll() is None or migrated_proc.poll() is None:
+        while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline:
                 timed_out = True
                 break
-            if legacy_proc.poll() is not None and not (legacy_out / INIT_NPZ).exists():
+            if legacy_proc is not None and legacy_proc.poll() is not None and not (legacy_out / INIT_NPZ).exists():
                 break  # the migrated side would wait forever for the initial variables
             time.sleep(0.05)
     finally:
-        legacy_timed_out = timed_out and legacy_proc.poll() is None
-        migrated_timed_out = timed_out and migrated_proc.poll() is None
-        _stop(legacy_proc)
-        _stop(migrated_proc)
-    return (
-        _finish("legacy", legacy_proc, legacy_out, work / "legacy" / "log", legacy_timed_out),
-        _finish("migrated", migrated_proc, migrated_out, work / "migrated" / "log", migrated_timed_out),
-    )
+        timed_out_sides = {p.pid for p in procs if timed_out and p.poll() is None}
+        for p in procs:
+            _stop(p)
+    if legacy_proc is None:
+        legacy_run = SideRun("legacy", legacy_out, 0, "", "", False, RunRecord.load(legacy_out))
+    else:
+        legacy_run = _finish("legacy", legacy_proc, legacy_out, work / "legacy" / "log",
+                             legacy_proc.pid in timed_out_sides)
+    return legacy_run, _finish("migrated", migrated_proc, migrated_out, work / "migrated" / "log",
+                               migrated_proc.pid in timed_out_sides)

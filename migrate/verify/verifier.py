@@ -5,6 +5,8 @@ No TensorFlow in this process: the sides run in subprocesses (sides.py).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +21,16 @@ from tfmigrate.verify.manifest import (
     load_manifest,
     load_mapping_file,
 )
-from tfmigrate.verify.record import CRASHED, FINAL_NPZ, INIT_NPZ, TRACE_NPZ, load_arrays
+from tfmigrate.verify.record import (
+    CRASHED,
+    FINAL_NPZ,
+    INIT_NPZ,
+    OK,
+    RECORD_JSON,
+    TRACE_NPZ,
+    RunRecord,
+    load_arrays,
+)
 from tfmigrate.verify.sides import RunPlan, SideRun, run_sides
 
 
@@ -38,6 +49,7 @@ class VerifyOptions:
     tolerances: cmp.Tolerances = field(default_factory=cmp.Tolerances)
     script_args: tuple[str, ...] = ()
     legacy_rev: str | None = None
+    legacy_cache: Path | None = None  # reuse legacy runs across verify calls (same inputs → same run)
 
 
 @dataclass
@@ -73,6 +85,24 @@ def legacy_from_git(legacy: Path, rev: str, into: Path) -> Path:
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into / rel / legacy.name
+
+
+def legacy_cache_key(legacy: Path, opts: VerifyOptions, mapping: dict[str, str]) -> str:
+    """Everything a legacy run depends on: the script's folder (.py files), the run parameters."""
+    h = hashlib.sha1()
+    runtime = Path(__file__).parent  # a changed legacy runtime invalidates the cache too
+    for path in [*sorted(runtime.glob("*.py")), *sorted(legacy.resolve().parent.rglob("*.py"))]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    h.update(json.dumps([legacy.name, opts.replicas, opts.steps, opts.seed, opts.device,
+                         list(opts.script_args), sorted(mapping)]).encode())
+    return h.hexdigest()[:20]
+
+
+def _cached_legacy(folder: Path | None) -> Path | None:
+    if folder is None or not (folder / RECORD_JSON).exists():
+        return None
+    return folder if RunRecord.load(folder).status == OK else None
 
 
 def side_problem(run: SideRun, timeout: float) -> str | None:
@@ -114,10 +144,21 @@ def run_verify(opts: VerifyOptions) -> Outcome:
         except (subprocess.CalledProcessError, ValueError, OSError) as exc:
             return Outcome(cmp.could_not_run(f"cannot take {opts.legacy} from git rev {opts.legacy_rev}: {exc}"),
                            opts, manifest=manifest)
+    cache_dir = None
+    if opts.legacy_cache is not None:
+        cache_dir = opts.legacy_cache / legacy_cache_key(legacy, opts, manifest.variables)
     plan = RunPlan(legacy=legacy, migrated=opts.migrated, workdir=workdir, replicas=opts.replicas,
                    steps=opts.steps, seed=opts.seed, device=opts.device, timeout=opts.timeout,
-                   mapping=manifest.variables, script_args=opts.script_args)
+                   mapping=manifest.variables, script_args=opts.script_args,
+                   legacy_done=_cached_legacy(cache_dir))
     legacy_run, migrated_run = run_sides(plan)
+    if cache_dir is not None and plan.legacy_done is None and _cached_legacy(legacy_run.out):
+        tmp = cache_dir.with_name(cache_dir.name + f".{workdir.name}")
+        shutil.copytree(legacy_run.out, tmp, dirs_exist_ok=True)
+        try:
+            tmp.rename(cache_dir)  # atomic publish; a concurrent run may have won the race
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
     outcome = Outcome(cmp.could_not_run(""), opts, legacy_run, migrated_run, manifest)
     for run in (legacy_run, migrated_run):
         problem = side_problem(run, opts.timeout)

@@ -1,40 +1,17 @@
-"""Shared helpers for verify's tests: fixture pairs, planting bugs, running verify in-process."""
+"""pytest fixtures for verify's tests."""
 
 from __future__ import annotations
 
-import shutil
+import os
 from pathlib import Path
 
 import pytest
 
-from tfmigrate.verify.verifier import Outcome, VerifyOptions, run_verify
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "fixtures"
-PAIRS = ("cifar_average", "bn_rmsprop", "sum_ema_decay")
-
-
-def pair(name: str) -> tuple[Path, Path]:
-    return FIXTURES / "towers" / name / "train.py", FIXTURES / "migrated" / name / "train.py"
-
-
-def plant(tmp_path: Path, name: str, old: str, new: str) -> Path:
-    """A copy of the migrated fixture (with its manifest) where ``old`` became ``new``, once."""
-    dst = tmp_path / name
-    shutil.copytree(FIXTURES / "migrated" / name, dst)
-    script = dst / "train.py"
-    text = script.read_text()
-    assert text.count(old) == 1, f"{old!r} must occur exactly once in {name}"
-    script.write_text(text.replace(old, new))
-    return script
-
-
-def verify(legacy: Path, migrated: Path, *, steps: int = 8, args: tuple[str, ...] = (), **kwargs) -> Outcome:
-    opts = VerifyOptions(legacy=legacy, migrated=migrated, replicas=2, steps=steps, timeout=300,
-                         script_args=args, **kwargs)
-    return run_verify(opts)
-
-
-@pytest.fixture
-def fixture_pair():
-    return pair
+@pytest.fixture(scope="session")
+def legacy_cache(tmp_path_factory) -> Path:
+    """Legacy runs are deterministic: tests of one fixture share its legacy run."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by the workers of this session
+    return base / "tfmigrate-verify-legacy-cache"

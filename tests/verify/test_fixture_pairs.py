@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from verify_support import PAIRS, pair, verify
 
-from conftest import PAIRS, pair, verify
 from tfmigrate.verify import compare as cmp
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAIRS)
-def test_fixture_pair_is_equivalent(name):
-    outcome = verify(*pair(name), steps=12)
+def test_fixture_pair_is_equivalent(name, legacy_cache):
+    outcome = verify(*pair(name), cache=legacy_cache)
     comp = outcome.comparison
     assert comp.verdict == cmp.EQUIVALENT, comp.reason
-    assert comp.steps_compared == 12
+    assert comp.steps_compared == 8
     compared = [r for r in comp.rows if r.status == cmp.PASS]
     assert any(r.phase == cmp.FETCH_PHASE for r in compared), "no per-step scalar was compared"
     assert sum(r.category == "weight" for r in compared) >= 4
