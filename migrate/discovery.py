@@ -49,12 +49,12 @@ def _gitignore(directory: Path) -> pathspec.PathSpec | None:
         lines = ignore.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 class Walker:
     def __init__(self, exclude: list[str] | None = None, respect_gitignore: bool = True) -> None:
-        self.exclude = pathspec.PathSpec.from_lines("gitwildmatch", exclude or [])
+        self.exclude = pathspec.GitIgnoreSpec.from_lines(exclude or [])
         self.respect_gitignore = respect_gitignore
 
     def walk(self, inputs: list[Path], include_other_files: bool = False) -> Iterator[Discovered]:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from tfmigrate.names import NameResolver
 from tfmigrate.python2 import describe_syntax_error
@@ -134,14 +133,14 @@ def _run_rules(
     bindings = dict(resolver.bindings)
     if not resolver.uses_any(("tensorflow", "keras", "horovod")):
         return [], [], bindings
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     context = RuleContext(PurePosixPath(path), resolver, module, settings.options)
     rules = [rule_class(context) for rule_class in settings.rules]
     try:
-        wrapper.visit_batched(rules)
+        cst.visit_batched(module, rules)
     except Exception as exc:  # a rule bug must not take the whole run down
         raise RuleCrashed(f"a rule crashed on {path}: {type(exc).__name__}: {exc}") from exc
-    positions = wrapper.resolve(PositionProvider)
+    if not any(rule.reports for rule in rules):
+        return [], [], bindings
     lines = module.code.splitlines()
 
     findings: list[Finding] = []
@@ -149,7 +148,7 @@ def _run_rules(
     seen: set[tuple[int, int, str]] = set()
     for rule in rules:
         for report in rule.reports:
-            span = positions[report.node]
+            span = context.position_of(report.node)
             line, col = span.start.line, span.start.column + 1
             if (line, col, rule.code) in seen:
                 continue
@@ -171,16 +170,15 @@ def _run_rules(
             if report.fix is not None and settings.enabled(report.fix.safety):
                 fixes.append((finding, report.fix))
     findings.sort(key=lambda f: (f.line, f.col, f.code))
-    return findings, _outermost(fixes, wrapper), bindings
+    return findings, _outermost(fixes, context), bindings
 
 
 def _outermost(
-    fixes: list[tuple[Finding, Fix]], wrapper: MetadataWrapper
+    fixes: list[tuple[Finding, Fix]], context: RuleContext
 ) -> list[tuple[Finding, Fix | None]]:
     """Drop fixes nested inside another fix's node; the next pass re-finds them."""
     if len(fixes) < 2:
         return fixes
-    parents = wrapper.resolve(ParentNodeProvider)
     fixed = {id(fix.node) for _, fix in fixes}
     kept = []
     first_for_target: dict[int, Fix] = {}
@@ -191,13 +189,13 @@ def _outermost(
             if _same_replacement(first, fix):
                 kept.append((finding, None))
             continue
-        node = parents.get(fix.node)
+        node = context.parent_of(fix.node)
         nested = False
         while node is not None:
             if id(node) in fixed:
                 nested = True
                 break
-            node = parents.get(node)
+            node = context.parent_of(node)
         if not nested:
             kept.append((finding, fix))
     return kept

@@ -54,6 +54,8 @@ def select_rules(
     rules = all_rules()
     if select:
         rules = tuple(r for r in rules if matches(r, select))
+    else:
+        rules = tuple(r for r in rules if r.default_enabled)
     if ignore:
         rules = tuple(r for r in rules if not matches(r, ignore))
     return rules

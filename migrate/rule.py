@@ -13,12 +13,17 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import ClassVar, TypeVar
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from tfmigrate.names import NameResolver
+
+
+T = TypeVar("T")
+_UNSET = object()
 
 
 class FixSafety(str, enum.Enum):
@@ -95,14 +100,56 @@ class Finding:
         return data
 
 
+class _ParentCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[cst.CSTNode] = []
+        self.parents: dict[int, cst.CSTNode] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parents[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
 @dataclass
 class RuleContext:
-    """What a rule may know about the file it runs on."""
+    """What a rule may know about the file it runs on.
+
+    Metadata is computed lazily and once per file: most files need no positions (no findings)
+    and many rules never ask for parents, and libcst's providers cost more than a rule's visit.
+    """
 
     path: PurePosixPath
     resolver: NameResolver
     module: cst.Module
     options: dict[str, object] = field(default_factory=dict)
+    _parents: dict[int, cst.CSTNode] | None = field(default=None, repr=False)
+    _positions: Mapping[cst.CSTNode, CodeRange] | None = field(default=None, repr=False)
+    _shared: dict[str, object] = field(default_factory=dict, repr=False)
+
+    def parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        if self._parents is None:
+            collector = _ParentCollector()
+            self.module.visit(collector)
+            self._parents = collector.parents
+        return self._parents.get(id(node))
+
+    def position_of(self, node: cst.CSTNode) -> CodeRange:
+        if self._positions is None:
+            wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+            self._positions = wrapper.resolve(PositionProvider)
+        return self._positions[node]
+
+    def shared(self, key: str, compute: Callable[[], T]) -> T:
+        """One analysis per file, shared by every rule that asks for ``key``."""
+        if key not in self._shared:
+            self._shared[key] = compute()
+        return self._shared[key]  # type: ignore[return-value]
 
 
 @dataclass
@@ -119,12 +166,14 @@ class Rule(cst.BatchableCSTVisitor):
     """Base class. Subclasses set the class attributes and write Ruff-style docs in the docstring:
     sections ``## What it does``, ``## Why is this bad?``, ``## Example``, ``## Fix safety``."""
 
-    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
+    METADATA_DEPENDENCIES = ()  # positions and parents come lazily from the context
 
     code: ClassVar[str]
     name: ClassVar[str]
     summary: ClassVar[str]
     fix_safety: ClassVar[FixSafety] = FixSafety.MANUAL
+    # Opt-in rules run only when selected (--select, or `select` in the config).
+    default_enabled: ClassVar[bool] = True
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Example, ...]] = ()
 
@@ -141,7 +190,23 @@ class Rule(cst.BatchableCSTVisitor):
         return self.qualify(node.func)
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self.get_metadata(ParentNodeProvider, node, None)
+        return self.context.parent_of(node)
+
+    def position(self, node: cst.CSTNode) -> CodeRange:
+        return self.context.position_of(node)
+
+    def get_metadata(self, key, node, default=_UNSET):  # type: ignore[override]
+        """Positions and parents without declaring them: computed on first use, once per file."""
+        if key is PositionProvider:
+            return self.context.position_of(node)
+        if key is ParentNodeProvider:
+            parent = self.context.parent_of(node)
+            if parent is None and default is not _UNSET:
+                return default
+            return parent
+        if default is _UNSET:
+            return super().get_metadata(key, node)
+        return super().get_metadata(key, node, default)
 
     def ancestors(self, node: cst.CSTNode):
         current = self.parent(node)

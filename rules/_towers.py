@@ -302,7 +302,7 @@ class TowerRule(Rule):
             return None
         for caller in self.calls_by_name.get(function.name.value, []):
             for ancestor in self.upto_boundary(caller):
-                if isinstance(ancestor, LOOP | COMPREHENSION):
+                if isinstance(ancestor, LOOP + COMPREHENSION):
                     if free_names(caller) & _varying(ancestor):
                         return ancestor, function
                     break

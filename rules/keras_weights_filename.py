@@ -179,7 +179,7 @@ model.save_weights('model.h5')
         resolver = self.context.resolver
         if any(marker in m for m in resolver.imported_modules for marker in _KERAS2_MARKERS):
             return
-        facts = analyze(node, resolver)
+        facts = self.context.shared("distribution-facts", lambda: analyze(node, resolver))
         if any(
             marker in (self.call_name(c) or "") for c in facts.calls for marker in _KERAS2_MARKERS
         ):

@@ -72,6 +72,13 @@ class ParameterServerPlacement(TowerRule):
     fix_safety = FixSafety.MANUAL
 
     valid = (
+        # Checks variable op types but places nothing (no device returned).
+        """import tensorflow as tf
+def _verify(self):
+    for op in self.ops:
+        if op.type in ['Variable', 'VariableV2']:
+            raise ValueError('no variables here')
+""",
         # A device function that places nothing by op type.
         """import tensorflow as tf
 def pick(op):
@@ -189,8 +196,8 @@ setter = replica_device_setter(2)
         ):
             return
         function = self.enclosing_def(node)
-        if function is None:
-            return
+        if function is None or not _returns_device(function):
+            return  # e.g. a check that variables were given, not a placement function
         anchor = self._factory_of(function) or function
         self._report_once(
             anchor,
@@ -280,3 +287,19 @@ setter = replica_device_setter(2)
                     if _HOST_DEVICE.search(spelled):
                         return spelled
         return None
+
+
+def _returns_device(function: cst.FunctionDef) -> bool:
+    """A device function returns a device: a string, a device variable, or ``'/' + ps``."""
+    for node in walk(function.body, into_defs=False):
+        if isinstance(node, cst.Return) and isinstance(
+            node.value,
+            cst.SimpleString | cst.FormattedString | cst.ConcatenatedString | cst.Name,
+        ):
+            if not (
+                isinstance(node.value, cst.Name) and node.value.value in ("None", "True", "False")
+            ):
+                return True
+        if isinstance(node, cst.Return) and isinstance(node.value, cst.BinaryOperation):
+            return any(isinstance(n, cst.SimpleString) for n in walk(node.value))
+    return False

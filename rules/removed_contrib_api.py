@@ -41,6 +41,7 @@ class RemovedContribApi(ApiNameRule):
     name = "removed-contrib-api"
     summary = "tf.contrib symbol with no TF2 rename: gone in TensorFlow 2"
     fix_safety = FixSafety.MANUAL
+    default_enabled = False  # conversion note: opt-in, like TFM301
 
     valid = (
         "import tensorflow as tf\ncell = tf.contrib.rnn.LSTMCell(10)\n",  # TFM301 renames it

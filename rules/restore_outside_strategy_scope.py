@@ -181,7 +181,9 @@ model.save_weights('model.weights.h5')
     )
 
     def visit_Module(self, node: cst.Module) -> None:
-        facts = analyze(node, self.context.resolver)
+        facts = self.context.shared(
+            "distribution-facts", lambda: analyze(node, self.context.resolver)
+        )
         self._check_wrappers(facts)
         if not facts.strategies:
             return

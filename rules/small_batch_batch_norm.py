@@ -176,7 +176,9 @@ ds = ds.batch(4)
     )
 
     def visit_Module(self, node: cst.Module) -> None:
-        facts = analyze(node, self.context.resolver)
+        facts = self.context.shared(
+            "distribution-facts", lambda: analyze(node, self.context.resolver)
+        )
         mirrored = [s for s in facts.strategies.values() if s.qualified in MIRRORED]
         if not mirrored:
             return

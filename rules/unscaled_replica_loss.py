@@ -280,7 +280,9 @@ mean = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
     )
 
     def visit_Module(self, node: cst.Module) -> None:
-        facts = analyze(node, self.context.resolver)
+        facts = self.context.shared(
+            "distribution-facts", lambda: analyze(node, self.context.resolver)
+        )
         self._facts = facts
         self._scaled_loss_objects = self._default_reduction_losses(facts)
         self._steps: dict[int, list[cst.Call]] = {}  # id(FunctionDef) -> flagged reduce_means

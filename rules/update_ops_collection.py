@@ -88,6 +88,13 @@ update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
 with tf.control_dependencies(update_ops):
     train_op = opt.minimize(loss)
 """,
+        # Per-device ops without a model are no towers.
+        """import tensorflow as tf
+for d in ['/gpu:0', '/gpu:1']:
+    with tf.device(d):
+        products.append(tf.matmul(a, b))
+update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+""",
         # A GAN's sub-network scope, not a tower.
         """import tensorflow as tf
 d_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'discriminator')

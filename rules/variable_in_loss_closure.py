@@ -180,7 +180,9 @@ def adaptive_loss(y_true, y_pred, scale):
     )
 
     def visit_Module(self, node: cst.Module) -> None:
-        facts = analyze(node, self.context.resolver)
+        facts = self.context.shared(
+            "distribution-facts", lambda: analyze(node, self.context.resolver)
+        )
         if not (facts.uses_distribute or facts.strategies):
             return
         for functions in facts.functions.values():

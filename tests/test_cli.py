@@ -15,10 +15,10 @@ import jsonschema
 import pytest
 
 FROZEN_BN = """
-import tensorflow as tf
+import tensorflow.compat.v1 as tf
 
 def model(x):
-    return tf.contrib.layers.batch_norm(x, is_training=True, trainable=False)
+    return tf.layers.batch_normalization(x, training=True, trainable=False)
 """
 FIXED_BN = FROZEN_BN.replace(", trainable=False", "")
 PLAIN = "def add(a, b):\n    return a + b\n"

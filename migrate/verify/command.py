@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from tfmigrate.verify.compare import COULD_NOT_RUN, Tolerances, could_not_run
+from tfmigrate.verify.verifier import VerifyOptions
 
 EXIT_ERROR = 2
 
@@ -47,14 +48,17 @@ def verify(
         typer.Option(help="Reuse the legacy run from this cache while its script folder and the run "
                           "parameters are unchanged (fast iteration on the migrated side)."),
     ] = None,
-    roundtrip: Annotated[bool, typer.Option(help="Save/load round trip check (not implemented yet).")] = False,
+    roundtrip: Annotated[
+        bool, typer.Option(help="Also save the trained migrated model the program's way, reload it without a "
+                                "strategy in a fresh process, and compare predictions.")
+    ] = False,
 ) -> None:
     """Train LEGACY and MIGRATED side by side on N devices and show whether they learn the same.
 
     Exit status: 0 equivalent, 1 diverged, 2 could not run (crash, different inputs, bad arguments).
     """
     from tfmigrate.verify.report import print_terminal, write_report
-    from tfmigrate.verify.verifier import Outcome, VerifyOptions, run_verify
+    from tfmigrate.verify.verifier import Outcome, run_verify
 
     console = Console(highlight=False, soft_wrap=True)
     opts = VerifyOptions(
@@ -63,8 +67,9 @@ def verify(
         tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
                               weights_rtol=weights_rtol),
         script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
+        roundtrip=roundtrip,
     )
-    problem = _argument_problem(opts, roundtrip)
+    problem = _argument_problem(opts)
     if problem:
         outcome = Outcome(could_not_run(problem), opts)
     else:
@@ -78,12 +83,7 @@ def verify(
     raise typer.Exit(EXIT_ERROR if outcome.comparison.verdict == COULD_NOT_RUN else code)
 
 
-def _argument_problem(opts: object, roundtrip: bool) -> str | None:
-    from tfmigrate.verify.verifier import VerifyOptions
-
-    assert isinstance(opts, VerifyOptions)
-    if roundtrip:
-        return "--roundtrip is not implemented yet"
+def _argument_problem(opts: VerifyOptions) -> str | None:
     if opts.device not in ("cpu", "gpu"):
         return f"--device must be cpu or gpu, not {opts.device!r}"
     for label, path in (("legacy", opts.legacy), ("migrated", opts.migrated)):

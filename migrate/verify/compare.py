@@ -276,3 +276,25 @@ def _compare_variables(legacy: SideData, migrated: SideData, n_steps: int, manif
             tolerance=tol.array_text(), note=note,
         ))
     return rows
+
+
+def compare_roundtrip(before: np.ndarray, after: np.ndarray, tol: Tolerances) -> Row:
+    """Predictions of the trained in-strategy model vs the same model reloaded without a strategy."""
+    row = Row("predictions after save → reload without strategy", "roundtrip", "in-strategy", "reloaded",
+              PASS, steps_compared=1, phase=FINAL_PHASE, tolerance=tol.array_text())
+    if before.shape != after.shape:
+        row.status, row.note = FAIL, f"prediction shapes differ: {before.shape} vs {after.shape}"
+        return row
+    row.max_abs, row.max_rel = _diff(before, after)
+    if not tol.array_ok(before, after):
+        row.status = FAIL
+        row.note = f"max |diff| {row.max_abs:.3g}: the saved model does not reload to the trained one"
+    return row
+
+
+def add_roundtrip(result: Comparison, row: Row) -> None:
+    result.rows.append(row)
+    if row.status == FAIL and result.verdict == EQUIVALENT:
+        result.verdict = DIVERGED
+        result.first_divergence = {"step": None, "quantity": row.quantity, "phase": "round trip"}
+        result.reason = f"round trip failed: {row.note}"

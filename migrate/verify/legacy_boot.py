@@ -62,8 +62,8 @@ class StopTraining(BaseException):
 
 
 class LegacyRecorder:
-    def __init__(self, out: Path, steps: int, towers: int, trace: list[str] | None) -> None:
-        self.out, self.max_steps, self.towers = out, steps, towers
+    def __init__(self, out: Path, steps: int, towers: int, trace: list[str] | None, device: str = "cpu") -> None:
+        self.out, self.max_steps, self.towers, self.device = out, steps, towers, device
         self.trace_request = trace
         self.record = RunRecord(side="legacy")
         self.train_op_names: set[str] = set()
@@ -94,8 +94,10 @@ class LegacyRecorder:
             if (spec.device_type or "").upper() == "GPU":
                 index = spec.device_index or 0
                 rec.towers_seen.add(index)
+                if rec.device == "gpu":  # real GPUs: keep the script's placement
+                    return dev
                 return spec.replace(device_type="CPU", device_index=index + 1).to_string()
-            if (spec.device_type or "").upper() == "CPU":
+            if (spec.device_type or "").upper() == "CPU" and rec.device == "cpu":
                 return spec.replace(device_index=0).to_string()
             return dev
 
@@ -110,8 +112,9 @@ class LegacyRecorder:
 
         def session_init(sess: Any, target: str = "", graph: Any = None, config: Any = None) -> None:
             config = tf.ConfigProto() if config is None else _copy_proto(config)
-            config.device_count["CPU"] = rec.towers + 1  # host CPU:0 + one device per tower
-            config.device_count["GPU"] = 0
+            if rec.device == "cpu":
+                config.device_count["CPU"] = rec.towers + 1  # host CPU:0 + one device per tower
+                config.device_count["GPU"] = 0
             config.log_device_placement = False
             config.allow_soft_placement = True
             orig_init(sess, target, graph, config)
@@ -352,18 +355,18 @@ def _kind(name: str, trainable: bool, slot: bool) -> str:
 
 
 def _tower_of_device(device: str) -> int | None:
-    """Our mapping put tower i on CPU:i+1."""
+    """Tower i runs on GPU:i (--device gpu) or, as mapped by us, on CPU:i+1."""
     if not device:
         return None
     low = device.lower()
-    marker = "device:cpu:" if "device:cpu:" in low else ("cpu:" if "cpu:" in low else None)
-    if marker is None:
-        return None
-    try:
-        index = int(low.split(marker)[-1].split("/")[0])
-    except ValueError:
-        return None
-    return index - 1 if index >= 1 else None
+    for marker, offset in (("gpu:", 0), ("cpu:", 1)):
+        if marker in low:
+            try:
+                index = int(low.rsplit(marker, 1)[-1].split("/")[0])
+            except ValueError:
+                return None
+            return index - offset if index >= offset else None
+    return None
 
 
 def _caller_part(fetches: Any) -> Any:
@@ -439,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--towers", type=int, default=2)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", type=Path, help="JSON list of legacy variable names to trace per step")
@@ -447,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     ns.out.mkdir(parents=True, exist_ok=True)
     trace = json.loads(ns.trace.read_text()) if ns.trace else None
-    recorder = LegacyRecorder(ns.out, ns.steps, ns.towers, trace)
+    recorder = LegacyRecorder(ns.out, ns.steps, ns.towers, trace, ns.device)
     record = recorder.record
 
     random.seed(ns.seed)

@@ -36,7 +36,7 @@ from tfmigrate.verify.record import (
 )
 
 
-class _SetupProblem(Exception):
+class SetupProblem(Exception):
     """verify could not run the program (protocol not followed, mapping does not fit, ...)."""
 
 
@@ -44,7 +44,7 @@ def configure_devices(tf: Any, replicas: int, device: str) -> list[str]:
     if device == "gpu":
         gpus = tf.config.list_logical_devices("GPU")
         if len(gpus) < replicas:
-            raise _SetupProblem(f"--device gpu: {len(gpus)} GPU(s) visible, {replicas} replicas requested")
+            raise SetupProblem(f"--device gpu: {len(gpus)} GPU(s) visible, {replicas} replicas requested")
         return [d.name for d in gpus[:replicas]]
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
@@ -54,7 +54,7 @@ def configure_devices(tf: Any, replicas: int, device: str) -> list[str]:
 def load_program_module(script: Path) -> Any:
     spec = importlib.util.spec_from_file_location("tfmigrate_migrated_program", script)
     if spec is None or spec.loader is None:
-        raise _SetupProblem(f"cannot import {script}")
+        raise SetupProblem(f"cannot import {script}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -66,7 +66,7 @@ def wait_for(path: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if time.monotonic() > deadline:
-            raise _SetupProblem(f"timed out waiting for the legacy initial variables ({path})")
+            raise SetupProblem(f"timed out waiting for the legacy initial variables ({path})")
         time.sleep(0.05)
 
 
@@ -88,7 +88,7 @@ class MigratedRunner:
         self.tf, self.strategy, self.out = tf, strategy, out
         missing = [k for k in protocol.REQUIRED_KEYS if k not in program]
         if missing:
-            raise _SetupProblem(f"{protocol.ENTRY_POINT}() must return the keys {missing}")
+            raise SetupProblem(f"{protocol.ENTRY_POINT}() must return the keys {missing}")
         self.variables: dict[str, Any] = dict(program[protocol.KEY_VARIABLES])
         self.train_step = program[protocol.KEY_TRAIN_STEP]
         self.batches = program[protocol.KEY_BATCHES]
@@ -112,7 +112,7 @@ class MigratedRunner:
                 continue
             var.assign(value.astype(self.tf.as_dtype(var.dtype).as_numpy_dtype))
         if problems:
-            raise _SetupProblem("the variable mapping does not fit:\n  " + "\n  ".join(problems))
+            raise SetupProblem("the variable mapping does not fit:\n  " + "\n  ".join(problems))
 
     def describe_variables(self, mapped: set[str]) -> None:
         for name, var in self.variables.items():
@@ -145,7 +145,7 @@ class MigratedRunner:
 
     def fetches(self, out: Any) -> list[Fetch]:
         if not hasattr(out, "items"):
-            raise _SetupProblem("train_step must return a mapping {name: per-replica value or tensor}")
+            raise SetupProblem("train_step must return a mapping {name: per-replica value or tensor}")
         result = []
         for key, value in out.items():
             if is_distributed(self.tf, value):
@@ -178,7 +178,23 @@ class MigratedRunner:
             save_arrays(self.out / TRACE_NPZ, {n: np.stack(v) for n, v in self.trace.items()})
 
 
-def _user_traceback(exc: BaseException) -> str:
+def roundtrip_parts(program: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    missing = [k for k in protocol.ROUNDTRIP_KEYS if k not in program]
+    if missing:
+        raise SetupProblem(f"--roundtrip needs {protocol.ENTRY_POINT}() to return {missing} as well "
+                            "(see docs/verify.md)")
+    return tuple(program[k] for k in protocol.ROUNDTRIP_KEYS)  # type: ignore[return-value]
+
+
+def save_for_roundtrip(program: dict[str, Any], folder: Path) -> None:
+    """Predictions of the trained in-strategy model, then the program's own save."""
+    save, _restore, predict, inputs = roundtrip_parts(program)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_arrays(folder / protocol.ROUNDTRIP_BEFORE, {"predictions": np.asarray(predict(inputs))})
+    save(str(folder / "saved"))
+
+
+def user_traceback(exc: BaseException) -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     te = traceback.TracebackException.from_exception(exc)
     te.stack = traceback.StackSummary.from_list([f for f in te.stack if not f.filename.startswith(here)])
@@ -207,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", type=Path, required=True, help="legacy side's init.npz (waited for)")
     parser.add_argument("--mapping", type=Path, required=True, help="JSON {legacy name: migrated name}")
     parser.add_argument("--wait", type=float, default=600.0)
+    parser.add_argument("--roundtrip", type=Path, help="save here and record in-strategy predictions")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -232,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         module = load_program_module(script)
         entry = getattr(module, protocol.ENTRY_POINT, None)
         if entry is None:
-            raise _SetupProblem(
+            raise SetupProblem(
                 f"{script.name} defines no {protocol.ENTRY_POINT}(strategy, argv); see docs/verify.md"
             )
         program = entry(strategy, list(script_args))
@@ -248,13 +265,16 @@ def main(argv: list[str] | None = None) -> int:
         runner.run(ns.steps, [n for n in mapping.values() if n in runner.variables])
         stage = "setup"
         runner.finish()
-    except _SetupProblem as exc:
+        if ns.roundtrip is not None:
+            stage = "user"
+            save_for_roundtrip(program, ns.roundtrip)
+    except SetupProblem as exc:
         record.status, record.message = ERROR, str(exc)
     except Exception as exc:  # noqa: BLE001
         if stage == "user":
             record.status = CRASHED
             record.message = f"{type(exc).__name__}: {exc}".strip()
-            record.traceback = _user_traceback(exc)
+            record.traceback = user_traceback(exc)
         else:
             record.status, record.message = ERROR, f"verify's migrated runner failed: {exc!r}"
             record.traceback = traceback.format_exc()

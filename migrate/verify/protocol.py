@@ -21,7 +21,13 @@ tfmigrate. It additionally defines, at module level::
 - ``batches``: what the program's own loop iterates (e.g. ``strategy.experimental_distribute_dataset``),
   yielding exactly what ``train_step`` takes. verify fingerprints each batch (per replica, in replica
   order) to make sure both sides saw the same data.
-Optional keys: ``"ema"`` is not needed (shadows are ordinary variables in ``variables``).
+Optional keys for ``--roundtrip`` (save in-strategy, reload in a fresh process without a strategy,
+compare predictions)::
+
+    "save":           save(folder: str)     # the way the program saves its model (weights/checkpoint)
+    "restore":        restore(folder: str)  # what a user's evaluation script does to load it
+    "predict":        predict(inputs) -> predictions (inference mode)
+    "predict_inputs": a batch (array or tensor) to predict on
 """
 
 from __future__ import annotations
@@ -31,3 +37,6 @@ KEY_VARIABLES = "variables"
 KEY_TRAIN_STEP = "train_step"
 KEY_BATCHES = "batches"
 REQUIRED_KEYS = (KEY_VARIABLES, KEY_TRAIN_STEP, KEY_BATCHES)
+ROUNDTRIP_KEYS = ("save", "restore", "predict", "predict_inputs")
+ROUNDTRIP_BEFORE = "roundtrip_before.npz"
+ROUNDTRIP_AFTER = "roundtrip_after.npz"

@@ -180,7 +180,10 @@ def plot(outcome: Outcome, path: Path) -> bool:
         diff = [abs(a - b) for a, b in zip(s.legacy, s.migrated, strict=True)]
         bottom.plot(s.steps, [max(d, EXACT_FLOOR) for d in diff], "o-", color=c, ms=3, lw=1, label=s.label)
     t = outcome.options.tolerances
-    bottom.axhline(t.atol, color="grey", ls=":", lw=1, label=f"atol {t.atol:g}")
+    ref = chosen[0]
+    tolerance = [t.atol if step <= t.early_steps else max(t.atol, t.rtol * abs(v))
+                 for step, v in zip(ref.steps, ref.legacy, strict=True)]
+    bottom.step(ref.steps, tolerance, where="mid", color="grey", ls=":", lw=1.2, label="tolerance")
     bottom.set_yscale("log")
     bottom.set_ylim(bottom=EXACT_FLOOR / 3)
     bottom.text(0.99, 0.02, "points on the floor: bit-identical", transform=bottom.transAxes, ha="right",
@@ -198,8 +201,9 @@ def plot(outcome: Outcome, path: Path) -> bool:
         top.annotate(f"first divergence: {first['quantity']}", (first["step"], top.get_ylim()[1]),
                      xytext=(4, -12), textcoords="offset points", color="red", fontsize=8)
     text, style = VERDICT_TEXT[outcome.comparison.verdict]
-    top.set_title(f"{_short(outcome.options.legacy)} vs {_short(outcome.options.migrated)} "
-                  f"({outcome.options.replicas} replicas): {text}", color=style if style != "green" else "darkgreen")
+    fig.suptitle(f"{text}", color="darkgreen" if style == "green" else "darkred", fontweight="bold")
+    top.set_title(f"{_short(outcome.options.legacy)}  vs  {_short(outcome.options.migrated)}  "
+                  f"({outcome.options.replicas} replicas)", fontsize=9)
     top.legend(fontsize=7, loc="upper right")
     bottom.legend(fontsize=7, loc="upper left")
     for ax in (top, bottom):

@@ -52,6 +52,11 @@ class RunPlan:
     mapping: dict[str, str] | None = None
     script_args: tuple[str, ...] = ()
     legacy_done: Path | None = None  # a reusable earlier legacy run (its out folder): run only migrated
+    roundtrip: bool = False
+
+    @property
+    def roundtrip_dir(self) -> Path:
+        return self.workdir / "roundtrip"
 
 
 def _env(extra: dict[str, str], seed: int, device: str, drop: tuple[str, ...] = ()) -> dict[str, str]:
@@ -104,13 +109,15 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
     tail = ["--", *plan.script_args]
     common = ["--steps", str(plan.steps), "--seed", str(plan.seed)]
     legacy_cmd = [sys.executable, "-m", "tfmigrate.verify.legacy_boot", "--script", str(plan.legacy.resolve()),
-                  "--out", str(legacy_out), "--towers", str(plan.replicas), *common]
+                  "--out", str(legacy_out), "--towers", str(plan.replicas), "--device", plan.device, *common]
     if plan.mapping:
         legacy_cmd += ["--trace", str(trace_file)]
     migrated_cmd = [sys.executable, "-m", "tfmigrate.verify.migrated_boot", "--script",
                     str(plan.migrated.resolve()), "--out", str(migrated_out), "--replicas", str(plan.replicas),
                     "--device", plan.device, "--init", str(legacy_out / INIT_NPZ), "--mapping",
                     str(mapping_file), "--wait", str(plan.timeout), *common]
+    if plan.roundtrip:
+        migrated_cmd += ["--roundtrip", str(plan.roundtrip_dir)]
     legacy_out = plan.legacy_done or legacy_out
     migrated_cmd[migrated_cmd.index("--init") + 1] = str(legacy_out / INIT_NPZ)
     legacy_proc = None
@@ -142,3 +149,20 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
                              legacy_proc.pid in timed_out_sides)
     return legacy_run, _finish("migrated", migrated_proc, migrated_out, work / "migrated" / "log",
                                migrated_proc.pid in timed_out_sides)
+
+
+def run_roundtrip(plan: RunPlan) -> SideRun:
+    """Reload what the migrated run saved in a fresh process without a strategy (one device)."""
+    folder = plan.roundtrip_dir
+    cmd = [sys.executable, "-m", "tfmigrate.verify.roundtrip_boot", "--script", str(plan.migrated.resolve()),
+           "--dir", str(folder), "--seed", str(plan.seed), "--", *plan.script_args]
+    proc = _start(cmd, plan.workdir / "roundtrip-cwd",
+                  _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)),
+                  plan.workdir / "roundtrip-log")
+    try:
+        proc.wait(timeout=plan.timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    _stop(proc)
+    return _finish("roundtrip", proc, folder, plan.workdir / "roundtrip-log", timed_out)

@@ -26,7 +26,6 @@ LEGACY_ENV = {
     "TF_USE_LEGACY_KERAS": "1",  # tf.compat.v1.layers / tf_slim need Keras 2 (tf_keras)
     "TF_DETERMINISTIC_OPS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
-    "CUDA_VISIBLE_DEVICES": "-1",
 }
 
 MEMORY_STATS_SCOPE = "tfmigrate_memory_stats"  # fetches under it are bookkeeping, never compared

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmigrate.verify import compare as cmp
+from tfmigrate.verify import protocol
 from tfmigrate.verify.manifest import (
     ManifestError,
     ScriptManifest,
@@ -31,7 +32,7 @@ from tfmigrate.verify.record import (
     RunRecord,
     load_arrays,
 )
-from tfmigrate.verify.sides import RunPlan, SideRun, run_sides
+from tfmigrate.verify.sides import RunPlan, SideRun, run_roundtrip, run_sides
 
 
 @dataclass
@@ -50,6 +51,7 @@ class VerifyOptions:
     script_args: tuple[str, ...] = ()
     legacy_rev: str | None = None
     legacy_cache: Path | None = None  # reuse legacy runs across verify calls (same inputs → same run)
+    roundtrip: bool = False
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Outcome:
     migrated: SideRun | None = None
     manifest: ScriptManifest | None = None
     crash: SideRun | None = None  # the side whose user code crashed, for the traceback
+    roundtrip: SideRun | None = None
 
 
 def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
@@ -150,7 +153,7 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     plan = RunPlan(legacy=legacy, migrated=opts.migrated, workdir=workdir, replicas=opts.replicas,
                    steps=opts.steps, seed=opts.seed, device=opts.device, timeout=opts.timeout,
                    mapping=manifest.variables, script_args=opts.script_args,
-                   legacy_done=_cached_legacy(cache_dir))
+                   legacy_done=_cached_legacy(cache_dir), roundtrip=opts.roundtrip)
     legacy_run, migrated_run = run_sides(plan)
     if cache_dir is not None and plan.legacy_done is None and _cached_legacy(legacy_run.out):
         tmp = cache_dir.with_name(cache_dir.name + f".{workdir.name}")
@@ -170,10 +173,27 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     else:
         outcome.comparison = cmp.compare(_side_data(legacy_run), _side_data(migrated_run), manifest,
                                          opts.tolerances)
+        if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
+            _roundtrip(plan, outcome)
     outcome.comparison.notes = manifest.notes + _record_notes(legacy_run, migrated_run) + outcome.comparison.notes
     if opts.report_dir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return outcome
+
+
+def _roundtrip(plan: RunPlan, outcome: Outcome) -> None:
+    run = run_roundtrip(plan)
+    outcome.roundtrip = run
+    problem = side_problem(run, plan.timeout)
+    if problem:
+        outcome.comparison = cmp.could_not_run(problem.replace("roundtrip side", "round trip (reload)"),
+                                               outcome.comparison.notes)
+        if run.record is not None and run.record.status == CRASHED:
+            outcome.crash = run
+        return
+    before = load_arrays(plan.roundtrip_dir / protocol.ROUNDTRIP_BEFORE)["predictions"]
+    after = load_arrays(plan.roundtrip_dir / protocol.ROUNDTRIP_AFTER)["predictions"]
+    cmp.add_roundtrip(outcome.comparison, cmp.compare_roundtrip(before, after, outcome.options.tolerances))
 
 
 def _record_notes(*runs: SideRun) -> list[str]:

@@ -44,15 +44,6 @@ def test_cli_pass_writes_the_report(tmp_path, legacy_cache):
 
 
 @pytest.mark.slow
-def test_cli_passes_args_after_dashdash_to_both_sides(legacy_cache):
-    legacy, migrated = pair("cifar_average")
-    # a different learning rate for BOTH sides is still equivalent; the migrated default is not used
-    result = _cli(str(legacy), str(migrated), "--steps", "3", "--legacy-cache", str(legacy_cache),
-                  "--", "--learning_rate", "0.1")
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@pytest.mark.slow
 def test_cli_diverged_exits_1_naming_the_step(tmp_path, legacy_cache):
     from verify_support import plant
 

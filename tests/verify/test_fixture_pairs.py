@@ -11,7 +11,8 @@ from tfmigrate.verify import compare as cmp
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAIRS)
 def test_fixture_pair_is_equivalent(name, legacy_cache):
-    outcome = verify(*pair(name), cache=legacy_cache)
+    roundtrip = name == "bn_rmsprop"  # the fixture whose checkpoint must carry batch-norm statistics
+    outcome = verify(*pair(name), cache=legacy_cache, roundtrip=roundtrip)
     comp = outcome.comparison
     assert comp.verdict == cmp.EQUIVALENT, comp.reason
     assert comp.steps_compared == 8
@@ -21,3 +22,5 @@ def test_fixture_pair_is_equivalent(name, legacy_cache):
     assert all(r.status != cmp.FAIL for r in comp.rows)
     assert outcome.legacy.record.devices == 2 and outcome.migrated.record.devices == 2
     assert all(s.inputs for s in outcome.legacy.record.steps), "legacy inputs not fingerprinted"
+    if roundtrip:
+        assert [r.status for r in comp.rows if r.category == "roundtrip"] == [cmp.PASS]
