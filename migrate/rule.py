@@ -11,16 +11,15 @@ import enum
 import inspect
 import re
 import textwrap
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from collections.abc import Callable, Mapping
 from typing import ClassVar, TypeVar
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from tfmigrate.names import NameResolver
-
 
 T = TypeVar("T")
 _UNSET = object()
