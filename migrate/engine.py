@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 import libcst as cst
@@ -55,6 +55,16 @@ def mentions_tensorflow(data: bytes | str) -> bool:
     return any(marker in raw for marker in _MARKERS)
 
 
+def triggered_rules(source: bytes | str, rules: tuple[type[Rule], ...]) -> tuple[type[Rule], ...]:
+    """The rules whose trigger words occur in ``source`` (a cheap substring test)."""
+    raw = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
+    return tuple(
+        rule
+        for rule in rules
+        if rule.triggers is None or any(t.encode() in raw for t in rule.triggers)
+    )
+
+
 def check_syntax(source: bytes | str, path: str) -> str | None:
     """A one-line error for unparsable source, else None (fast: CPython's own parser)."""
     try:
@@ -76,6 +86,10 @@ def process_source(
     bindings made before this source runs (earlier notebook cells)."""
     if not inherited and not mentions_tensorflow(source):
         return SourceResult(error=check_syntax(source, path))
+    rules = triggered_rules(source, settings.rules)
+    if not rules and not inherited:
+        return SourceResult(error=check_syntax(source, path))
+    settings = replace(settings, rules=rules)
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:

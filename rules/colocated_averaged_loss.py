@@ -63,6 +63,7 @@ class ColocatedAveragedLoss(TowerRule):
     """
 
     code = "TFM110"
+    triggers = ('colocate_gradients_with_ops',)
     name = "colocated-averaged-loss"
     summary = "one loss averaged over towers, differentiated once with colocated gradients"
     fix_safety = FixSafety.MANUAL

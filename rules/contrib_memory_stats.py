@@ -51,6 +51,7 @@ class ContribMemoryStats(Rule):
     """
 
     code = "TFM109"
+    triggers = ('memory_stats', 'BytesInUse', 'BytesLimit')
     name = "contrib-memory-stats"
     summary = "tf.contrib.memory_stats: use tf.config.experimental.get_memory_info"
     fix_safety = FixSafety.SAFE

@@ -62,6 +62,7 @@ class EmaOverMovingStatistics(Rule):
     """
 
     code = "TFM106"
+    triggers = ('moving_average_variables', 'MOVING_AVERAGE_VARIABLES')
     name = "ema-over-moving-statistics"
     summary = "EMA applied to moving_average_variables(): batch-norm statistics averaged twice"
     fix_safety = FixSafety.UNSAFE

@@ -56,6 +56,7 @@ class FrozenBatchNorm(Rule):
     """
 
     code = "TFM104"
+    triggers = ('trainable',)
     name = "frozen-batch-norm"
     summary = "batch norm with trainable=False: gamma/beta never learn"
     fix_safety = FixSafety.UNSAFE

@@ -57,6 +57,7 @@ class KerasMultiGpuModel(Rule):
     """
 
     code = "TFM107"
+    triggers = ('multi_gpu_model',)
     name = "keras-multi-gpu-model"
     summary = "multi_gpu_model (removed in TF 2.4): use MirroredStrategy"
     fix_safety = FixSafety.MANUAL

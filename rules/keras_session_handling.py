@@ -47,6 +47,7 @@ class KerasSessionHandling(Rule):
     """
 
     code = "TFM108"
+    triggers = ('set_session', 'get_session')
     name = "keras-session-handling"
     summary = "Keras 2 set_session/get_session: no sessions in Keras 3"
     fix_safety = FixSafety.SAFE

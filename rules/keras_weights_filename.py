@@ -103,6 +103,7 @@ class KerasWeightsFilename(Rule):
     """
 
     code = "TFM206"
+    triggers = ('save_weights', 'load_weights', 'ModelCheckpoint')
     name = "keras-weights-filename"
     summary = "Keras 3 weight files must end in .weights.h5"
     fix_safety = FixSafety.SAFE

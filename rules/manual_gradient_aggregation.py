@@ -79,6 +79,7 @@ class ManualGradientAggregation(TowerRule):
     """
 
     code = "TFM102"
+    triggers = ('grad',)
     name = "manual-gradient-aggregation"
     summary = "tower gradients averaged or summed by hand"
     fix_safety = FixSafety.MANUAL

@@ -89,6 +89,7 @@ class NonexistentTf2Api(ApiNameRule):
     """
 
     code = "TFM205"
+    triggers = ('distribute', 'keras')
     name = "nonexistent-tf2-api"
     summary = "TF/Keras name, method or keyword that does not exist in TensorFlow 2.x"
     fix_safety = FixSafety.MANUAL

@@ -67,6 +67,7 @@ class ParameterServerPlacement(TowerRule):
     """
 
     code = "TFM111"
+    triggers = ('replica_device_setter', 'VariableDeviceChooser', 'type', 'node_def', 'cpu', 'CPU', '/job:')
     name = "parameter-server-placement"
     summary = "variables pinned to the CPU or a parameter server by hand"
     fix_safety = FixSafety.MANUAL

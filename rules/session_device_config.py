@@ -85,6 +85,7 @@ class SessionDeviceConfig(Rule):
     """
 
     code = "TFM105"
+    triggers = ('ConfigProto', 'GPUOptions', 'gpu_options', 'allow_soft_placement', 'log_device_placement', 'device_count')
     name = "session-device-config"
     summary = "ConfigProto/GPUOptions device settings: move to tf.config"
     fix_safety = FixSafety.SAFE

@@ -62,6 +62,7 @@ class SmallBatchBatchNorm(Rule):
     """
 
     code = "TFM204"
+    triggers = ('BatchNormalization',)
     name = "small-batch-batch-norm"
     summary = "BatchNormalization under MirroredStrategy with a small per-replica batch"
     fix_safety = FixSafety.UNSAFE

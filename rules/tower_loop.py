@@ -59,6 +59,7 @@ class TowerLoop(TowerRule):
     """
 
     code = "TFM101"
+    triggers = ('device',)
     name = "tower-loop"
     summary = "TF1 tower loop: the model is built once per device by hand"
     fix_safety = FixSafety.MANUAL

@@ -64,6 +64,7 @@ class UnscaledReplicaLoss(Rule):
     """
 
     code = "TFM202"
+    triggers = ('reduce_mean',)
     name = "unscaled-replica-loss"
     summary = "per-replica reduce_mean loss in strategy.run: gradients summed N times too large"
     fix_safety = FixSafety.UNSAFE

@@ -63,6 +63,7 @@ class UpdateOpsCollection(TowerRule):
     """
 
     code = "TFM103"
+    triggers = ('update_ops', 'UPDATE_OPS')
     name = "update-ops-collection"
     summary = "UPDATE_OPS taken from one tower or all towers: which batch-norm updates run"
     fix_safety = FixSafety.MANUAL

@@ -65,6 +65,7 @@ class VariableInLossClosure(Rule):
     """
 
     code = "TFM203"
+    triggers = ('Variable', 'variable')
     name = "variable-in-loss-closure"
     summary = "tf.Variable for constant data in a loss under a strategy: use tf.constant"
     fix_safety = FixSafety.SAFE

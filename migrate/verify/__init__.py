@@ -1,1 +1,17 @@
-"""verify: train the legacy and the migrated program side by side and compare."""
+"""verify: train the legacy and the migrated program side by side and compare (docs/verify.md).
+
+Modules (only the boot modules, run as subprocesses, import TensorFlow):
+  command        the typer command ``tfmigrate verify``
+  verifier       options -> manifest -> both sides -> comparison (an Outcome)
+  sides          subprocess orchestration: scratch folders, concurrency, timeouts
+  legacy_boot    legacy runtime: runs an unmodified TF1 script, instruments Session.run
+  tf1_compat     the TF1 world on TF 2.21: tensorflow -> compat.v1, tf.contrib shims, keras -> tf_keras
+  migrated_boot  migrated runtime: drives the protocol (protocol.py) under MirroredStrategy
+  roundtrip_boot reload without a strategy for --roundtrip
+  record         what a side writes (record.json, init/final/trace .npz)
+  fingerprint    split-invariant input fingerprints
+  tower_names    tower scopes in TF1 names
+  manifest       what verify reads from tfmigrate.json / a mapping file
+  compare        tolerances, per-step and variable comparison, first divergence
+  report         rich table, report.json, report.md, loss.png
+"""

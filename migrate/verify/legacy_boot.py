@@ -36,10 +36,12 @@ from tfmigrate.verify.record import (
     FINAL_NPZ,
     INIT_NPZ,
     TRACE_NPZ,
+    TRACED_JSON,
     Fetch,
     RunRecord,
     Step,
     save_arrays,
+    write_json_atomic,
 )
 
 PIPELINE_OP_TYPES = {
@@ -294,16 +296,23 @@ class LegacyRecorder:
                 "trainable": name in trainable,
                 "moving_average": name in averaged,
             }
-        save_arrays(self.out / INIT_NPZ, values)  # the migrated side waits for this file
         if self.trace_request is None:
             candidates = [n for n, meta in self.record.variables.items() if meta["kind"] in _TRACED_KINDS]
-            size = sum(int(np.prod(self.record.variables[n]["shape"])) for n in candidates)
-            self.trace_names = candidates if size <= AUTO_TRACE_LIMIT else []
         else:
             missing = [n for n in self.trace_request if n not in values]
             if missing:
                 self.record.notes.append(f"mapped legacy variables not in the graph: {missing}")
-            self.trace_names = [n for n in self.trace_request if n in values]
+            candidates = [n for n in self.trace_request if n in values]
+        size = sum(int(values[n].size) for n in candidates)
+        if size > AUTO_TRACE_LIMIT:  # big model: per-step trace of the small state only
+            candidates = [n for n in candidates if self.record.variables[n]["kind"] == "bn_stat"]
+            self.record.notes.append(
+                f"mapped variables hold {size} values: per-step comparison limited to batch-norm "
+                "statistics; all mapped variables are still compared at the end")
+        self.trace_names = candidates
+        # the migrated side reads which variables to trace, then waits for init.npz (written last)
+        write_json_atomic(self.out / TRACED_JSON, self.trace_names)
+        save_arrays(self.out / INIT_NPZ, values)
         by_name = {v.op.name: v for v in variables}
         self._trace_vars = [by_name[n] for n in self.trace_names]
 

@@ -28,6 +28,7 @@ from tfmigrate.verify.record import (
     FINAL_NPZ,
     INIT_NPZ,
     TRACE_NPZ,
+    TRACED_JSON,
     Fetch,
     RunRecord,
     Step,
@@ -262,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         runner.load_initial(load_arrays(ns.init), mapping)
         save_arrays(ns.out / INIT_NPZ, runner.read(list(runner.variables)))
         stage = "user"
-        runner.run(ns.steps, [n for n in mapping.values() if n in runner.variables])
+        traced_file = ns.init.parent / TRACED_JSON
+        traced = json.loads(traced_file.read_text()) if traced_file.exists() else list(mapping)
+        runner.run(ns.steps, [mapping[n] for n in traced if mapping.get(n) in runner.variables])
         stage = "setup"
         runner.finish()
         if ns.roundtrip is not None:

@@ -21,6 +21,7 @@ tfmigrate. It additionally defines, at module level::
 - ``batches``: what the program's own loop iterates (e.g. ``strategy.experimental_distribute_dataset``),
   yielding exactly what ``train_step`` takes. verify fingerprints each batch (per replica, in replica
   order) to make sure both sides saw the same data.
+
 Optional keys for ``--roundtrip`` (save in-strategy, reload in a fresh process without a strategy,
 compare predictions)::
 

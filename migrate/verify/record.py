@@ -5,6 +5,7 @@ A side writes into its own output folder:
   init.npz     variable values at the start of step 1 (legacy: every global variable)
   final.npz    variable values after the last step
   trace.npz    per-step values (stacked over steps) of the variables verify was asked to trace
+  traced.json  (legacy) which variables it traces, so the migrated side traces their counterparts
 numpy + json only (no TensorFlow), so the CLI can read records without importing TF.
 """
 
@@ -22,6 +23,7 @@ RECORD_JSON = "record.json"
 INIT_NPZ = "init.npz"
 FINAL_NPZ = "final.npz"
 TRACE_NPZ = "trace.npz"
+TRACED_JSON = "traced.json"  # legacy names traced per step (written before init.npz)
 
 # Status of a side. "ok": reached the requested steps (or the script's own end); "crashed": user code
 # raised; "error": the runtime could not set the program up (protocol missing, bad mapping, ...).

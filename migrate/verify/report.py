@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from tfmigrate.verify import compare as cmp
 from tfmigrate.verify.verifier import Outcome
@@ -28,7 +29,7 @@ def _num(x: float | None) -> str:
 
 def _side_summary(outcome: Outcome) -> dict[str, dict[str, Any]]:
     sides: dict[str, dict[str, Any]] = {}
-    for run in (outcome.legacy, outcome.migrated):
+    for run in (outcome.legacy, outcome.migrated, outcome.roundtrip):
         if run is None:
             continue
         rec = run.record
@@ -108,7 +109,12 @@ def print_terminal(outcome: Outcome, console: Console | None = None) -> None:
     for name, s in sides.items():
         sps = s["steps_per_second"]
         mem = s["peak_memory_bytes"]
-        perf.append(f"{name}: {sps:.1f} steps/s" if sps else f"{name}: - steps/s")
+        if s["status"] != "ok":
+            perf.append(f"{name}: {s['status']}")
+            continue
+        if name == "roundtrip":
+            continue
+        perf.append(f"{name}: {sps:.1f} steps/s after warm-up" if sps else f"{name}: - steps/s")
         if mem:
             perf[-1] += f", peak {mem / 2**20:.0f} MiB ({s['memory_source']})"
     if perf:
@@ -116,9 +122,8 @@ def print_terminal(outcome: Outcome, console: Console | None = None) -> None:
     for note in comp.notes:
         console.print(f"  note: {note}", style="dim", markup=False)
     if outcome.crash is not None and outcome.crash.record is not None:
-        console.print(Panel(outcome.crash.record.traceback.rstrip() or outcome.crash.record.message,
-                            title=f"{outcome.crash.side} script traceback", border_style="red"),
-                      markup=False)
+        body = Text(outcome.crash.record.traceback.rstrip() or outcome.crash.record.message, overflow="fold")
+        console.print(Panel(body, title=f"{outcome.crash.side} script traceback", border_style="red"))
     text, style = VERDICT_TEXT[comp.verdict]
     console.print(f"[bold {style}]{text}[/]" + (f": {comp.reason}" if comp.reason else ""), highlight=False)
 
@@ -146,6 +151,8 @@ def to_markdown(outcome: Outcome) -> str:
                          f"{_num(r.max_rel)} | {r.status.upper()} | {_first_col(r)} | {r.note} |")
     lines += ["", "| side | status | steps/s (after warm-up) | peak memory |", "|---|---|---|---|"]
     for name, s in data["sides"].items():
+        if name == "roundtrip":
+            continue
         sps = f"{s['steps_per_second']:.1f}" if s["steps_per_second"] else "-"
         mem = f"{s['peak_memory_bytes'] / 2**20:.0f} MiB ({s['memory_source']})" if s["peak_memory_bytes"] else "-"
         lines.append(f"| {name} | {s['status']} | {sps} | {mem} |")

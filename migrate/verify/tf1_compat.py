@@ -178,15 +178,21 @@ def _contrib(v1: Any) -> types.ModuleType:
 def _keras_aliases() -> None:
     """Keras 2-era ``import keras`` / ``keras.backend.tensorflow_backend`` → tf_keras (graph mode)."""
     import tf_keras
+    import tf_keras.backend as public_backend
+    import tf_keras.src.backend as full_backend
+
+    # Keras 2's backend had get_session/set_session; tf_keras keeps them out of its public API
+    backend = _MergedModule("keras.backend", [public_backend, full_backend])
 
     def resolve(name: str) -> types.ModuleType:
-        if name == "keras.backend.tensorflow_backend":
-            return importlib.import_module("tf_keras.backend")
+        if name in ("keras.backend", "keras.backend.tensorflow_backend"):
+            return backend
         return importlib.import_module("tf_keras" + name[len("keras") :])
 
     sys.modules.pop("keras", None)
     sys.meta_path.insert(0, _AliasFinder({"keras": resolve}))
     sys.modules["keras"] = tf_keras
+    tf_keras.backend = backend  # `import keras; keras.backend.set_session(...)` (a superset)
 
 
 def install(seed: int) -> Any:

@@ -171,3 +171,22 @@ def test_cli_import_does_not_import_tensorflow():
     code = ("import sys, tfmigrate.cli, tfmigrate.verify.command, tfmigrate.verify.verifier, "
             "tfmigrate.verify.report; sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_legacy_rev_takes_the_script_folder_from_git(tmp_path):
+    """--legacy-rev: after an in-place rewrite the legacy side comes from git (read-only archive)."""
+    from tfmigrate.verify.verifier import legacy_from_git
+
+    repo = tmp_path / "repo"
+    (repo / "proj").mkdir(parents=True)
+    script = repo / "proj" / "train.py"
+    script.write_text("print('legacy')\n")
+    (repo / "proj" / "model.py").write_text("X = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "legacy"], check=True)
+    script.write_text("print('rewritten')\n")
+    taken = legacy_from_git(script, "HEAD", tmp_path / "out")
+    assert taken.read_text() == "print('legacy')\n"
+    assert (taken.parent / "model.py").read_text() == "X = 1\n"
