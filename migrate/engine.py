@@ -44,6 +44,7 @@ class SourceResult:
     new_bytes: bytes | None = None  # new_code in the file's own encoding (BOM kept)
     bindings: dict[str, str] = field(default_factory=dict)  # names this source binds
     error: str | None = None
+    manifest: dict[str, object] = field(default_factory=dict)  # from the applied fixes
 
 
 class RuleCrashed(Exception):
@@ -102,9 +103,13 @@ def process_source(
 
     new_module = module
     pending = fixes
+    contributed: dict[str, object] = {}
     for _ in range(_MAX_FIX_PASSES):
         new_module, applied = _apply(new_module, pending)
         _mark_applied(findings, applied)
+        for _finding, fix in pending:
+            if fix is not None and fix.manifest:
+                contributed.update(fix.manifest)
         _, pending, _ = _run_rules(new_module, path, settings, inherited)
         if not pending:
             break
@@ -122,6 +127,7 @@ def process_source(
         return result
     result.new_code = new_code
     result.new_bytes = new_module.bytes
+    result.manifest = contributed
     return result
 
 

@@ -57,6 +57,10 @@ def entry_for(result: FileResult) -> dict[str, Any]:
             for f in pending
         ],
     }
+    # What the applied fixes contributed (e.g. `variables`, `fetches`, `announced`, `notes` for
+    # verify); never overrides the two lists above.
+    for key, value in result.manifest.items():
+        entry.setdefault(key, value)
     return entry
 
 

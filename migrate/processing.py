@@ -16,6 +16,7 @@ class FileResult:
     findings: list[Finding] = field(default_factory=list)
     new: bytes | None = None  # new content when the file changes
     error: str | None = None
+    manifest: dict[str, object] = field(default_factory=dict)  # rule-contributed entry keys
 
     @property
     def changed(self) -> bool:
@@ -42,7 +43,7 @@ def process_file(path: Path, display: str, settings: Settings) -> FileResult:
     except RuleCrashed as exc:
         return FileResult(display, error=f"internal error: {exc}")
     new = result.new_bytes if result.new_bytes != data else None
-    return FileResult(display, result.findings, new, result.error)
+    return FileResult(display, result.findings, new, result.error, result.manifest if new else {})
 
 
 def _process_notebook(data: bytes, display: str, settings: Settings) -> FileResult:

@@ -63,6 +63,9 @@ class Fix:
     replacement: cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel
     safety: FixSafety
     imports: tuple[Import, ...] = ()
+    # Entries for this file's manifest record (``tfmigrate.json``), kept only if the fix is
+    # applied: e.g. a program conversion's variable mapping for ``verify``.
+    manifest: Mapping[str, object] | None = None
 
 
 @dataclass
@@ -239,13 +242,15 @@ class Rule(cst.BatchableCSTVisitor):
         safety: FixSafety | None = None,
         imports: tuple[Import, ...] = (),
         target: cst.CSTNode | None = None,
+        manifest: Mapping[str, object] | None = None,
     ) -> None:
         """Report a finding at ``node``. ``replacement`` replaces ``target`` (default: ``node``);
         a finding can sit on one call while its fix rewrites the enclosing statement or block.
-        Findings whose fixes share one target must pass equal replacements."""
+        Findings whose fixes share one target must pass equal replacements. ``manifest``: keys
+        merged into the file's manifest entry when (and only when) the fix is applied."""
         fix = None
         if replacement is not None:
-            fix = Fix(target or node, replacement, safety or self.fix_safety, imports)
+            fix = Fix(target or node, replacement, safety or self.fix_safety, imports, manifest)
         self.reports.append(Report(node, message, fix))
 
     # -- catalog ------------------------------------------------------------------------------

@@ -359,6 +359,11 @@ train_op = opt.apply_gradients(grads)
         names = " ".join(identifiers(function.name) | identifiers(function.params))
         return function if _HELPER_NAME.search(names) else None
 
+    def aggregations(self) -> dict[int, bool]:
+        """id(helper def or aggregating statement) -> True if it AVERAGES, False if it SUMS.
+        Complete after the module was visited; the tower conversion (TFM303) reads it."""
+        return {anchor: bool(site.averages) for anchor, site in self._sites.items()}
+
     # -- reporting ----------------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:
         # A walk of the whole module: only when a SUM needs explaining.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole flow on a bundled legacy repo: scan it, show the rewrite, write a migrated copy.
+# The whole flow on a bundled legacy repo: scan it, show the rewrite, write a migrated copy,
+# then verify a migration of it by training both programs side by side.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FIXTURE=${1:-fixtures/cifar_towers}
@@ -7,15 +8,16 @@ OUT=out/$(basename "$FIXTURE")
 TFM=.venv/bin/tfmigrate
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Exit status 1 means "findings / changes pending": expected here. 2 is a real error.
+run() { "$@"; local rc=$?; if [ "$rc" -ge 2 ]; then echo "demo: '$*' failed ($rc)" >&2; exit "$rc"; fi; }
 
 step "tfmigrate scan $FIXTURE"
-$TFM scan "$FIXTURE"
+run $TFM scan "$FIXTURE"
 
 step "tfmigrate rewrite $FIXTURE   (diffs to review; nothing is changed)"
-$TFM rewrite "$FIXTURE"
+run $TFM rewrite "$FIXTURE"
 
 step "tfmigrate rewrite $FIXTURE --out $OUT"
 rm -rf "$OUT"
-$TFM rewrite "$FIXTURE" --out "$OUT"
+run $TFM rewrite "$FIXTURE" --out "$OUT"
 echo "migrated copy: $OUT (manifest: $OUT/tfmigrate.json)"
-exit 0

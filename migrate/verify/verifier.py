@@ -121,7 +121,7 @@ def side_problem(run: SideRun, timeout: float) -> str | None:
     return None
 
 
-def _side_data(run: SideRun) -> cmp.SideData:
+def side_data(run: SideRun) -> cmp.SideData:
     assert run.record is not None
     return cmp.SideData(run.record, load_arrays(run.out / INIT_NPZ), load_arrays(run.out / FINAL_NPZ),
                         load_arrays(run.out / TRACE_NPZ))
@@ -171,7 +171,7 @@ def run_verify(opts: VerifyOptions) -> Outcome:
                 outcome.crash = run
             break
     else:
-        outcome.comparison = cmp.compare(_side_data(legacy_run), _side_data(migrated_run), manifest,
+        outcome.comparison = cmp.compare(side_data(legacy_run), side_data(migrated_run), manifest,
                                          opts.tolerances)
         if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
             _roundtrip(plan, outcome)

@@ -10,6 +10,8 @@ import pytest
 from verify_support import FIXTURES, pair, plant, verify
 
 from tfmigrate.verify import compare as cmp
+from tfmigrate.verify.manifest import load_manifest
+from tfmigrate.verify.verifier import side_data
 
 CRASHING_LEGACY = '''\
 import numpy as np
@@ -62,28 +64,41 @@ def test_different_data_is_reported_as_different_inputs_not_divergence(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("announce", [True, False], ids=["announced", "not-announced"])
-def test_last_tower_batch_norm_statistics(tmp_path, legacy_cache, announce):
+def test_last_tower_batch_norm_statistics(tmp_path, legacy_cache):
     """Legacy keeps the LAST tower's UPDATE_OPS; Keras keeps replica 0's statistics. Announced in
     the manifest → expected, with the measured size; not announced → a divergence at step 1."""
     migrated_dir = tmp_path / "bn_rmsprop"
     shutil.copytree(FIXTURES / "migrated" / "bn_rmsprop", migrated_dir)
     manifest = migrated_dir / "tfmigrate.json"
     data = json.loads(manifest.read_text())
-    if announce:
-        data["files"]["train.py"]["announced"] = [{
-            "match": ["*/moving_mean", "*/moving_variance"], "code": "TFM3xx",
-            "reason": "legacy kept the last tower's batch-norm statistics, Keras keeps replica 0's"}]
+    data["files"]["train.py"]["announced"] = [{
+        "match": ["*/moving_mean", "*/moving_variance"], "code": "TFM3xx",
+        "reason": "legacy kept the last tower's batch-norm statistics, Keras keeps replica 0's"}]
     manifest.write_text(json.dumps(data))
     outcome = verify(pair("bn_rmsprop")[0], migrated_dir / "train.py", args=("--bn_updates", "last"),
-                     cache=legacy_cache)
+                     cache=legacy_cache, report_dir=tmp_path / "report")
     comp = outcome.comparison
+    assert comp.verdict == cmp.EQUIVALENT, comp.reason
     stats = [r for r in comp.rows if r.category == "bn_stat"]
     assert len(stats) == 2
-    if announce:
-        assert comp.verdict == cmp.EQUIVALENT, comp.reason
-        assert all(r.status == cmp.EXPECTED and r.max_abs > 1e-3 for r in stats)
-        assert all("measured" in r.note for r in stats)
-    else:
-        assert comp.verdict == cmp.DIVERGED
-        assert comp.first_divergence["step"] == 1 and "moving_" in comp.first_divergence["quantity"]
+    assert all(r.status == cmp.EXPECTED and r.max_abs > 1e-3 and "measured" in r.note for r in stats)
+
+    # the same two runs judged without the announcement
+    silent = load_manifest(manifest, migrated_dir / "train.py")
+    silent.announced = []
+    again = cmp.compare(side_data(outcome.legacy), side_data(outcome.migrated), silent, cmp.Tolerances())
+    assert again.verdict == cmp.DIVERGED
+    assert again.first_divergence["step"] == 1 and "moving_" in again.first_divergence["quantity"]
+
+
+@pytest.mark.slow
+def test_a_mapping_that_does_not_fit_is_reported_precisely(tmp_path, legacy_cache):
+    migrated_dir = tmp_path / "cifar_average"
+    shutil.copytree(FIXTURES / "migrated" / "cifar_average", migrated_dir)
+    manifest = migrated_dir / "tfmigrate.json"
+    data = json.loads(manifest.read_text())
+    data["files"]["train.py"]["variables"]["conv1/weights"] = "cifar/conv1/kernel_typo"
+    manifest.write_text(json.dumps(data))
+    outcome = verify(pair("cifar_average")[0], migrated_dir / "train.py", cache=legacy_cache)
+    assert outcome.comparison.verdict == cmp.COULD_NOT_RUN
+    assert "'cifar/conv1/kernel_typo' (mapped from 'conv1/weights') is not in" in outcome.comparison.reason

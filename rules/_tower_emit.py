@@ -1,0 +1,282 @@
+"""Writing the TF2 program for a :class:`~tfmigrate.rules._tower_program.Program` (TFM303).
+
+Not a rule module. The new code is written as text from templates (4-space indents, turned into
+the file's own indent unit), parsed, and the user's statements are then put in as CST nodes, so
+their comments and formatting survive untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import libcst as cst
+
+from tfmigrate.rules._tower_program import Blocked, Program
+from tfmigrate.rules._towers import bound_names, free_names, get_arg, walk
+
+# Emitted into the migrated program: it must not import tfmigrate.
+STORE = '''
+class TF1Variables:
+    """Owns the variables that TF1 model code creates with tf.compat.v1.get_variable.
+
+    Used as a custom getter: the first request of a name creates the variable -- eagerly, under
+    the strategy (so it is mirrored on every replica), with its legacy name; every later request,
+    from any replica, gets that same variable back.
+    """
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.variables = {}  # legacy name -> variable, in creation order
+        self.trainable = []
+
+    def getter(self, getter, name, *args, **kwargs):
+        variable = self.variables.get(name)
+        if variable is None:
+            with tf.init_scope(), self.strategy.scope():
+                variable = getter(name, *args, **kwargs)
+            self.variables[name] = variable
+            if variable.trainable:
+                self.trainable.append(variable)
+        return variable
+
+    def scope(self):
+        return tf.compat.v1.variable_scope("", custom_getter=self.getter)
+
+
+def replica_index():
+    """This replica's number as a Python int: the legacy tower index."""
+    context = tf.distribute.get_replica_context()
+    return int(tf.get_static_value(context.replica_id_in_sync_group))
+'''
+
+SLOT = "__tfmigrate_slot_{}__"
+
+
+class _FillSlots(cst.CSTTransformer):
+    """Replaces each ``__tfmigrate_slot_k__`` statement with the statements of slot k."""
+
+    def __init__(self, slots: dict[str, list[cst.BaseStatement]]) -> None:
+        super().__init__()
+        self.slots = slots
+
+    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+        if len(updated.body) == 1 and isinstance(updated.body[0], cst.Expr):
+            value = updated.body[0].value
+            if isinstance(value, cst.Name) and value.value in self.slots:
+                statements = self.slots[value.value]
+                return cst.FlattenSentinel(statements) if statements else cst.RemoveFromParent()
+        return updated
+
+
+class _Replace(cst.CSTTransformer):
+    """Replaces every occurrence of one expression (compared structurally) with another."""
+
+    def __init__(self, old: cst.BaseExpression, new: cst.BaseExpression) -> None:
+        super().__init__()
+        self.old, self.new = old, new
+
+    def on_leave(self, original, updated):  # type: ignore[no-untyped-def]
+        if isinstance(original, cst.BaseExpression) and original.deep_equals(self.old):
+            return self.new
+        return updated
+
+
+def _indent(text: str, unit: str) -> str:
+    """Template text (4-space indents) in the module's own indent unit."""
+    text = textwrap.dedent(text).strip("\n") + "\n"
+    return re.sub(
+        r"^((?:    )+)", lambda m: unit * (len(m.group(1)) // 4), text, flags=re.M
+    )
+
+
+class Emitter:
+    def __init__(self, module: cst.Module, program: Program) -> None:
+        self.module = module
+        self.p = program
+        self.code = module.code_for_node
+        self.slots: dict[str, list[cst.BaseStatement]] = {}
+        self.strategy_count = cst.parse_expression("strategy.num_replicas_in_sync")
+
+    def slot(self, statements: list[cst.BaseStatement]) -> str:
+        key = SLOT.format(len(self.slots))
+        self.slots[key] = [self._retarget(s) for s in statements]
+        return key
+
+    def _retarget(self, node):  # type: ignore[no-untyped-def]
+        """The legacy tower count (`flags.num_gpus`) is the strategy's replica count now."""
+        return node.visit(_Replace(self.p.tower_count, self.strategy_count))
+
+    def expr(self, node: cst.CSTNode) -> str:
+        return self.code(self._retarget(node))
+
+    # -- the pieces ---------------------------------------------------------------------------
+    def fetch_keys(self) -> dict[str, str]:
+        """Tower tensor name -> train_step key: the legacy op's own name when it is a literal
+        (`tf.add_n(losses, name='total_loss')`), so that verify matches it by name."""
+        keys: dict[str, str] = {}
+        for fetch in self.p.fetches:
+            if fetch.tensor == self.p.train_op or fetch.tensor in keys:
+                continue
+            keys[fetch.tensor] = self._op_name(fetch.tensor, self.p.tower_body) or fetch.tensor
+        return keys
+
+    def _op_name(self, name: str, statements, depth: int = 0) -> str | None:  # type: ignore[no-untyped-def]
+        value = None
+        for statement in statements:
+            for node in walk(statement):
+                if isinstance(node, cst.Assign) and any(
+                    isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets
+                ):
+                    value = node.value
+        return self._name_of(value, depth)
+
+    def _name_of(self, value, depth: int) -> str | None:  # type: ignore[no-untyped-def]
+        if not isinstance(value, cst.Call) or depth > 5:
+            return None
+        literal = get_arg(value, None, "name")
+        if isinstance(literal, cst.SimpleString):
+            return literal.evaluated_value  # type: ignore[return-value]
+        if isinstance(value.func, cst.Name):
+            for statement in self.module.body:
+                if isinstance(statement, cst.FunctionDef) and statement.name.value == value.func.value:
+                    returns = [n for n in walk(statement) if isinstance(n, cst.Return)]
+                    if len(returns) == 1 and returns[0].value is not None:
+                        ret = returns[0].value
+                        if isinstance(ret, cst.Name):
+                            return self._op_name(ret.value, statement.body.body, depth + 1)
+                        return self._name_of(ret, depth + 1)
+        return None
+
+    def build_function(self, params: str, keys: dict[str, str], loop_needs: list[str]) -> str:
+        p = self.p
+        inputs = ", ".join(ph.name for ph in p.placeholders)
+        header = self.code(p.step_loop.target), self.expr(p.step_loop.iter)
+        values = [self.expr(p.feed_values[ph.name]) for ph in p.placeholders]
+        # Continuation lines carry the template's own 12-space base (removed by dedent).
+        specs = "".join(
+            f"\n{' ' * 24}tf.TensorSpec({self.expr(ph.shape)}, {self.code(ph.dtype)}),"
+            for ph in p.placeholders
+        )
+        scale = " / strategy.num_replicas_in_sync" if p.averaged else ""
+        scale_note = (
+            "# The towers AVERAGED their gradients; apply_gradients SUMS the replicas'."
+            if p.averaged
+            else "# The towers SUMMED their gradients, as apply_gradients does: not rescaled."
+        )
+        yielded = f"({values[0]},)" if len(values) == 1 else ", ".join(values)
+        withs = "".join(f", {self.code(item)}" for item in p.tower_withs)
+        fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in keys.items())
+        extra = "".join(f", {name!r}: {name}" for name in loop_needs)
+        python_setup = self.slot(p.python_setup)
+        graph_setup = self.slot(p.graph_setup)
+        feed = self.slot(p.feed_statements)
+        body = self.slot(p.tower_body)
+        apply = self.slot(p.apply)
+        return textwrap.dedent(f'''
+            def build_program(strategy, {params}):
+                """The training program under `strategy` (its variables, one step, the batches)."""
+                {python_setup}
+                tf1_variables = TF1Variables(strategy)
+                with strategy.scope(), tf1_variables.scope():
+                    {graph_setup}
+
+                def feeds():
+                    """What the legacy loop fed, one global batch per step."""
+                    for {header[0]} in {header[1]}:
+                        {feed}
+                        yield {yielded}
+
+                dataset = tf.data.Dataset.from_generator(
+                    feeds,
+                    output_signature=({specs}
+                    ),
+                )
+                # Replica i receives the i-th slice of each global batch, as tower i did.
+                batches = strategy.experimental_distribute_dataset(dataset)
+
+                def tower_fn({inputs}):
+                    """One tower of the legacy loop, now one replica."""
+                    {p.tower_index} = replica_index()
+                    with tf1_variables.scope(){withs}:
+                        {body}
+                        {scale_note}
+                        {p.grads_name} = {p.optimizer}.compute_gradients(
+                            {self.expr(p.loss)}{scale}, var_list=tf1_variables.trainable)
+                    return {p.grads_name}, {{{fetched}}}
+
+                # Build once, outside the replicas: creates the variables under their legacy names.
+                tf.function(tower_fn).get_concrete_function(*[
+                    tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in dataset.element_spec])
+
+                def step_fn({inputs}):
+                    {p.grads_name}, fetches = tower_fn({inputs})
+                    {apply}
+                    return fetches
+
+                @tf.function
+                def train_step(batch):
+                    return strategy.run(step_fn, args=batch)
+
+                return {{"variables": dict(tf1_variables.variables), "train_step": train_step,
+                        "batches": batches{extra}}}
+            ''')
+
+    def loop_body(self, keys: dict[str, str]) -> list[cst.BaseStatement]:
+        p = self.p
+        statements: list[cst.BaseStatement] = []
+        for statement in p.step_loop.body.body:  # type: ignore[union-attr]
+            if statement in p.feed_statements or self._is_feed(statement):
+                continue
+            if statement is p.run_statement:
+                statements.append(cst.parse_statement("outputs = train_step(next(batches))"))
+                for fetch in p.fetches:
+                    if fetch.target is None or fetch.tensor == p.train_op:
+                        if fetch.target is not None:
+                            raise Blocked(p.run_statement, "the loop keeps the train op's value")
+                        continue
+                    key = keys[fetch.tensor]
+                    statements.append(
+                        cst.parse_statement(
+                            f"{fetch.target} = strategy.experimental_local_results("
+                            f"outputs[{key!r}])[-1].numpy()"
+                        )
+                    )
+                continue
+            statements.append(self._retarget(statement))
+        return statements
+
+    def _is_feed(self, statement: cst.CSTNode) -> bool:
+        return any(
+            isinstance(node, cst.Dict)
+            and all(
+                isinstance(e, cst.DictElement)
+                and isinstance(e.key, cst.Name)
+                and e.key.value in {ph.name for ph in self.p.placeholders}
+                for e in node.elements
+            )
+            and node.elements
+            for node in walk(statement)
+        )
+
+    def loop_needs(self) -> list[str]:
+        """Names the eager loop reads that the build made (returned in the program dict)."""
+        made = set().union(
+            *(bound_names(s) for s in [*self.p.python_setup, *self.p.graph_setup])
+        )
+        used: set[str] = set()
+        for statement in self.loop_body_sources():
+            used |= free_names(statement)
+        used |= free_names(self.p.step_loop.iter)
+        return sorted(used & made)
+
+    def loop_body_sources(self) -> list[cst.CSTNode]:
+        p = self.p
+        return [
+            s
+            for s in p.step_loop.body.body  # type: ignore[union-attr]
+            if s not in p.feed_statements and s is not p.run_statement and not self._is_feed(s)
+        ]
+
+    def fill(self, module: cst.Module) -> cst.Module:
+        return module.visit(_FillSlots(self.slots))

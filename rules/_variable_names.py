@@ -1,0 +1,139 @@
+"""Static legacy variable names of TF1 model code, for the manifest's ``variables`` mapping.
+
+Not a rule module. The migrated program creates its variables under the legacy names (see
+TFM303), so the mapping is the identity -- but verify needs the names listed, and the rewrite
+path must not import TensorFlow. This follows ``tf.variable_scope('literal')`` and
+``tf.get_variable('literal', ...)`` through the user's own module-level functions (binding
+literal string arguments to parameters), and the layers whose variable names are fixed by a
+literal ``name=``/``scope=``. Anything else makes the answer unknown (None): a wrong list would
+make verify compare the wrong things.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+
+from tfmigrate.rules._towers import get_arg
+
+# Layer functions whose variables are `<scope>/<suffix>`; the scope comes from `name`/`scope`.
+_LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tensorflow.layers.dense": ("name", ("kernel", "bias")),
+}
+
+
+class Unknown(Exception):
+    pass
+
+
+class VariableNames:
+    def __init__(
+        self, module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
+    ) -> None:
+        self.functions = {
+            s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)
+        }
+        self.qualify = qualify
+        self.names: list[str] = []
+        self._depth = 0
+
+    def run(self, statements: list[cst.BaseStatement]) -> list[str] | None:
+        try:
+            self._block(statements, [], {})
+        except (Unknown, RecursionError):
+            return None
+        return list(dict.fromkeys(self.names))
+
+    def _block(self, statements, scopes: list[str], env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+        for statement in statements:
+            self._statement(statement, scopes, env)
+
+    def _statement(self, node: cst.CSTNode, scopes: list[str], env: dict[str, str]) -> None:
+        if isinstance(node, cst.With):
+            inner = list(scopes)
+            for item in node.items:
+                self._expr(item.item, scopes, env)
+                if isinstance(item.item, cst.Call):
+                    name = self.qualify(item.item.func)
+                    if name == "tensorflow.variable_scope":
+                        inner += self._scope_name(item.item, env)
+            self._block(node.body.body, inner, env)  # type: ignore[union-attr]
+            return
+        if isinstance(node, cst.FunctionDef | cst.ClassDef):
+            raise Unknown  # a nested definition may create variables when called later
+        if isinstance(node, cst.SimpleStatementLine):
+            for small in node.body:
+                self._expr(small, scopes, env)
+            return
+        for child in node.children:
+            if isinstance(child, cst.BaseSuite):
+                self._block(child.body, scopes, env)  # type: ignore[arg-type]
+            elif isinstance(child, cst.BaseExpression):
+                self._expr(child, scopes, env)
+            elif isinstance(child, cst.If | cst.Else):
+                self._statement(child, scopes, env)
+
+    def _scope_name(self, call: cst.Call, env: dict[str, str]) -> list[str]:
+        arg = get_arg(call, 0, "name_or_scope")
+        if isinstance(arg, cst.Call) and self.qualify(arg.func) == "tensorflow.get_variable_scope":
+            return []
+        return [self._string(arg, env)]
+
+    def _string(self, node: cst.BaseExpression | None, env: dict[str, str]) -> str:
+        if isinstance(node, cst.SimpleString):
+            return node.evaluated_value  # type: ignore[return-value]
+        if isinstance(node, cst.Name) and node.value in env:
+            return env[node.value]
+        raise Unknown
+
+    def _expr(self, node: cst.CSTNode, scopes: list[str], env: dict[str, str]) -> None:
+        # Arguments first, as Python evaluates them.
+        for child in node.children:
+            if not isinstance(child, cst.BaseSuite):
+                self._expr(child, scopes, env)
+        if isinstance(node, cst.Lambda):
+            return
+        if not isinstance(node, cst.Call):
+            return
+        name = self.qualify(node.func)
+        if name == "tensorflow.get_variable":
+            self._add(scopes, self._string(get_arg(node, 0, "name"), env))
+        elif name in _LAYERS:
+            keyword, suffixes = _LAYERS[name]
+            scope = self._string(get_arg(node, None, keyword), env)
+            for suffix in suffixes:
+                self._add(scopes, f"{scope}/{suffix}")
+        elif name is not None and name.startswith(("tensorflow.contrib.", "tensorflow.layers.")):
+            raise Unknown  # creates variables under names this reader does not model yet
+        elif name == "tensorflow.make_template":
+            raise Unknown
+        elif isinstance(node.func, cst.Name) and node.func.value in self.functions:
+            self._call(self.functions[node.func.value], node, scopes, env)
+
+    def _call(self, function: cst.FunctionDef, call: cst.Call, scopes, env) -> None:  # type: ignore[no-untyped-def]
+        self._depth += 1
+        if self._depth > 20:
+            raise Unknown
+        params = [p.name.value for p in function.params.params]
+        bound: dict[str, str] = {}
+        positional = [a for a in call.args if a.keyword is None]
+        if any(a.star for a in call.args):
+            raise Unknown
+        for param, arg in zip(params, positional, strict=False):
+            if isinstance(arg.value, cst.SimpleString | cst.Name):
+                try:
+                    bound[param] = self._string(arg.value, env)
+                except Unknown:
+                    pass
+        for arg in call.args:
+            if arg.keyword is not None and isinstance(arg.value, cst.SimpleString):
+                bound[arg.keyword.value] = arg.value.evaluated_value  # type: ignore[assignment]
+        for param in function.params.params:
+            if param.name.value not in bound and isinstance(param.default, cst.SimpleString):
+                bound[param.name.value] = param.default.evaluated_value  # type: ignore[assignment]
+        self._block(function.body.body, scopes, bound)  # type: ignore[arg-type]
+        self._depth -= 1
+
+    def _add(self, scopes: list[str], name: str) -> None:
+        self.names.append("/".join([*scopes, name]))

@@ -1,0 +1,138 @@
+"""TFM303: whole tower programs become MirroredStrategy programs that verify accepts."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from tfmigrate.engine import Settings, process_source
+from tfmigrate.rules import _tower_program_example as example
+from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CONVERTED = ("cifar_average",)
+# fixture -> the line the finding must name (what blocked the conversion).
+BLOCKED = {"bn_rmsprop": 51, "sum_ema_decay": 55}
+TF1_ONLY = re.compile(r"\b(Session|placeholder|feed_dict|global_variables_initializer)\b")
+
+
+def _rewrite_out(cli, name: str, out: Path):
+    result = cli("rewrite", "--out", out, FIXTURES / "towers" / name)
+    assert result.returncode in (0, 1), result
+    return result
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_fixture_converts_to_a_tf2_program(cli, tmp_path, name):
+    out = tmp_path / "out"
+    _rewrite_out(cli, name, out)
+    code = (out / "train.py").read_text()
+    cst.parse_module(code)
+    compile(code, "train.py", "exec")
+    assert not TF1_ONLY.findall(code)
+    assert "def tfmigrate_program(strategy, argv):" in code
+    assert "strategy.run(step_fn, args=batch)" in code
+    assert "import tfmigrate" not in code
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
+    assert [a["code"] for a in entry["applied"]] == ["TFM303"]
+    assert entry["variables"] and all(k == v for k, v in entry["variables"].items())
+    assert any(note.startswith("TFM303:") for note in entry["notes"])
+
+
+def test_cifar_average_mapping_and_scaling(cli, tmp_path):
+    out = tmp_path / "out"
+    _rewrite_out(cli, "cifar_average", out)
+    code = (out / "train.py").read_text()
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
+    assert list(entry["variables"]) == [
+        "global_step",
+        "conv1/weights", "conv1/biases", "local2/weights", "local2/biases",
+        "softmax_linear/weights", "softmax_linear/biases",
+    ]  # fmt: skip
+    # Averaged towers: the replica loss is divided; the helper is gone; the last tower is logged.
+    assert "loss / strategy.num_replicas_in_sync" in code
+    assert "def average_gradients" not in code
+    assert "outputs['total_loss'])[-1]" in code
+    assert "flags.num_gpus" not in code.split("def make_parser")[0]
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_second_rewrite_changes_nothing(cli, tmp_path, name):
+    out = tmp_path / "out"
+    _rewrite_out(cli, name, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = cli("rewrite", "--write", "--allow-dirty", out)
+    assert again.returncode == 0, again
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKED))
+def test_unconvertible_program_is_left_alone_with_a_finding(tmp_path, name):
+    source = (FIXTURES / "towers" / name / "train.py").read_text()
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(source, "train.py", settings)
+    assert result.new_code is None and result.manifest == {}
+    [finding] = result.findings
+    assert finding.line == BLOCKED[name]
+    assert finding.message.startswith("not converted: ") and not finding.fixable
+
+
+def test_manifest_contribution_only_when_the_fix_is_applied():
+    rules = (TowerProgramToMirroredStrategy,)
+    scan = process_source(example.LEGACY, "train.py", Settings(rules=rules))
+    assert scan.manifest == {} and scan.findings[0].fixable
+    fixed = process_source(example.LEGACY, "train.py", Settings(rules=rules, fix=True))
+    assert fixed.manifest["variables"] == {"model/w": "model/w"}
+
+
+def _verify(legacy: Path, migrated: Path, steps: int = 10) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tfmigrate", "verify", str(legacy), str(migrated),
+         "--replicas", "2", "--steps", str(steps)],
+        capture_output=True, text=True, timeout=600,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONVERTED)
+def test_converted_fixture_verifies(cli, tmp_path, name):
+    out = tmp_path / "out"
+    _rewrite_out(cli, name, out)
+    result = _verify(FIXTURES / "towers" / name / "train.py", out / "train.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "EQUIVALENT" in result.stdout
+
+
+@pytest.mark.slow
+def test_differently_written_program_verifies(cli, tmp_path):
+    """The rule's own example: no graph block, reuse=i > 0 inside the tower, default init."""
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "train.py").write_text(example.LEGACY)
+    out = tmp_path / "out"
+    assert cli("rewrite", "--out", out, legacy).returncode in (0, 1)
+    assert (out / "train.py").read_text() == example.CONVERTED
+    result = _verify(legacy / "train.py", out / "train.py", steps=4)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_example_is_current():
+    """The documented conversion is what the rule writes (regenerate it on purpose)."""
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    assert process_source(example.LEGACY, "train.py", settings).new_code == example.CONVERTED
+
+
+def test_blocked_fixture_copy_is_byte_identical(cli, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURES / "towers" / "bn_rmsprop", repo)
+    before = (repo / "train.py").read_bytes()
+    cli("rewrite", "--write", "--allow-dirty", "--select", "TFM303", repo)
+    assert (repo / "train.py").read_bytes() == before
