@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-DEMO   := fixtures/cifar_towers
 
 .PHONY: install demo test test-fast lint clean
 
@@ -16,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	bash scripts/demo.sh $(DEMO)
+	bash scripts/demo.sh
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --durations=15

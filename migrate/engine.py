@@ -20,7 +20,8 @@ from tfmigrate.rule import Finding, Fix, FixSafety, Rule, RuleContext
 
 # A file that mentions none of these cannot hold a pattern any rule looks for.
 _MARKERS = (b"tensorflow", b"keras", b"tf_slim", b"horovod")
-_MAX_FIX_PASSES = 4
+# A whole-program fix (TFM107, TFM303) takes a pass of its own; the rules it unblocks need more.
+_MAX_FIX_PASSES = 8
 _SUPPRESS = re.compile(r"#\s*tfmigrate:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")
 
 

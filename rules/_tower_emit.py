@@ -33,8 +33,18 @@ class TF1Variables:
     def getter(self, getter, name, *args, **kwargs):
         variable = self.variables.get(name)
         if variable is None:
-            with tf.init_scope(), self.strategy.scope():
-                variable = getter(name, *args, **kwargs)
+            def create(strategy):
+                with tf.init_scope(), strategy.scope():
+                    return getter(name, *args, **kwargs)
+
+            context = tf.distribute.get_replica_context()
+            if context is not None and tf.distribute.has_strategy():
+                # Inside strategy.run every replica asks; merge_call creates it once.
+                variable = context.merge_call(create)
+            else:
+                variable = create(self.strategy)
+            if name in self.variables:  # another replica's request created it
+                return self.variables[name]
             self.variables[name] = variable
             if variable.trainable:
                 self.trainable.append(variable)
@@ -100,7 +110,12 @@ class Emitter:
 
     def slot(self, statements: list[cst.BaseStatement]) -> str:
         key = SLOT.format(len(self.slots))
-        self.slots[key] = [self._retarget(s) for s in statements]
+        statements = [self._retarget(s) for s in statements]
+        if statements and hasattr(statements[0], "leading_lines"):
+            # A blank line that separated it from what came before would open the block now.
+            lines = [line for line in statements[0].leading_lines if line.comment is not None]
+            statements[0] = statements[0].with_changes(leading_lines=lines)
+        self.slots[key] = statements
         return key
 
     def _retarget(self, node):  # type: ignore[no-untyped-def]
@@ -116,9 +131,10 @@ class Emitter:
         (`tf.add_n(losses, name='total_loss')`), so that verify matches it by name."""
         keys: dict[str, str] = {}
         for fetch in self.p.fetches:
-            if fetch.tensor == self.p.train_op or fetch.tensor in keys:
+            if fetch.tensor == self.p.train_op:
                 continue
-            keys[fetch.tensor] = self._op_name(fetch.tensor, self.p.tower_body) or fetch.tensor
+            tensor = self.p.collected.get(fetch.tensor, fetch.tensor)
+            keys[tensor] = self._op_name(tensor, self.p.tower_body) or tensor
         return keys
 
     def _op_name(self, name: str, statements, depth: int = 0) -> str | None:  # type: ignore[no-untyped-def]
@@ -137,6 +153,15 @@ class Emitter:
         literal = get_arg(value, None, "name")
         if isinstance(literal, cst.SimpleString):
             return literal.evaluated_value  # type: ignore[return-value]
+        scope = get_arg(value, None, "scope")
+        if (
+            isinstance(scope, cst.SimpleString)
+            and isinstance(value.func, cst.Attribute)
+            and isinstance(value.func.value, cst.Attribute)
+            and value.func.value.attr.value == "losses"
+        ):
+            # tf.losses.*(..., scope='xent') returns the tensor `xent/value`.
+            return f"{scope.evaluated_value}/value"
         if isinstance(value.func, cst.Name):
             for statement in self.module.body:
                 if isinstance(statement, cst.FunctionDef) and statement.name.value == value.func.value:
@@ -152,10 +177,9 @@ class Emitter:
         p = self.p
         inputs = ", ".join(ph.name for ph in p.placeholders)
         header = self.code(p.step_loop.target), self.expr(p.step_loop.iter)
-        values = [self.expr(p.feed_values[ph.name]) for ph in p.placeholders]
         # Continuation lines carry the template's own 12-space base (removed by dedent).
         specs = "".join(
-            f"\n{' ' * 24}tf.TensorSpec({self.expr(ph.shape)}, {self.code(ph.dtype)}),"
+            f"\n{' ' * 24}tf.TensorSpec({self._spec_shape(ph.shape)}, {self.code(ph.dtype)}),"
             for ph in p.placeholders
         )
         scale = " / strategy.num_replicas_in_sync" if p.averaged else ""
@@ -164,15 +188,39 @@ class Emitter:
             if p.averaged
             else "# The towers SUMMED their gradients, as apply_gradients does: not rescaled."
         )
-        yielded = f"({values[0]},)" if len(values) == 1 else ", ".join(values)
         withs = "".join(f", {self.code(item)}" for item in p.tower_withs)
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in keys.items())
-        extra = "".join(f", {name!r}: {name}" for name in loop_needs)
+        extra = "".join(f"\n{' ' * 20}{name!r}: {name}," for name in loop_needs)
         python_setup = self.slot(p.python_setup)
         graph_setup = self.slot(p.graph_setup)
+        prelude = self.slot(p.session_prelude)
         feed = self.slot(p.feed_statements)
         body = self.slot(p.tower_body)
         apply = self.slot(p.apply)
+        pad = " " * 24
+        if p.tower_feed is None:
+            values = [self.expr(p.feed_values[ph.name]) for ph in p.placeholders]
+            yielded = f"({values[0]},)" if len(values) == 1 else ", ".join(values)
+            fill = ""
+            slicing = "Replica i receives the i-th slice of each global batch, as tower i did."
+        else:
+            np_name = self.numpy_name()
+            parts = [f"{ph.name}_parts" for ph in p.placeholders]
+            joined = [f"{np_name}.concatenate({part})" for part in parts]
+            yielded = f"({joined[0]},)" if len(joined) == 1 else ", ".join(joined)
+            lists = ", ".join(parts) + (" =" if len(parts) == 1 else " = ") + ", ".join(
+                "[]" for _ in parts
+            )
+            tower_slot = self.slot(p.tower_feed.statements)
+            fill = (
+                f"\n{pad}{lists}"
+                f"\n{pad}for {p.tower_feed.index} in range(strategy.num_replicas_in_sync):"
+                f"\n{pad}    {tower_slot}"
+            )
+            slicing = ("The towers' feeds, one after another: replica i receives the i-th "
+                       "slice, as tower i did.")
+        doc = ("What the legacy loop fed, one global batch per step." if p.tower_feed is None
+               else "What the legacy loop fed the towers, as one global batch per step.")
         return textwrap.dedent(f'''
             def build_program(strategy, {params}):
                 """The training program under `strategy` (its variables, one step, the batches)."""
@@ -181,18 +229,19 @@ class Emitter:
                 with strategy.scope(), tf1_variables.scope():
                     {graph_setup}
 
-                def feeds():
-                    """What the legacy loop fed, one global batch per step."""
+                def fed_batches():
+                    """{doc}"""
+                    {prelude}
                     for {header[0]} in {header[1]}:
-                        {feed}
+                        {feed}{fill}
                         yield {yielded}
 
                 dataset = tf.data.Dataset.from_generator(
-                    feeds,
+                    fed_batches,
                     output_signature=({specs}
                     ),
                 )
-                # Replica i receives the i-th slice of each global batch, as tower i did.
+                # {slicing}
                 batches = strategy.experimental_distribute_dataset(dataset)
 
                 def tower_fn({inputs}):
@@ -205,8 +254,12 @@ class Emitter:
                             {self.expr(p.loss)}{scale}, var_list=tf1_variables.trainable)
                     return {p.grads_name}, {{{fetched}}}
 
-                # Build once, outside the replicas: creates the variables under their legacy names.
-                tf.function(tower_fn).get_concrete_function(*[
+                @tf.function
+                def build(*batch):
+                    strategy.run(tower_fn, args=batch)
+
+                # Trace once, without training: creates the variables under their legacy names.
+                build.get_concrete_function(*[
                     tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in dataset.element_spec])
 
                 def step_fn({inputs}):
@@ -218,9 +271,32 @@ class Emitter:
                 def train_step(batch):
                     return strategy.run(step_fn, args=batch)
 
-                return {{"variables": dict(tf1_variables.variables), "train_step": train_step,
-                        "batches": batches{extra}}}
+                return {{
+                    "variables": dict(tf1_variables.variables),
+                    "train_step": train_step,
+                    "batches": batches,{extra}
+                }}
             ''')
+
+    def _spec_shape(self, shape: cst.BaseExpression) -> str:
+        """A per-tower placeholder's shape with the batch dimension left open (the global
+        batch holds every tower's)."""
+        if not self.p.per_tower_inputs:
+            return self.expr(shape)
+        if not isinstance(shape, cst.List | cst.Tuple) or not shape.elements:
+            raise Blocked(self.p.tower_loop, "a per-tower placeholder shape that is not a list")
+        rest = "".join(f", {self.expr(e.value)}" for e in shape.elements[1:])
+        return f"[None{rest}]"
+
+    def numpy_name(self) -> str:
+        for statement in self.module.body:
+            small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    if self.code(alias.name) == "numpy":
+                        return alias.asname.name.value if alias.asname else "numpy"  # type: ignore[union-attr]
+        raise Blocked(self.p.tower_loop, "the towers are fed separately and numpy is not imported "
+                      "(needed to join their feeds into one global batch)")
 
     def loop_body(self, keys: dict[str, str]) -> list[cst.BaseStatement]:
         p = self.p
@@ -230,6 +306,14 @@ class Emitter:
                 continue
             if statement is p.run_statement:
                 statements.append(cst.parse_statement("outputs = train_step(next(batches))"))
+                if p.run_fetches_list is not None:
+                    # `results = sess.run([train_op] + losses)`: None, then every tower's value.
+                    target = p.fetches[1].target
+                    key = keys[p.collected[p.fetches[1].tensor]]
+                    statements.append(cst.parse_statement(
+                        f"{target} = [None] + [value.numpy() for value in "
+                        f"strategy.experimental_local_results(outputs[{key!r}])]"))
+                    continue
                 for fetch in p.fetches:
                     if fetch.target is None or fetch.tensor == p.train_op:
                         if fetch.target is not None:
@@ -247,6 +331,10 @@ class Emitter:
         return statements
 
     def _is_feed(self, statement: cst.CSTNode) -> bool:
+        if self.p.tower_feed is not None and any(
+            statement is node for node in self.p.tower_feed.replaced
+        ):
+            return True
         return any(
             isinstance(node, cst.Dict)
             and all(

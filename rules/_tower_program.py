@@ -56,6 +56,33 @@ class Fetch:
 
 
 @dataclass
+class Parser:
+    """The argparse parser the training function builds itself (``def main():``)."""
+
+    statements: list[cst.BaseStatement]  # building it, without the parse
+    name: str  # the parser's variable
+    parse: cst.SimpleStatementLine  # `args, _ = parser.parse_known_args()`
+    flags: str  # `args`
+
+
+@dataclass
+class UpdateOps:
+    """``if <tower test>: ops = tf.get_collection(UPDATE_OPS, scope)`` in the tower body."""
+
+    name: str
+    test: str  # the source of the tower test, for the notes
+
+
+@dataclass
+class TowerFeed:
+    """A per-tower feed loop: ``for i, (x, y) in enumerate(feeds): feed[x] = ...``."""
+
+    index: str
+    statements: list[cst.BaseStatement]  # the body, `feed[x] = value` became `x_parts.append(value)`
+    replaced: list[cst.CSTNode] = field(default_factory=list)  # `feed = {}` and the loop
+
+
+@dataclass
 class Program:
     function: cst.FunctionDef
     python_setup: list[cst.BaseStatement]  # before the graph: plain Python, kept as is
@@ -79,6 +106,14 @@ class Program:
     run_statement: cst.SimpleStatementLine
     fetches: list[Fetch]
     helper: cst.FunctionDef | None  # the aggregation helper, dropped if nothing else uses it
+    aggregation: list[cst.BaseStatement] = field(default_factory=list)  # inline, dropped
+    parser: Parser | None = None
+    per_tower_inputs: bool = False  # placeholders made in the tower body (one per tower)
+    collected: dict[str, str] = field(default_factory=dict)  # per-tower list -> tower tensor
+    update_ops: UpdateOps | None = None
+    tower_feed: TowerFeed | None = None
+    session_prelude: list[cst.BaseStatement] = field(default_factory=list)
+    run_fetches_list: str | None = None  # `results = sess.run([train_op] + losses)` -> 'losses'
     notes: list[str] = field(default_factory=list)
 
 
@@ -101,14 +136,37 @@ def _assign(statement: cst.CSTNode) -> tuple[list[str], cst.BaseExpression] | No
     return None
 
 
+def _empty_lists(value: cst.BaseExpression, count: int) -> bool:
+    """``[]``, or ``[], [], []`` for as many names."""
+    if isinstance(value, cst.List):
+        return count == 1 and not value.elements
+    return (
+        isinstance(value, cst.Tuple)
+        and len(value.elements) == count
+        and all(isinstance(e.value, cst.List) and not e.value.elements for e in value.elements)
+    )
+
+
 def _call_of(expr: cst.BaseExpression | None) -> cst.Call | None:
     return expr if isinstance(expr, cst.Call) else None
+
+
+class _Put(cst.CSTTransformer):
+    """Puts an expression where a template says ``__value__``."""
+
+    def __init__(self, value: cst.BaseExpression) -> None:
+        super().__init__()
+        self.value = value
+
+    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+        return self.value if updated.value == "__value__" else updated
 
 
 class ProgramReader:
     """Classifies the statements of the function that holds the tower loop."""
 
     def __init__(self, rule: TowerRule, aggregation: dict[int, bool]) -> None:
+        self._tower_feeds: tuple[str, list[str]] | None = None
         self.rule = rule
         # id(helper def or aggregating statement) -> averaged?  (what TFM102 found)
         self.aggregation = aggregation
@@ -140,6 +198,9 @@ class ProgramReader:
         statements = list(function.body.body)
         if function.get_docstring() is not None:
             statements = statements[1:]  # the new training function keeps it
+        parser = None
+        if not function.params.params:
+            parser, statements = self._parser(function, statements)
         for statement in statements:
             flattened = self._flatten_graph_with(statement)
             if flattened is not None:
@@ -152,7 +213,45 @@ class ProgramReader:
         if not in_graph:
             # No graph block: every statement is graph-building code.
             graph, python_setup = python_setup, []
-        return self._read_graph(function, loop, python_setup, graph)
+        program = self._read_graph(function, loop, python_setup, graph)
+        program.parser = parser
+        return program
+
+    def _parser(
+        self, function: cst.FunctionDef, statements: list[cst.BaseStatement]
+    ) -> tuple[Parser, list[cst.BaseStatement]]:
+        """``def main():`` that starts by building and parsing its own argparse parser."""
+        first = _assign(statements[0]) if statements else None
+        if (
+            first is None
+            or len(first[0]) != 1
+            or self.call_q(first[1]) != "argparse.ArgumentParser"
+        ):
+            raise Blocked(function, "the training function takes no flags and does not start by "
+                          "building an argparse parser")
+        name = first[0][0]
+        for position, statement in enumerate(statements[1:], start=1):
+            small = _simple(statement)
+            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and (
+                self._is_method(small.value, name, "add_argument")
+            ):
+                continue
+            assigned = _assign(statement)
+            call = _call_of(assigned[1]) if assigned else None
+            if (
+                assigned is not None
+                and call is not None
+                and not call.args
+                and (
+                    (self._is_method(call, name, "parse_known_args") and len(assigned[0]) == 2)
+                    or (self._is_method(call, name, "parse_args") and len(assigned[0]) == 1)
+                )
+            ):
+                parser = Parser(list(statements[:position]), name, statement, assigned[0][0])
+                return parser, statements[position + 1 :]
+            break
+        raise Blocked(function, f"`{name}` is not followed by add_argument calls and "
+                      "`args = parser.parse_args()` / `parse_known_args()`")
 
     def _module_body_parent(self, function: cst.FunctionDef) -> cst.CSTNode:
         return self.rule.context.module
@@ -206,7 +305,7 @@ class ProgramReader:
                 if len(assigned[0]) != 1:
                     raise Blocked(statement, "tf.split unpacked into names")
                 splits[assigned[0][0]] = source.value
-            elif assigned and isinstance(assigned[1], cst.List) and not assigned[1].elements:
+            elif assigned and _empty_lists(assigned[1], len(assigned[0])):
                 lists.update(assigned[0])  # `tower_grads = []`: kept unless it held the grads
                 setup.append(statement)
             else:
@@ -215,19 +314,35 @@ class ProgramReader:
             index += 1
         if tower_statement is None:
             raise Blocked(loop, "the tower loop is nested in a statement the conversion cannot read")
-        if not placeholders:
-            per_tower = any(
-                isinstance(n, cst.Call) and self.call_q(n) == "tensorflow.placeholder"
-                for n in walk(loop)
-            )
-            raise Blocked(loop, "placeholders are created per tower inside the loop: only a "
-                          "global-batch placeholder split with tf.split is converted so far"
-                          if per_tower else "the input is not a tf.placeholder fed with "
-                          "feed_dict: queue and tf.data input are not converted yet")
+        per_tower = any(
+            isinstance(n, cst.Call) and self.call_q(n) == "tensorflow.placeholder"
+            for n in walk(loop)
+        )
+        if not placeholders and not per_tower:
+            raise Blocked(loop, "the input is not a tf.placeholder fed with feed_dict: queue and "
+                          "tf.data input are not converted yet")
+        if placeholders and per_tower:
+            raise Blocked(loop, "placeholders both for the global batch and per tower")
         if tower_statement is not loop and not self._is_reuse_scope(tower_statement, loop):
             raise Blocked(tower_statement, "the tower loop sits inside an unsupported block")
-        tower = self._read_tower(loop, splits, lists)
-        setup = [s for s in setup if _assign(s) is None or _assign(s)[0] != [tower["list"]]]
+        tower = self._read_tower(loop, splits, lists, setup)
+        if per_tower:
+            placeholders = tower["placeholders"]
+        consumed = {tower["list"], *tower["collected"], *tower["dropped_setup"]}
+        if tower["feeds"] is not None:
+            consumed.add(tower["feeds"][0])
+        if tower["update_ops"] is not None:
+            consumed.add(tower["update_ops"].name)
+        kept_setup = []
+        for statement in setup:
+            assigned = _assign(statement)
+            if assigned is not None and set(assigned[0]) & consumed:
+                if not set(assigned[0]) <= consumed:
+                    raise Blocked(statement, "a statement creates both lists the conversion "
+                                  "replaces and lists it keeps")
+                continue
+            kept_setup.append(statement)
+        setup = kept_setup
         for statement in tower["body"]:
             for node in walk(statement):
                 if (
@@ -239,9 +354,13 @@ class ProgramReader:
                     raise Blocked(statement, f"the towers also collect `{node.func.value.value}`"
                                   " (only the gradient list is converted so far)")
         rest = graph[index + 1 :]
-        return self._read_tail(
+        program = self._read_tail(
             function, loop, python_setup, setup, placeholders, splits, tower, rest
         )
+        program.per_tower_inputs = per_tower
+        program.collected = tower["collected"]
+        program.update_ops = tower["update_ops"]
+        return program
 
     def _contains(self, statement: cst.CSTNode, node: cst.CSTNode) -> bool:
         return statement is node or any(a is statement for a in self.rule.ancestors(node))
@@ -259,7 +378,10 @@ class ProgramReader:
         return len(body) == 1 and body[0] is loop
 
     def _placeholder(
-        self, statement: cst.CSTNode, assigned: tuple[list[str], cst.BaseExpression]
+        self,
+        statement: cst.CSTNode,
+        assigned: tuple[list[str], cst.BaseExpression],
+        per_tower: bool = False,
     ) -> Placeholder:
         call = assigned[1]
         assert isinstance(call, cst.Call)
@@ -283,15 +405,21 @@ class ProgramReader:
                 raise Blocked(statement, "a Session opened before the towers are built")
 
     # -- the tower loop -----------------------------------------------------------------------
-    def _read_tower(self, loop: cst.For, splits: dict[str, str], lists: set[str]) -> dict:
+    def _read_tower(
+        self, loop: cst.For, splits: dict[str, str], lists: set[str], setup: list
+    ) -> dict:
         if loop.orelse is not None:
             raise Blocked(loop, "a tower loop with an `else` block")
-        if not isinstance(loop.target, cst.Name):
-            raise Blocked(loop, "the tower loop does not iterate over tower indices (`for i in ...`)")
-        count = self._range_count(loop.iter)
-        if count is None:
-            raise Blocked(loop, "the tower loop is not `for i in range(num_towers)`")
-        index = loop.target.value
+        dropped_setup: list[str] = []
+        if isinstance(loop.target, cst.Name):
+            count = self._range_count(loop.iter)
+            if count is None:
+                raise Blocked(loop, "the tower loop is not `for i in range(num_towers)`")
+            index = loop.target.value
+        else:
+            # `for i, dev in enumerate(devices)` over `devices = ['/gpu:%d' % i for i in range(n)]`
+            index, count, devices = self._enumerated_devices(loop, setup)
+            dropped_setup.append(devices)
         withs: list[cst.WithItem] = []
         body: list[cst.BaseStatement] = list(loop.body.body)  # type: ignore[arg-type]
         # Peel `with tf.device(...)`, `with tf.name_scope(...) as scope` wrappers.
@@ -308,8 +436,35 @@ class ProgramReader:
             body = list(body[0].body.body)  # type: ignore[union-attr]
         kept: list[cst.BaseStatement] = []
         grads = None
+        placeholders: list[Placeholder] = []
+        feeds: tuple[str, list[str]] | None = None
+        collected: dict[str, str] = {}
+        update_ops: UpdateOps | None = None
         for statement in body:
             small = _simple(statement)
+            assigned = _assign(statement)
+            if assigned and self.call_q(assigned[1]) == "tensorflow.placeholder":
+                placeholders.append(self._placeholder(statement, assigned, per_tower=True))
+                continue
+            selected = self._update_ops(statement)
+            if selected is not None:
+                if update_ops is not None:
+                    raise Blocked(statement, "the towers select UPDATE_OPS twice")
+                update_ops = selected
+                continue
+            appended = self._append(small, lists)
+            if appended is not None:
+                target, value = appended
+                names = {p.name for p in placeholders}
+                if isinstance(value, cst.Tuple | cst.List) and all(
+                    isinstance(e.value, cst.Name) and e.value.value in names
+                    for e in value.elements
+                ):
+                    feeds = (target, [e.value.value for e in value.elements])  # type: ignore[union-attr]
+                    continue
+                if isinstance(value, cst.Name) and target not in collected:
+                    collected[target] = value.value
+                    continue
             if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
                 call = small.value
                 func = call.func
@@ -358,6 +513,12 @@ class ProgramReader:
                 if isinstance(node, cst.Name) and node.value in splits:
                     raise Blocked(statement, f"`{node.value}` is used other than as "
                                   f"`{node.value}[{index}]`")
+        if placeholders:
+            fed = feeds[1] if feeds is not None else []
+            if sorted(fed) != sorted(p.name for p in placeholders):
+                raise Blocked(loop, "the per-tower placeholders are not all collected with "
+                              "`feeds.append((x, y))` for the feed loop")
+            placeholders = [next(p for p in placeholders if p.name == n) for n in fed]
         return {
             "index": index,
             "count": count,
@@ -366,7 +527,89 @@ class ProgramReader:
             "list": list_name,
             "loss": loss,
             "optimizer": optimizer.value,
+            "placeholders": placeholders,
+            "feeds": feeds,
+            "collected": collected,
+            "update_ops": update_ops,
+            "dropped_setup": dropped_setup,
         }
+
+    def _append(
+        self, small: cst.BaseSmallStatement | None, lists: set[str]
+    ) -> tuple[str, cst.BaseExpression] | None:
+        """``some_list.append(value)`` on one of the function's lists -> (list, value)."""
+        if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+            return None
+        func = small.value.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "append"
+            and isinstance(func.value, cst.Name)
+            and func.value.value in lists
+            and len(small.value.args) == 1
+        ):
+            value = small.value.args[0].value
+            if _call_of(value) is not None and isinstance(value.func, cst.Attribute) and (  # type: ignore[union-attr]
+                value.func.attr.value == "compute_gradients"  # type: ignore[union-attr]
+            ):
+                return None  # the gradients: read below
+            return func.value.value, value
+        return None
+
+    def _update_ops(self, statement: cst.CSTNode) -> UpdateOps | None:
+        """``if <test>: ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope)``."""
+        if not isinstance(statement, cst.If) or statement.orelse is not None:
+            return None
+        body = statement.body.body
+        assigned = _assign(body[0]) if len(body) == 1 else None
+        call = _call_of(assigned[1]) if assigned else None
+        if (
+            assigned is None
+            or call is None
+            or len(assigned[0]) != 1
+            or self.call_q(call) != "tensorflow.get_collection"
+            or not call.args
+            or self.q(call.args[0].value) != "tensorflow.GraphKeys.UPDATE_OPS"
+        ):
+            return None
+        test = self.rule.context.module.code_for_node(statement.test)
+        return UpdateOps(assigned[0][0], " ".join(test.split()))
+
+    def _enumerated_devices(self, loop: cst.For, setup: list) -> tuple[str, cst.BaseExpression, str]:
+        target = loop.target
+        call = _call_of(loop.iter)
+        if not (
+            isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+            and all(isinstance(e.value, cst.Name) for e in target.elements)
+            and call is not None
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "enumerate"
+            and len(call.args) == 1
+            and isinstance(call.args[0].value, cst.Name)
+        ):
+            raise Blocked(loop, "the tower loop is not `for i in range(n)` or "
+                          "`for i, device in enumerate(devices)`")
+        index, device = (e.value.value for e in target.elements)  # type: ignore[union-attr]
+        devices = call.args[0].value.value  # type: ignore[union-attr]
+        for statement in setup:
+            assigned = _assign(statement)
+            if assigned is None or assigned[0] != [devices]:
+                continue
+            comp = assigned[1]
+            if isinstance(comp, cst.ListComp) and isinstance(comp.for_in.target, cst.Name):
+                count = self._range_count(comp.for_in.iter)
+                if count is not None and comp.for_in.inner_for_in is None and not comp.for_in.ifs:
+                    uses = [
+                        n for n in walk(self.rule.enclosing_def(loop))  # type: ignore[arg-type]
+                        if isinstance(n, cst.Name) and n.value in (devices, device)
+                    ]
+                    if len(uses) != 4:  # both bound once, each used once (enumerate, tf.device)
+                        raise Blocked(loop, f"`{devices}` / `{device}` are used for more than "
+                                      "placing the towers")
+                    return index, count, devices
+        raise Blocked(loop, f"`{devices}` is not a list of device strings built over "
+                      "`range(num_towers)`")
 
     def _range_count(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         call = _call_of(node)
@@ -395,14 +638,24 @@ class ProgramReader:
     # -- after the towers ---------------------------------------------------------------------
     def _read_tail(self, function, loop, python_setup, setup, placeholders, splits, tower, rest):  # type: ignore[no-untyped-def]
         tower_list = tower["list"]
+        self._tower_feeds = tower["feeds"]
         aggregate = None
         helper = None
         apply: list[cst.BaseStatement] = []
         train_op = None
         session = None
         step_loop = None
+        inline: list[cst.BaseStatement] = []
+        grouped = False
+        update_ops: UpdateOps | None = tower["update_ops"]
         for position, statement in enumerate(rest):
             assigned = _assign(statement)
+            if aggregate is None and not inline and self._inline_start(rest, position, tower_list):
+                inline = [statement, rest[position + 1]]
+                continue
+            if aggregate is None and inline:
+                aggregate = (_assign(inline[0])[0][0], self._inline_averaged(inline[1]))  # type: ignore[index]
+                continue  # the aggregation loop itself
             if aggregate is None:
                 if assigned is None or len(assigned[0]) != 1:
                     raise Blocked(statement, "expected the towers' gradients to be aggregated "
@@ -436,18 +689,39 @@ class ProgramReader:
                 train_op = assigned[0][0]
                 apply.append(statement)
                 continue
+            call = _call_of(assigned[1]) if assigned else None
+            if (
+                update_ops is not None
+                and not grouped
+                and assigned is not None
+                and len(assigned[0]) == 1
+                and self.call_q(call) == "tensorflow.group"
+                and self._groups(call, train_op, update_ops.name)  # type: ignore[arg-type]
+            ):
+                # `train_op = tf.group(apply_op, *update_ops)`: the replicas update their batch
+                # statistics themselves now (see the notes).
+                train_op, grouped = assigned[0][0], True
+                continue
             session = self._session(statement)
             if session is not None:
-                step_loop = self._read_session(rest[position:], session, train_op)
+                statements = rest[position:]
+                if isinstance(statement, cst.With):
+                    if position != len(rest) - 1:
+                        raise Blocked(rest[-1], "code after the `with tf.Session()` block")
+                    statements = [statement, *statement.body.body]  # type: ignore[union-attr]
+                step_loop = self._read_session(statements, session, train_op)
                 break
             raise Blocked(statement, "graph code between apply_gradients and the Session is not "
                           "converted yet")
         if session is None or step_loop is None:
             raise Blocked(loop, "no `tf.Session` training loop found after the towers")
-        feed_statements, feed_values, run_statement, fetches = step_loop[1:]
+        if update_ops is not None and not grouped:
+            raise Blocked(rest[0] if rest else loop, f"the selected UPDATE_OPS `{update_ops.name}` "
+                          "are not run through `tf.group(train_op, *update_ops)`")
+        feed_statements, feed_values, run_statement, fetches = step_loop[1:5]
         tower_names = bound_names(cst.IndentedBlock(body=tower["body"])) | {tower["index"]}
         for fetch in fetches:
-            if fetch.tensor == train_op:
+            if fetch.tensor == train_op or fetch.tensor in tower["collected"]:
                 continue
             if fetch.tensor not in tower_names:
                 raise Blocked(run_statement, f"the loop fetches `{fetch.tensor}`, which is not "
@@ -478,7 +752,48 @@ class ProgramReader:
             run_statement=run_statement,
             fetches=fetches,
             helper=helper,
+            aggregation=inline,
+            tower_feed=step_loop[5],
+            session_prelude=step_loop[6],
+            run_fetches_list=step_loop[7],
         )
+
+    def _inline_start(self, rest: list, position: int, tower_list: str) -> bool:
+        """``grads = []`` then ``for gv in zip(*tower_grads): ... grads.append(...)``, one of
+        whose statements TFM102 recognised as an aggregation."""
+        assigned = _assign(rest[position])
+        if (
+            assigned is None
+            or len(assigned[0]) != 1
+            or not _empty_lists(assigned[1], 1)
+            or position + 1 >= len(rest)
+        ):
+            return False
+        loop = rest[position + 1]
+        if not isinstance(loop, cst.For) or loop.orelse is not None:
+            return False
+        call = _call_of(loop.iter)
+        if not (
+            call is not None
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "zip"
+            and len(call.args) == 1
+            and call.args[0].star == "*"
+            and isinstance(call.args[0].value, cst.Name)
+            and call.args[0].value.value == tower_list
+        ):
+            return False
+        last = _simple(loop.body.body[-1])  # type: ignore[union-attr]
+        appended = self._append(last, {assigned[0][0]})
+        return appended is not None and any(id(n) in self.aggregation for n in walk(loop))
+
+    def _inline_averaged(self, loop: cst.CSTNode) -> bool:
+        return any(self.aggregation.get(id(n), False) for n in walk(loop))
+
+    def _groups(self, call: cst.Call, train_op: str, update_ops: str) -> bool:
+        """``tf.group(train_op, *update_ops)`` (in either order)."""
+        parts = {(a.star, a.value.value) for a in call.args if isinstance(a.value, cst.Name)}
+        return len(call.args) == 2 and parts == {("", train_op), ("*", update_ops)}
 
     def _helper_def(self, name: str) -> cst.FunctionDef | None:
         for statement in self.rule.context.module.body:
@@ -487,16 +802,32 @@ class ProgramReader:
         return None
 
     def _session(self, statement: cst.CSTNode) -> str | None:
+        """``sess = tf.Session(...)`` or ``with tf.Session(...) as sess:`` -> 'sess'."""
         assigned = _assign(statement)
         if assigned and len(assigned[0]) == 1 and self.call_q(assigned[1]) in SESSIONS:
             return assigned[0][0]
+        if (
+            isinstance(statement, cst.With)
+            and len(statement.items) == 1
+            and self.call_q(statement.items[0].item) in SESSIONS
+            and statement.items[0].asname is not None
+            and isinstance(statement.items[0].asname.name, cst.Name)
+        ):
+            return statement.items[0].asname.name.value
         return None
 
     def _read_session(self, statements, session: str, train_op: str):  # type: ignore[no-untyped-def]
         """``sess = tf.Session(...)``, ``sess.run(init)``, then the step loop, then nothing."""
-        if len(statements) != 3:
+        if len(statements) < 3:
             raise Blocked(statements[0], "the session block is not `sess = tf.Session(...)`, "
                           "`sess.run(initializer)`, one step loop")
+        prelude = list(statements[2:-1])
+        for statement in prelude:
+            # Plain Python the loop needs (`global_batch = ...`): no session, no graph.
+            if session in free_names(statement) or _assign(statement) is None:
+                raise Blocked(statement, "the session block holds more than the initializer, "
+                              "plain assignments and one step loop")
+        statements = [statements[0], statements[1], statements[-1]]
         init = _simple(statements[1])
         if not (
             isinstance(init, cst.Expr)
@@ -525,6 +856,17 @@ class ProgramReader:
             raise Blocked(run_statement, "sess.run's result is not assigned to names")
         fetched = get_arg(run_call, 0, "fetches")
         feed = get_arg(run_call, 1, "feed_dict")
+        listed = self._listed_fetch(fetched, assigned[0])
+        if listed is not None:
+            # `results = sess.run([train_op] + losses)`: results[0] is None, then every tower's.
+            if listed[0] != train_op:
+                raise Blocked(run_call, f"sess.run does not run `{train_op}`")
+            fetches = [Fetch(None, train_op), Fetch(assigned[0][0], listed[1])]
+            if not isinstance(feed, cst.Name):
+                raise Blocked(run_call, "feed_dict is not a dict built in the loop")
+            feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)
+            return (step_loop, feed_statements, feed_values, run_statement, fetches, tower_feed,
+                    prelude, listed[1])
         if not isinstance(fetched, cst.List | cst.Tuple) or not all(
             isinstance(e.value, cst.Name) for e in fetched.elements
         ):
@@ -540,15 +882,46 @@ class ProgramReader:
         ]
         if not isinstance(feed, cst.Name):
             raise Blocked(run_call, "feed_dict is not a dict built in the loop")
-        feed_statements, feed_values = self._feed(body, feed.value, run_statement)
-        return step_loop, feed_statements, feed_values, run_statement, fetches
+        feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)
+        return (step_loop, feed_statements, feed_values, run_statement, fetches, tower_feed,
+                prelude, None)
+
+    def _listed_fetch(
+        self, fetched: cst.BaseExpression | None, targets: list[str]
+    ) -> tuple[str, str] | None:
+        """``[train_op] + losses`` assigned to one name -> ('train_op', 'losses')."""
+        if (
+            isinstance(fetched, cst.BinaryOperation)
+            and isinstance(fetched.operator, cst.Add)
+            and isinstance(fetched.left, cst.List)
+            and len(fetched.left.elements) == 1
+            and isinstance(fetched.left.elements[0].value, cst.Name)
+            and isinstance(fetched.right, cst.Name)
+            and len(targets) == 1
+        ):
+            return fetched.left.elements[0].value.value, fetched.right.value
+        return None
 
     def _feed(self, body, feed: str, run_statement):  # type: ignore[no-untyped-def]
         """The loop statements the feed dict needs (and nothing else reads), and its values."""
         values: dict[str, cst.BaseExpression] = {}
         feed_statement = None
-        for statement in body:
+        tower_feed = None
+        for position, statement in enumerate(body):
             assigned = _assign(statement)
+            if (
+                assigned
+                and assigned[0] == [feed]
+                and isinstance(assigned[1], cst.Dict)
+                and not assigned[1].elements
+                and position + 1 < len(body)
+            ):
+                # `feed = {}` then `for i, (x, y) in enumerate(feeds): feed[x] = ...`
+                tower_feed = self._tower_feed(body[position + 1], feed)
+                tower_feed.replaced.append(statement)
+                feed_statement = statement
+                values = dict.fromkeys(self._tower_feeds[1], cst.Name("None"))  # type: ignore[index]
+                break
             if assigned and assigned[0] == [feed]:
                 if not isinstance(assigned[1], cst.Dict):
                     raise Blocked(statement, "feed_dict is not a dict literal")
@@ -562,6 +935,8 @@ class ProgramReader:
         if feed_statement is None:
             raise Blocked(run_statement, f"`{feed}` is not built in the training loop")
         needed = set().union(*(free_names(v) for v in values.values()))
+        if tower_feed is not None:
+            needed = set().union(*(free_names(s) for s in tower_feed.statements))
         feed_statements: list[cst.BaseStatement] = []
         position = body.index(feed_statement)
         for statement in reversed(body[:position]):
@@ -569,10 +944,14 @@ class ProgramReader:
             if bound & needed:
                 feed_statements.insert(0, statement)
                 needed |= free_names(statement)
+        feed_loop = body[position + 1] if tower_feed is not None else None
         others = [
             s
             for s in body
-            if s is not feed_statement and s is not run_statement and s not in feed_statements
+            if s is not feed_statement
+            and s is not run_statement
+            and s is not feed_loop
+            and s not in feed_statements
         ]
         for statement in others:
             shared = free_names(statement) & (
@@ -581,7 +960,63 @@ class ProgramReader:
             if shared:
                 raise Blocked(statement, f"the loop also uses `{sorted(shared)[0]}`, which only "
                               "exists to feed the graph")
-        return feed_statements, values
+        return feed_statements, values, tower_feed
+
+    def _tower_feed(self, statement: cst.CSTNode, feed: str) -> TowerFeed:
+        """``for i, (x, y) in enumerate(feeds):`` whose body sets ``feed[x]``, ``feed[y]``."""
+        if self._tower_feeds is None:
+            raise Blocked(statement, "`feed = {}` without per-tower placeholders")
+        feeds, names = self._tower_feeds
+        call = _call_of(statement.iter) if isinstance(statement, cst.For) else None
+        target = statement.target if isinstance(statement, cst.For) else None
+        if not (
+            call is not None
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "enumerate"
+            and len(call.args) == 1
+            and isinstance(call.args[0].value, cst.Name)
+            and call.args[0].value.value == feeds
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+            and isinstance(target.elements[0].value, cst.Name)
+            and isinstance(target.elements[1].value, cst.Tuple | cst.List)
+            and [getattr(e.value, "value", None) for e in target.elements[1].value.elements]
+            == names
+            and statement.orelse is None  # type: ignore[union-attr]
+        ):
+            raise Blocked(statement, f"`{feed}` is not filled by `for i, ({', '.join(names)}) in "
+                          f"enumerate({feeds}):`")
+        index = target.elements[0].value.value
+        kept: list[cst.BaseStatement] = []
+        done: set[str] = set()
+        for inner in statement.body.body:  # type: ignore[union-attr]
+            small = _simple(inner)
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Subscript)
+            ):
+                subscript = small.targets[0].target
+                key = subscript.slice[0].slice if len(subscript.slice) == 1 else None
+                if (
+                    isinstance(subscript.value, cst.Name)
+                    and subscript.value.value == feed
+                    and isinstance(key, cst.Index)
+                    and isinstance(key.value, cst.Name)
+                    and key.value.value in names
+                ):
+                    parts = f"{key.value.value}_parts"
+                    kept.append(cst.parse_statement(f"{parts}.append(__value__)").visit(
+                        _Put(small.value)))
+                    done.add(key.value.value)
+                    continue
+            if set(names) & free_names(inner) or feed in free_names(inner):
+                raise Blocked(inner, "the feed loop uses the placeholders other than as "
+                              f"`{feed}[placeholder] = value`")
+            kept.append(inner)
+        if done != set(names):
+            raise Blocked(statement, "the feed loop does not feed every placeholder")
+        return TowerFeed(index, kept, [statement])
 
     def _is_method(self, call: cst.Call, receiver: str, method: str) -> bool:
         func = call.func

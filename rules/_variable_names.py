@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from tfmigrate.rules._towers import get_arg
+from tfmigrate.rules._towers import get_arg, walk
 
 # Layer functions whose variables are `<scope>/<suffix>`; the scope comes from `name`/`scope`.
 _LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -27,6 +27,45 @@ class Unknown(Exception):
     pass
 
 
+def _flag(call: cst.Call, keyword: str, default: bool) -> bool:
+    value = get_arg(call, None, keyword)
+    if value is None:
+        return default
+    if isinstance(value, cst.Name) and value.value in ("True", "False"):
+        return value.value == "True"
+    raise Unknown
+
+
+def _fully_connected(call: cst.Call) -> list[str]:
+    # A normalizer_fn or another biases_initializer changes which variables exist.
+    if get_arg(call, None, "normalizer_fn") is not None:
+        raise Unknown
+    if get_arg(call, None, "biases_initializer") is not None:
+        raise Unknown
+    return ["weights", "biases"]
+
+
+def _batch_norm(call: cst.Call) -> list[str]:
+    # slim / contrib batch_norm defaults: center=True, scale=False.
+    names = ["beta"] if _flag(call, "center", True) else []
+    names += ["gamma"] if _flag(call, "scale", False) else []
+    return [*names, "moving_mean", "moving_variance"]
+
+
+# tf.contrib.layers / slim layers (tf_slim today): variables `<scope>/<name>`, scope by keyword.
+_SLIM: dict[str, Callable[[cst.Call], list[str]]] = {
+    "fully_connected": _fully_connected,
+    "batch_norm": _batch_norm,
+}
+
+
+def _slim_layer(name: str) -> str | None:
+    for prefix in ("tensorflow.contrib.slim.", "tensorflow.contrib.layers.", "tf_slim."):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return None
+
+
 class VariableNames:
     def __init__(
         self, module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
@@ -35,6 +74,8 @@ class VariableNames:
             s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)
         }
         self.qualify = qualify
+        # arg_scope can change any slim layer's defaults (and so which variables it makes).
+        self.arg_scoped = any(isinstance(n, cst.Name) and n.value == "arg_scope" for n in walk(module))
         self.names: list[str] = []
         self._depth = 0
 
@@ -103,6 +144,12 @@ class VariableNames:
             keyword, suffixes = _LAYERS[name]
             scope = self._string(get_arg(node, None, keyword), env)
             for suffix in suffixes:
+                self._add(scopes, f"{scope}/{suffix}")
+        elif name is not None and _slim_layer(name) in _SLIM:
+            if self.arg_scoped:
+                raise Unknown
+            scope = self._string(get_arg(node, None, "scope"), env)
+            for suffix in _SLIM[_slim_layer(name)](node):  # type: ignore[index]
                 self._add(scopes, f"{scope}/{suffix}")
         elif name is not None and name.startswith(("tensorflow.contrib.", "tensorflow.layers.")):
             raise Unknown  # creates variables under names this reader does not model yet

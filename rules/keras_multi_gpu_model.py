@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
-from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.names import dotted
+from tfmigrate.rule import Example, FixSafety, Import, Rule
+from tfmigrate.rules._distribution import keyword
 
 # Where Keras 2 / tf.keras 1.x kept it (canonical spellings; `tensorflow.python.keras` and
 # `keras.backend.tensorflow_backend` are folded by the name resolver).
@@ -18,21 +22,175 @@ MULTI_GPU_MODEL = frozenset(
     }
 )
 
+# Built-in losses that are a mean over samples: the mean of equal-sized sub-batch means (what
+# `fit` under MirroredStrategy optimizes) equals the mean over the concatenated batch (what the
+# multi_gpu_model wrapper optimized). A custom loss may reduce over the whole batch (dice, IoU).
+PER_SAMPLE_LOSSES = frozenset(
+    {
+        "mse", "mae", "mape", "msle", "mean_squared_error", "mean_absolute_error",
+        "mean_absolute_percentage_error", "mean_squared_logarithmic_error",
+        "binary_crossentropy", "categorical_crossentropy", "sparse_categorical_crossentropy",
+        "hinge", "squared_hinge", "categorical_hinge", "kld", "kullback_leibler_divergence",
+        "poisson", "logcosh", "log_cosh", "huber", "cosine_similarity",
+    }
+)  # fmt: skip
+_KERAS_LOSSES = ("keras.losses.", "tensorflow.keras.losses.")
+
+
+@dataclass
+class _Plan:
+    """The pieces of one `parallel = multi_gpu_model(template, ...)` conversion."""
+
+    block: cst.Module | cst.IndentedBlock
+    first: int  # index in block.body of the first statement moved into strategy.scope()
+    last: int  # ... and of the last
+    wrapper: cst.SimpleStatementLine  # the `parallel = multi_gpu_model(...)` line
+    parallel: str
+    template: str | None  # None: the template is an expression inside the call
+    template_expr: cst.BaseExpression
+    compile_call: cst.Call
+
+
+def _binds(node: cst.CSTNode, name: str) -> int:
+    """How often ``name`` is bound directly in the scope of ``node`` (nested defs excluded)."""
+    count = 0
+    stack = list(node.children)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.FunctionDef | cst.ClassDef):
+            count += current.name.value == name
+            continue
+        if isinstance(current, cst.Lambda | cst.ListComp | cst.SetComp | cst.DictComp):
+            continue
+        if isinstance(current, cst.AssignTarget | cst.AugAssign | cst.AnnAssign):
+            target = current.target
+            count += sum(isinstance(n, cst.Name) and n.value == name for n in _targets(target))
+        elif isinstance(current, cst.For | cst.AsName):
+            target = current.target if isinstance(current, cst.For) else current.name
+            count += sum(isinstance(n, cst.Name) and n.value == name for n in _targets(target))
+        elif isinstance(current, cst.ImportAlias):
+            bound = current.asname.name if current.asname else current.name
+            count += isinstance(bound, cst.Name) and bound.value == name
+        elif isinstance(current, cst.Global | cst.Nonlocal):
+            count += 2  # another scope writes it: do not touch
+        stack.extend(current.children)
+    return count
+
+
+def _targets(node: cst.CSTNode) -> list[cst.CSTNode]:
+    if isinstance(node, cst.Tuple | cst.List):
+        return [n for e in node.elements for n in _targets(e.value)]
+    if isinstance(node, cst.StarredElement):
+        return _targets(node.value)
+    return [node]
+
+
+def _local_names(function: cst.FunctionDef | cst.Lambda) -> set[str]:
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            every.append(star)
+    names = {p.name.value for p in every}
+    if isinstance(function, cst.FunctionDef):
+        names |= {n for n in _assigned(function.body)}
+    return names
+
+
+def _assigned(node: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+    stack = list(node.children)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+            continue
+        if isinstance(current, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For):
+            found |= {n.value for n in _targets(current.target) if isinstance(n, cst.Name)}
+        stack.extend(current.children)
+    return found
+
+
+class _Redirect(cst.CSTTransformer):
+    """Every read of the wrapper's name reads the template instead (scopes that rebind the
+    name locally are left alone)."""
+
+    def __init__(self, old: str, new: str) -> None:
+        super().__init__()
+        self.old, self.new = old, new
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return self.old not in _local_names(node)
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return self.old not in _local_names(node)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False  # module names, not reads
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        # Only the object is a name read; `.attr` is not.
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        if original_node.value == self.old:
+            return updated_node.with_changes(value=self.new)
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        # `parallel.fit(a,\n             b)`: keep continuation lines aligned under the paren.
+        func = original_node.func
+        if isinstance(func, cst.Attribute) and dotted(func.value) == self.old:
+            return updated_node.visit(_Shift(len(self.new) - len(self.old)))
+        return updated_node
+
+
+class _Shift(cst.CSTTransformer):
+    def __init__(self, delta: int) -> None:
+        super().__init__()
+        self.delta = delta
+
+    def leave_ParenthesizedWhitespace(
+        self, original_node: cst.ParenthesizedWhitespace, updated_node: cst.ParenthesizedWhitespace
+    ) -> cst.ParenthesizedWhitespace:
+        spaces = updated_node.last_line.value
+        if self.delta < 0 and len(spaces) + self.delta < 0:
+            return updated_node
+        spaces = spaces + " " * self.delta if self.delta >= 0 else spaces[: self.delta]
+        return updated_node.with_changes(last_line=cst.SimpleWhitespace(spaces))
+
 
 class KerasMultiGpuModel(Rule):
     """
     ## What it does
     Flags calls to Keras 2's `multi_gpu_model` (`keras.utils`, `keras.utils.training_utils`,
-    `tf.keras.utils`, `tf.contrib.keras`).
+    `tf.keras.utils`, `tf.contrib.keras`) and converts the program to
+    `tf.distribute.MirroredStrategy`.
 
     ## Why is this bad?
     `multi_gpu_model` was removed in TensorFlow 2.4 and does not exist in Keras 3. It copied the
-    model onto each GPU, split every batch, and merged the outputs on the CPU; its replacement is
-    `tf.distribute.MirroredStrategy`: build *and compile* the template model inside
-    `strategy.scope()`, then call `fit` on that one model with the same global `batch_size`
-    (Keras splits each batch across the replicas and scales the loss itself). Callbacks such as
-    `ModelCheckpoint`, `save` and `load_weights` then work on that model directly — no more
-    saving the template instead of the parallel wrapper.
+    model onto each GPU, split every batch, ran the template on each slice and concatenated the
+    outputs on the CPU; the loss was then computed once over the concatenated (global) batch.
+    Its replacement is `tf.distribute.MirroredStrategy`: build *and compile* the template model
+    inside `strategy.scope()`, then call `fit` on that one model with the same global
+    `batch_size` (Keras splits each batch across the replicas and divides each replica's loss
+    by the number of replicas). Callbacks such as `ModelCheckpoint`, `save` and `load_weights`
+    then work on that model directly — no more saving the template instead of the wrapper.
+
+    What stays the same (measured on 2 logical CPUs, tests/test_keras2_conversion.py): batch
+    normalization sees each replica's sub-batch as it saw each GPU's slice, and for a loss that
+    is a mean over samples the first epoch's losses and weights match the multi_gpu_model
+    computation (split, template per slice, concatenate) within 1e-5. What changes: a loss
+    that reduces over the whole batch (dice, IoU, anything built on `K.sum` of the batch) is
+    computed per replica and averaged — the mean of two half-batch dice losses is not the dice
+    loss of the batch; custom metrics are averaged over replicas likewise.
 
     ## Example
     ```python
@@ -52,15 +210,24 @@ class KerasMultiGpuModel(Rule):
     ```
 
     ## Fix safety
-    Manual here: the model build, compile, callbacks and saving move together, which the
-    whole-program Keras conversion does.
+    The fix moves the template's construction (without its `tf.device('/cpu:0')` wrapper), the
+    statements up to the `compile` and the optimizer it uses into one
+    `with strategy.scope():`, deletes the `multi_gpu_model` line and points every later use of
+    the wrapper (`fit`, `compile`, `save`, `evaluate`, `predict`, callbacks) at the template.
+    `fit(batch_size=...)` is kept: it was already the global batch. Safe when `compile` is given
+    a built-in loss that averages over samples (`'mse'`, `'binary_crossentropy'`,
+    `keras.losses.*`); unsafe for any other loss (custom functions such as a dice loss: the
+    replica-averaged loss differs from the whole-batch loss, see above). `MirroredStrategy()`
+    uses every visible GPU: batch statistics per slice stay the same only with as many GPUs
+    as `gpus=` said. Not fixed (reported only): a wrapper assigned in several places or in a
+    branch, a template not built in the same block, or no `compile` after the wrapper.
     """
 
     code = "TFM107"
-    triggers = ('multi_gpu_model',)
+    triggers = ("multi_gpu_model",)
     name = "keras-multi-gpu-model"
     summary = "multi_gpu_model (removed in TF 2.4): use MirroredStrategy"
-    fix_safety = FixSafety.MANUAL
+    fix_safety = FixSafety.UNSAFE
 
     valid = (
         """import tensorflow as tf
@@ -81,33 +248,101 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
     invalid = (
         Example(
             """
+            import tensorflow as tf
             from keras.utils import multi_gpu_model
+
+            x, y = load_data()
+            # Weights on the CPU, one replica per GPU.
+            with tf.device('/cpu:0'):
+                model = build_model()
             parallel_model = multi_gpu_model(model, gpus=4)
+            parallel_model.compile(optimizer='adam', loss='binary_crossentropy')
+            parallel_model.fit(x, y, batch_size=256, callbacks=[checkpoint])
+            model.save('model.keras')
+            """,
+            fixed="""
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+
+            x, y = load_data()
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                # Weights on the CPU, one replica per GPU.
+                model = build_model()
+                model.compile(optimizer='adam', loss='binary_crossentropy')
+            model.fit(x, y, batch_size=256, callbacks=[checkpoint])
+            model.save('model.keras')
             """,
             message="MirroredStrategy",
         ),
+        # The wrapper reuses the template's name; the optimizer is built before; custom loss.
         Example(
             """
+            import keras
             from keras.utils.training_utils import multi_gpu_model
-            parallel_model = multi_gpu_model(model, 2)
+
+            def train(x, y):
+                model = build_model()
+                opt = keras.optimizers.SGD(0.01)
+                model = multi_gpu_model(model, 2)
+                model.compile(opt, loss=dice_loss)
+                return model.fit(x, y, batch_size=32)
             """,
+            fixed="""
+            import keras
+            from keras.utils.training_utils import multi_gpu_model
+            import tensorflow as tf
+
+            def train(x, y):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build_model()
+                    opt = keras.optimizers.SGD(0.01)
+                    model.compile(opt, loss=dice_loss)
+                return model.fit(x, y, batch_size=32)
+            """,
+            message="whole batch",
         ),
+        # The template built inside the call; a later function reads the global wrapper.
         Example(
             """
             import tensorflow as tf
-            parallel_model = tf.keras.utils.multi_gpu_model(model, gpus=2, cpu_merge=False)
+            parallel = tf.keras.utils.multi_gpu_model(build_model(), gpus=2, cpu_merge=False)
+            parallel.compile(optimizer='adam', loss=tf.keras.losses.MeanSquaredError())
+
+            def evaluate(x, y):
+                return parallel.evaluate(x, y)
+            """,
+            fixed="""
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                parallel = build_model()
+                parallel.compile(optimizer='adam', loss=tf.keras.losses.MeanSquaredError())
+
+            def evaluate(x, y):
+                return parallel.evaluate(x, y)
             """,
         ),
+        # A wrapper made only on some machines: a person decides.
         Example(
             """
             import tensorflow as tf
-            parallel_model = tf.contrib.keras.utils.multi_gpu_model(model, gpus=2)
+            if gpus > 1:
+                parallel_model = tf.contrib.keras.utils.multi_gpu_model(model, gpus=gpus)
+            else:
+                parallel_model = model
             """,
+            message="not fixed",
         ),
+        # The template is a parameter: built somewhere else, outside any scope here.
         Example(
             """
             from tensorflow.python.keras.utils import multi_gpu_utils
-            parallel_model = multi_gpu_utils.multi_gpu_model(model, gpus=[0, 1])
+            def wrap(model):
+                parallel_model = multi_gpu_utils.multi_gpu_model(model, gpus=[0, 1])
+                parallel_model.compile('adam', 'mse')
+                return parallel_model
             """,
         ),
     )
@@ -115,13 +350,228 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
     def visit_Call(self, node: cst.Call) -> None:
         if self.call_name(node) not in MULTI_GPU_MODEL:
             return
-        gpus = next((a for a in node.args if a.keyword and a.keyword.value == "gpus"), None)
-        if gpus is None and len(node.args) > 1 and node.args[1].keyword is None:
-            gpus = node.args[1]
+        gpus = keyword(node, "gpus", 1)
         shown = f"gpus={self.context.module.code_for_node(gpus.value)}" if gpus else "..."
-        self.report(
-            node,
+        message = (
             f"`multi_gpu_model(model, {shown})` was removed in TF 2.4: build and compile the "
             "template model inside `tf.distribute.MirroredStrategy().scope()`, train that model "
-            "with the same global batch size in `fit`, and attach checkpoints to it",
+            "with the same global batch size in `fit`, and attach checkpoints to it"
         )
+        plan, reason = self._plan(node)
+        if plan is None:
+            self.report(node, f"{message} (not fixed: {reason})")
+            return
+        safety, note = self._loss_safety(plan.compile_call)
+        self.report(
+            node,
+            f"{message}; {note}",
+            replacement=self._rewrite(plan),
+            target=plan.block,
+            safety=safety,
+            imports=() if self.context.resolver.local_name_for("tensorflow") else (
+                Import("tensorflow", asname="tf"),
+            ),
+            manifest={
+                "keras_multi_gpu_model": {
+                    "model": plan.template or plan.parallel,
+                    "notes": [
+                        "TFM107: multi_gpu_model replaced by MirroredStrategy over every "
+                        "visible GPU; fit keeps the global batch size",
+                        f"TFM107: {note}",
+                    ],
+                }
+            },
+        )
+
+    # -- analysis -----------------------------------------------------------------------------
+    def _plan(self, call: cst.Call) -> tuple[_Plan | None, str]:
+        assign = self.parent(call)
+        line = self.parent(assign) if assign is not None else None
+        block = self.parent(line) if line is not None else None
+        if not (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)
+            and isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1
+            and isinstance(block, cst.Module | cst.IndentedBlock)
+        ):
+            return None, "the wrapper is not a plain `name = multi_gpu_model(...)` statement"
+        owner = block if isinstance(block, cst.Module) else self.parent(block)
+        if not isinstance(owner, cst.Module | cst.FunctionDef):
+            return None, "the wrapper is made inside a branch or loop"
+        parallel = assign.targets[0].target.value
+        arg = keyword(call, "model", 0)
+        if arg is None:
+            return None, "no template model argument"
+        body = list(block.body)
+        index = body.index(line)
+        template = dotted(arg.value)
+        first = index
+        if template is not None:
+            if "." in template:
+                return None, f"the template `{template}` is an attribute"
+            found = self._template_binding(body[:index], template)
+            if found is None:
+                return None, f"the template `{template}` is not built earlier in the same block"
+            first = found
+            allowed = 2 if template == parallel else 1
+            if _binds(owner, template) != allowed:
+                return None, f"`{template}` is assigned more than once"
+        elif _binds(owner, parallel) != 1:
+            return None, f"`{parallel}` is assigned more than once"
+        if template != parallel and _binds(owner, parallel) != 1:
+            return None, f"`{parallel}` is assigned more than once"
+        compile_at, compile_call = self._compile(body, index, {parallel, template})
+        if compile_call is None:
+            return None, f"no `{parallel}.compile(...)` follows in the same block"
+        last = max(index, compile_at)
+        optimizer = keyword(compile_call, "optimizer", 0)
+        if optimizer is not None and isinstance(optimizer.value, cst.Name):
+            found = self._template_binding(body[:last], optimizer.value.value, devices=False)
+            if found is not None:
+                first = min(first, found)
+        return (
+            _Plan(block, first, last, line, parallel, template, arg.value, compile_call),
+            "",
+        )
+
+    def _template_binding(
+        self, statements: list[cst.BaseStatement], name: str, devices: bool = True
+    ) -> int | None:
+        """Index of the last statement binding ``name`` (inside a `tf.device` block counts)."""
+        for position in range(len(statements) - 1, -1, -1):
+            statement = statements[position]
+            if devices and self._device_block(statement) is not None:
+                if any(self._assigns(s, name) for s in statement.body.body):
+                    return position
+            elif self._assigns(statement, name):
+                return position
+        return None
+
+    def _assigns(self, statement: cst.CSTNode, name: str) -> bool:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        return any(
+            isinstance(small, cst.Assign)
+            and any(
+                isinstance(n, cst.Name) and n.value == name
+                for t in small.targets
+                for n in _targets(t.target)
+            )
+            for small in statement.body
+        )
+
+    def _device_block(self, statement: cst.CSTNode) -> cst.With | None:
+        """A `with tf.device(...):` statement (only device items), else None."""
+        if not isinstance(statement, cst.With) or not isinstance(statement.body, cst.IndentedBlock):
+            return None
+        for item in statement.items:
+            if item.asname is not None or not isinstance(item.item, cst.Call):
+                return None
+            if not (self.call_name(item.item) or "").endswith(".device"):
+                return None
+        return statement
+
+    def _compile(
+        self, body: list[cst.BaseStatement], index: int, names: set[str | None]
+    ) -> tuple[int, cst.Call | None]:
+        for position in range(index + 1, len(body)):
+            statement = body[position]
+            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                continue
+            small = statement.body[0]
+            call = small.value if isinstance(small, cst.Expr) else None
+            if (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "compile"
+                and dotted(call.func.value) in names
+            ):
+                return position, call
+        return -1, None
+
+    def _loss_safety(self, compile_call: cst.Call) -> tuple[FixSafety, str]:
+        loss = keyword(compile_call, "loss", 1)
+        if loss is not None:
+            values = (
+                [e.value for e in loss.value.elements]
+                if isinstance(loss.value, cst.List | cst.Tuple)
+                else [loss.value]
+            )
+            if all(self._per_sample(v) for v in values):
+                return FixSafety.SAFE, (
+                    "the loss is a mean over samples, so the replica-averaged loss equals the "
+                    "loss of the whole batch; batch normalization sees each replica's "
+                    "sub-batch as it saw each GPU's slice"
+                )
+        shown = self.context.module.code_for_node(loss.value) if loss is not None else "none"
+        return FixSafety.UNSAFE, (
+            f"the loss `{shown}` may reduce over the whole batch: Keras computes it on each "
+            "replica's sub-batch and averages the replicas, where multi_gpu_model computed it "
+            "once on the concatenated batch (equal only for a mean over samples)"
+        )
+
+    def _per_sample(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.SimpleString):
+            return str(node.evaluated_value) in PER_SAMPLE_LOSSES
+        target = node.func if isinstance(node, cst.Call) else node
+        name = self.qualify(target) or ""
+        return name.startswith(_KERAS_LOSSES)
+
+    # -- the rewrite --------------------------------------------------------------------------
+    def _rewrite(self, plan: _Plan) -> cst.Module | cst.IndentedBlock:
+        tf = self.context.resolver.local_name_for("tensorflow") or "tf"
+        strategy = "strategy"
+        while strategy in self.context.resolver.bindings or _binds(self.context.module, strategy):
+            strategy = "mirrored_" + strategy
+        body = list(plan.block.body)
+        moved: list[cst.BaseStatement] = []
+        carried: list[cst.EmptyLine] = []  # comments of removed statements
+        for statement in body[plan.first : plan.last + 1]:
+            if statement is plan.wrapper:
+                if plan.template is None:
+                    assign = cst.Assign(
+                        targets=[cst.AssignTarget(cst.Name(plan.parallel))],
+                        value=plan.template_expr,
+                    )
+                    moved.append(statement.with_changes(body=[assign]))
+                else:
+                    carried.extend(statement.leading_lines)
+                continue
+            device = self._device_block(statement)
+            inner = list(device.body.body) if device is not None else [statement]
+            if device is not None:
+                carried.extend(device.leading_lines)
+            for item in inner:
+                if carried:
+                    item = item.with_changes(leading_lines=[*carried, *item.leading_lines])
+                    carried = []
+                moved.append(item)
+        if carried and plan.last + 1 < len(body):
+            after = body[plan.last + 1]
+            body[plan.last + 1] = after.with_changes(
+                leading_lines=[*carried, *after.leading_lines]
+            )
+        head = moved[0]
+        opening = list(body[plan.first].leading_lines)
+        if body[plan.first] is not head and self._device_block(body[plan.first]) is None:
+            opening = []
+        # Blank lines before the block stay before it; comments move in with the statements.
+        blank = []
+        for line in opening:
+            if line.comment is not None:
+                break
+            blank.append(line)
+        moved[0] = head.with_changes(leading_lines=list(head.leading_lines)[len(blank) :])
+        create = cst.parse_statement(f"{strategy} = {tf}.distribute.MirroredStrategy()\n")
+        create = create.with_changes(leading_lines=blank)
+        scope = cst.With(
+            items=[cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))],
+            body=cst.IndentedBlock(body=moved),
+        )
+        new_body = [*body[: plan.first], create, scope, *body[plan.last + 1 :]]
+        block = plan.block.with_changes(body=new_body)
+        if plan.template is not None and plan.template != plan.parallel:
+            block = block.visit(_Redirect(plan.parallel, plan.template))
+        return block

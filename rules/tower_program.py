@@ -19,7 +19,7 @@ _RESERVED_TOP = frozenset(
 _RESERVED_LOCAL = frozenset(
     {
         "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
-        "feeds", "dataset", "fetches", "tf1_variables",
+        "fed_batches", "build", "dataset", "fetches", "tf1_variables",
     }
 )  # fmt: skip
 
@@ -161,13 +161,16 @@ def _analyse(rule: TowerRule, loop: cst.For) -> tuple[Program, cst.If, cst.Call]
     clash = sorted(identifiers(program.function) & _RESERVED_LOCAL)
     if clash:
         raise Blocked(program.function, f"the training function already uses `{clash[0]}`")
-    main, call = _main_block(module, program.function)
+    main, call = _main_block(module, program.function, program.parser is not None)
     return program, main, call
 
 
-def _main_block(module: cst.Module, function: cst.FunctionDef) -> tuple[cst.If, cst.Call]:
+def _main_block(
+    module: cst.Module, function: cst.FunctionDef, own_parser: bool
+) -> tuple[cst.If, cst.Call]:
     """``if __name__ == '__main__':`` building an argparse parser and calling
-    ``train(parser.parse_args())`` last."""
+    ``train(parser.parse_args())`` last -- or, when the training function parses its own flags,
+    calling ``main()`` (that block is kept as it is)."""
     for statement in module.body:
         if (
             isinstance(statement, cst.If)
@@ -180,7 +183,16 @@ def _main_block(module: cst.Module, function: cst.FunctionDef) -> tuple[cst.If, 
             small = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
             call = small.value if isinstance(small, cst.Expr) else None
             if (
-                isinstance(call, cst.Call)
+                own_parser
+                and isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Name)
+                and call.func.value == function.name.value
+                and not call.args
+            ):
+                return statement, call
+            if (
+                not own_parser
+                and isinstance(call, cst.Call)
                 and isinstance(call.func, cst.Name)
                 and call.func.value == function.name.value
                 and len(call.args) == 1
@@ -189,8 +201,9 @@ def _main_block(module: cst.Module, function: cst.FunctionDef) -> tuple[cst.If, 
                 and statement.orelse is None
             ):
                 return statement, call
+            call_text = "()" if own_parser else "(parser.parse_args())"
             raise Blocked(statement, f"the main block does not end with "
-                          f"`{function.name.value}(parser.parse_args())`")
+                          f"`{function.name.value}{call_text}`")
     raise Blocked(function, "no `if __name__ == '__main__':` block calling the training function")
 
 
@@ -236,25 +249,42 @@ def _convert(
     keys = emitter.fetch_keys()
     needs = emitter.loop_needs()
     function = program.function
-    params = module.code_for_node(function.params)
-    param = function.params.params[0].name.value
+    if program.parser is None:
+        params = module.code_for_node(function.params)
+        param = function.params.params[0].name.value
+        parser_name = _parse_call(main_call.args[0].value)
+        assert parser_name is not None
+        parser_statements = list(main.body.body[:-1])
+        if parser_name not in set().union(*(bound_names(s) for s in parser_statements)):
+            raise Blocked(main, f"`{parser_name}` is not built in the main block")
+        parse_line = ""
+        main_text = f"""
 
-    parser_name = _parse_call(main_call.args[0].value)
-    assert parser_name is not None
-    parser_statements = list(main.body.body[:-1])
-    if parser_name not in set().union(*(bound_names(s) for s in parser_statements)):
-        raise Blocked(main, f"`{parser_name}` is not built in the main block")
-
+if __name__ == "__main__":
+    {function.name.value}(make_parser().parse_args())
+"""
+    else:
+        # `def main():` parsed its own flags: it still does, with the parser made by make_parser.
+        params = param = program.parser.flags
+        parser_name = program.parser.name
+        parser_statements = program.parser.statements
+        parse = program.parser.parse.visit(
+            _ReplaceName(parser_name, cst.parse_expression("make_parser()"))
+        )
+        parse_line = f"    {module.code_for_node(parse).strip()}\n"
+        main_text = ""
     parser_slot = emitter.slot(parser_statements)
     body_slot = emitter.slot(emitter.loop_body(keys))
     docstring = function.get_docstring(clean=False)
     doc_line = f'    """{docstring}"""\n' if docstring is not None else ""
     unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
+    signature = module.code_for_node(function.params)
     text = (
         STORE.strip("\n")
         + "\n\n\n"
         + emitter.build_function(params, keys, needs).strip("\n")
         + f"""
+
 
 def make_parser():
     {parser_slot}
@@ -267,18 +297,14 @@ def tfmigrate_program(strategy, argv):
     return build_program(strategy, {param})
 
 
-def {function.name.value}({params}):
-{doc_line}    strategy = tf.distribute.MirroredStrategy()
+def {function.name.value}({signature}):
+{doc_line}{parse_line}    strategy = tf.distribute.MirroredStrategy()
     program = build_program(strategy, {param})
     train_step = program["train_step"]
     batches = iter(program["batches"])
 {unpack}    for {module.code_for_node(program.step_loop.target)} in {emitter.expr(program.step_loop.iter)}:
         {body_slot}
-
-
-if __name__ == "__main__":
-    {function.name.value}(make_parser().parse_args())
-"""
+{main_text}"""
     )
     generated = _parse_generated(text, unit, emitter)
 
@@ -291,7 +317,7 @@ if __name__ == "__main__":
             helper = None
     body: list[cst.BaseStatement] = []
     for statement in module.body:
-        if statement is helper or statement is main:
+        if statement is helper or (statement is main and program.parser is None):
             continue
         if statement is function:
             two_lines = [cst.EmptyLine(), cst.EmptyLine()]
@@ -299,9 +325,82 @@ if __name__ == "__main__":
             body.extend(generated.body[1:])
             continue
         body.append(statement)
-    new_module = module.with_changes(body=body)
+    new_module = _contrib_to_tf_slim(module.with_changes(body=body), program)
     manifest, summary = _manifest(module, program, keys, reader_rule)
     return new_module, manifest, summary
+
+
+class _ContribToTfSlim(cst.CSTTransformer):
+    """``tf.contrib.slim`` -> ``tf_slim``, ``tf.contrib.layers`` -> ``tf_slim.layers``."""
+
+    def __init__(self, tf: str) -> None:
+        super().__init__()
+        self.spellings = {f"{tf}.contrib.slim": "tf_slim", f"{tf}.contrib.layers": "tf_slim.layers"}
+        self.changed = False
+
+    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+        new = self.spellings.get(cst.Module([]).code_for_node(updated))
+        if new is None:
+            return updated
+        self.changed = True
+        return cst.parse_expression(new)
+
+
+_TF_SLIM_PATCH = """\
+# tf_slim (tf.contrib.slim / tf.contrib.layers on PyPI) still refers to ops.Tensor, which
+# TensorFlow 2.21 no longer defines.
+if not hasattr(tf_ops, "Tensor"):
+    tf_ops.Tensor = tf.Tensor
+"""
+
+
+def _contrib_to_tf_slim(module: cst.Module, program: Program) -> cst.Module:
+    """The model code keeps its tf.contrib layers, from tf_slim, which carries them today."""
+    tf = None
+    tf_import = imports_end = 0
+    for position, statement in enumerate(module.body):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if position == 0 and isinstance(small, cst.Expr):
+            continue  # the module docstring
+        if not isinstance(small, cst.Import | cst.ImportFrom):
+            break
+        imports_end = position + 1
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                if module.code_for_node(alias.name) == "tensorflow":
+                    tf = alias.asname.name.value if alias.asname else "tensorflow"  # type: ignore[union-attr]
+                    tf_import = position
+    if tf is None:
+        return module
+    renamer = _ContribToTfSlim(tf)
+    renamed = module.visit(renamer)
+    if not renamer.changed:
+        return module
+    if any(
+        isinstance(node, cst.Attribute) and renamed.code_for_node(node) == f"{tf}.contrib"
+        for node in walk(renamed)
+    ):
+        raise Blocked(program.tower_loop, "tf.contrib APIs other than slim / contrib.layers "
+                      "(tf_slim has no replacement for them)")
+    body = list(renamed.body)
+    patch = cst.parse_module(_indent(_TF_SLIM_PATCH, module.default_indent)).body
+    patch = [patch[0].with_changes(leading_lines=[cst.EmptyLine(), *patch[0].leading_lines]),
+             *patch[1:]]
+    body[imports_end:imports_end] = patch
+    body[tf_import + 1 : tf_import + 1] = [
+        cst.parse_statement("import tf_slim"),
+        cst.parse_statement("from tensorflow.python.framework import ops as tf_ops"),
+    ]
+    return renamed.with_changes(body=body)
+
+
+class _ReplaceName(cst.CSTTransformer):
+    def __init__(self, name: str, new: cst.BaseExpression) -> None:
+        super().__init__()
+        self.name, self.new = name, new
+
+    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+        return self.new if updated.value == self.name else updated
 
 
 def _parse_generated(text: str, unit: str, emitter: Emitter) -> cst.Module:

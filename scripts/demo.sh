@@ -3,7 +3,8 @@
 # then verify a migration of it by training both programs side by side.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-FIXTURE=${1:-fixtures/cifar_towers}
+FIXTURE=${1:-fixtures/towers/cifar_average}
+SCRIPT=${2:-train.py}
 OUT=out/$(basename "$FIXTURE")
 TFM=.venv/bin/tfmigrate
 
@@ -21,3 +22,9 @@ step "tfmigrate rewrite $FIXTURE --out $OUT"
 rm -rf "$OUT"
 run $TFM rewrite "$FIXTURE" --out "$OUT"
 echo "migrated copy: $OUT (manifest: $OUT/tfmigrate.json)"
+
+step "tfmigrate verify $FIXTURE/$SCRIPT $OUT/$SCRIPT --replicas 2 --steps 20 --report out/verify-report"
+$TFM verify "$FIXTURE/$SCRIPT" "$OUT/$SCRIPT" --replicas 2 --steps 20 --report out/verify-report
+rc=$?
+echo "report: out/verify-report/report.md, plot: out/verify-report/loss.png"
+exit $rc

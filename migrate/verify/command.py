@@ -61,6 +61,10 @@ def verify(
     from tfmigrate.verify.verifier import Outcome, run_verify
 
     console = Console(highlight=False, soft_wrap=True)
+    # The sides run in scratch folders: every path the user gave is made absolute first.
+    report, manifest, mapping, legacy_cache = (
+        p.resolve() if p is not None else None for p in (report, manifest, mapping, legacy_cache)
+    )
     opts = VerifyOptions(
         legacy=legacy, migrated=migrated, replicas=replicas, steps=steps, seed=seed, device=device,
         timeout=timeout, report_dir=report, manifest=manifest, mapping=mapping,

@@ -160,6 +160,40 @@ class LegacyRecorder:
             orig_close(sess)
 
         session_lib.BaseSession.close = close
+        self._watch_queue_runners()
+
+    def _watch_queue_runners(self) -> None:
+        """A queue runner that fails (missing data files, ...) leaves the training loop blocked in a
+        dequeue forever: report it as the user's crash and end the process."""
+        from tensorflow.python.framework import errors
+        from tensorflow.python.training import queue_runner_impl
+
+        orig = queue_runner_impl.QueueRunner._run
+        rec = self
+
+        def run(runner: Any, sess: Any, enqueue_op: Any, coord: Any = None) -> None:
+            try:
+                orig(runner, sess, enqueue_op, coord)
+            except (errors.OutOfRangeError, errors.CancelledError):
+                raise
+            except Exception as exc:
+                if not rec.finalized and coord is None:
+                    rec.record.status = CRASHED
+                    rec.record.message = f"input queue runner failed: {type(exc).__name__}: {exc}".strip()
+                    rec.record.traceback = _user_traceback(exc)
+                    rec.exit()
+                raise
+
+        queue_runner_impl.QueueRunner._run = run
+
+    def exit(self) -> None:
+        """Write the record and end the process (threads of the script must not keep it alive)."""
+        self.record.peak_memory_bytes = tf1_compat.peak_rss_bytes()
+        self.record.memory_source = "process peak RSS (CPU)" if self.device == "cpu" else "process peak RSS"
+        self.record.save(self.out)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     # -- one Session.run ---------------------------------------------------------------------------
     def run(self, sess: Any, fetches: Any, feed_dict: Any, options: Any, run_metadata: Any) -> Any:
@@ -504,12 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     elif 0 < recorder.steps_done < ns.steps:
         record.notes.append(f"the legacy script ended after {recorder.steps_done} of {ns.steps} steps")
         recorder.flush_trace()
-    record.peak_memory_bytes = tf1_compat.peak_rss_bytes()
-    record.memory_source = "process peak RSS (CPU)"
-    record.save(ns.out)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # queue-runner threads and the like must not keep the process alive
+    recorder.exit()
+    return 0
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ def _env(extra: dict[str, str], seed: int, device: str, drop: tuple[str, ...] = 
     env.update(extra)
     env["PYTHONHASHSEED"] = str(seed)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # importing the user's modules must not write __pycache__ there
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = "-1"
     return env

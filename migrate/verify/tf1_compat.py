@@ -85,7 +85,53 @@ class _TF1Namespace(types.ModuleType):
         try:
             return getattr(self._v1, name)
         except AttributeError:
+            pass
+        try:
             return getattr(self._real, name)
+        except AttributeError:
+            if name in _TF0_RENAMES:  # TF 0.x spellings real tower code still has
+                target: Any = self._v1
+                for part in _TF0_RENAMES[name].split("."):
+                    target = getattr(target, part)
+                return target
+            raise
+
+
+_TF0_RENAMES = {
+    "pack": "stack",
+    "unpack": "unstack",
+    "mul": "multiply",
+    "sub": "subtract",
+    "neg": "negative",
+    "select": "where",
+    "initialize_all_variables": "global_variables_initializer",
+    "initialize_local_variables": "local_variables_initializer",
+    "initialize_variables": "variables_initializer",
+    "all_variables": "global_variables",
+    "merge_all_summaries": "summary.merge_all",
+}
+
+
+def _tf0_argument_orders(namespace: types.ModuleType, v1: Any) -> None:
+    """``concat(0, values)`` and ``split(0, n, value)``: TF 0.x argument orders, still in the wild."""
+
+    def concat(*args: Any, **kwargs: Any) -> Any:
+        if "concat_dim" in kwargs:
+            kwargs["axis"] = kwargs.pop("concat_dim")
+        if len(args) >= 2 and isinstance(args[0], int) and isinstance(args[1], (list, tuple)):
+            args = (args[1], args[0], *args[2:])
+        return v1.concat(*args, **kwargs)
+
+    def split(*args: Any, **kwargs: Any) -> Any:
+        if "split_dim" in kwargs or "num_split" in kwargs:
+            axis, num, value = kwargs.pop("split_dim", 0), kwargs.pop("num_split"), kwargs.pop("value")
+            return v1.split(value, num, axis=axis, **kwargs)
+        if len(args) >= 3 and isinstance(args[0], int) and isinstance(args[1], int) and not isinstance(args[2], int):
+            return v1.split(args[2], args[1], args[0], *args[3:], **kwargs)
+        return v1.split(*args, **kwargs)
+
+    namespace.concat = concat  # type: ignore[attr-defined]
+    namespace.split = split  # type: ignore[attr-defined]
 
 
 class _MergedModule(types.ModuleType):
@@ -210,6 +256,7 @@ def install(seed: int) -> Any:
     _alias_tf_keras_legacy_layers()
     contrib = _contrib(v1)
     namespace = _TF1Namespace(v1, real, contrib)
+    _tf0_argument_orders(namespace, v1)
     sys.modules["tensorflow"] = namespace
     try:
         _keras_aliases()
