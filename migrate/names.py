@@ -109,12 +109,13 @@ class NameResolver(cst.CSTVisitor):
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
             return
         target = node.targets[0].target.value
-        resolved = self._resolve_dotted(dotted(node.value))
+        resolved = self.resolve_dotted(dotted(node.value))
         if resolved is not None and resolved.split(".")[0] in _TRACKED_ROOTS:
             self.bindings.setdefault(target, resolved)
 
     # -- queries ------------------------------------------------------------------------------
-    def _resolve_dotted(self, name: str | None) -> str | None:
+    def resolve_dotted(self, name: str | None) -> str | None:
+        """``tf.contrib.slim`` -> ``tensorflow.contrib.slim`` (as imported, not canonicalized)."""
         if name is None:
             return None
         head, _, rest = name.partition(".")
@@ -125,7 +126,7 @@ class NameResolver(cst.CSTVisitor):
 
     def qualify(self, node: cst.BaseExpression) -> str | None:
         """Canonical qualified name of a Name/Attribute chain bound to an import, else None."""
-        resolved = self._resolve_dotted(dotted(node))
+        resolved = self.resolve_dotted(dotted(node))
         return canonical(resolved) if resolved is not None else None
 
     def uses_any(self, roots: Iterable[str]) -> bool:

@@ -6,12 +6,12 @@ One light pass over the module; rules call :func:`analyze` once (from ``visit_Mo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from tfmigrate.names import NameResolver, dotted
+from tfmigrate.syntax import walk  # noqa: F401 (re-exported for rules)
 
 # Strategies whose replicas each run the step function on their own slice of the batch.
 MIRRORED = frozenset(
@@ -116,15 +116,6 @@ def is_true(node: cst.BaseExpression) -> bool:
 
 def is_false(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "False"
-
-
-def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """Every node under ``node`` (itself included), depth first."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(current.children))
 
 
 def add_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:

@@ -26,13 +26,10 @@ def raw_name(resolver, node: cst.BaseExpression) -> tuple[str, str] | None:
     """(imported spelling, local binding path) of a Name/Attribute chain, not canonicalized:
     ``tf.Session`` -> ("tensorflow.Session", "tensorflow")."""
     name = dotted(node)
-    if name is None:
+    resolved = resolver.resolve_dotted(name)
+    if resolved is None:
         return None
-    head, _, rest = name.partition(".")
-    bound = resolver.bindings.get(head)
-    if bound is None:
-        return None
-    return (f"{bound}.{rest}" if rest else bound), bound
+    return resolved, resolver.bindings[name.partition(".")[0]]
 
 
 def tf1_symbol(name: str) -> str | None:

@@ -79,6 +79,16 @@ class _FillSlots(cst.CSTTransformer):
         return updated
 
 
+class _Trainables(cst.CSTTransformer):
+    """``tf.compat.v1.trainable_variables()`` (a graph collection) -> the store's list."""
+
+    def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
+        code = cst.Module([]).code_for_node(updated.func)
+        if code.endswith("trainable_variables") and not updated.args:
+            return cst.parse_expression("tf1_variables.trainable")
+        return updated
+
+
 class _Replace(cst.CSTTransformer):
     """Replaces every occurrence of one expression (compared structurally) with another."""
 
@@ -134,8 +144,22 @@ class Emitter:
             if fetch.tensor == self.p.train_op:
                 continue
             tensor = self.p.collected.get(fetch.tensor, fetch.tensor)
-            keys[tensor] = self._op_name(tensor, self.p.tower_body) or tensor
+            where = self.p.tower_body
+            if tensor in self.p.reductions:
+                where = self.p.tower_body + self._reduction_statements()
+            elif tensor in self.setup_fetches():
+                where = self.p.graph_setup
+            keys[tensor] = self._op_name(tensor, where) or tensor
+        for source in self.p.reductions.values():
+            tensor = self.p.collected[source]
+            keys.setdefault(tensor, self._op_name(tensor, self.p.tower_body) or tensor)
         return keys
+
+    def _reduction_statements(self) -> list[cst.BaseStatement]:
+        return [
+            cst.parse_statement(f"{name} = tf.add_n({source})")
+            for name, source in self.p.reductions.items()
+        ]
 
     def _op_name(self, name: str, statements, depth: int = 0) -> str | None:  # type: ignore[no-untyped-def]
         value = None
@@ -175,6 +199,8 @@ class Emitter:
 
     def build_function(self, params: str, keys: dict[str, str], loop_needs: list[str]) -> str:
         p = self.p
+        if p.dataset is not None:
+            return self._build_from_dataset(params, keys, loop_needs)
         inputs = ", ".join(ph.name for ph in p.placeholders)
         header = self.code(p.step_loop.target), self.expr(p.step_loop.iter)
         # Continuation lines carry the template's own 12-space base (removed by dedent).
@@ -278,6 +304,124 @@ class Emitter:
                 }}
             ''')
 
+    def _build_from_dataset(self, params: str, keys: dict[str, str], loop_needs: list[str]) -> str:
+        """The tf.data variant: the legacy dataset itself is distributed (tf.split of each of
+        its batches == the strategy's split), EMA shadows are made before the first step,
+        and cross-tower / non-tower fetches are reduced in the train step."""
+        p = self.p
+        inputs = ", ".join(ph.name for ph in p.placeholders)
+        scale = " / strategy.num_replicas_in_sync" if p.averaged else ""
+        scale_note = (
+            "# The towers AVERAGED their gradients; apply_gradients SUMS the replicas'."
+            if p.averaged
+            else "# The towers SUMMED their gradients, as apply_gradients does: not rescaled."
+        )
+        withs = "".join(f", {self.code(item)}" for item in p.tower_withs)
+        tower_keys = {t: k for t, k in keys.items() if t not in p.reductions and t not in
+                      self.setup_fetches()}
+        fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in tower_keys.items())
+        extra = "".join(f"\n{' ' * 20}{name!r}: {name}," for name in loop_needs)
+        python_setup = self.slot(p.python_setup)
+        graph_setup = self.slot(p.graph_setup)
+        body = self.slot(p.tower_body)
+        apply = self.slot([s.visit(_Trainables()) for s in p.apply])
+        pad = " " * 16
+        reads = "".join(
+            f"\n{pad}    fetches[{keys[name]!r}] = {name}() if callable({name}) else {name}"
+            for name in self.setup_fetches()
+        )
+        if reads:
+            reads = f"\n{pad}    # Read before the update, as the legacy fetch was.{reads}"
+        reduced = "".join(
+            f"\n{pad}    outputs[{keys[name]!r}] = strategy.reduce(tf.distribute.ReduceOp.SUM, "
+            f"outputs[{tower_keys[p.collected[source]]!r}], axis=None)"
+            for name, source in p.reductions.items()
+        ) + "".join(
+            f"\n{pad}    outputs[{keys[name]!r}] = strategy.experimental_local_results("
+            f"outputs[{keys[name]!r}])[0]  # the same on every replica"
+            for name in self.setup_fetches()
+        )
+        variables = "dict(tf1_variables.variables)"
+        ema = ""
+        if p.ema is not None:
+            name = p.ema[0]
+            ema_slot = self.slot([p.ema[1]])
+            ema = f"""
+                with strategy.scope():
+                    {ema_slot}
+                    # Creates the shadow variables now (equal to the weights, as TF1 initialised
+                    # them), outside the train step.
+                    {name}.apply(tf1_variables.trainable)
+                variables = dict(tf1_variables.variables)
+                for legacy_name, variable in tf1_variables.variables.items():
+                    if variable.trainable:
+                        variables[f"{{legacy_name}}/{{{name}.name}}"] = {name}.average(variable)
+"""
+            variables = "variables"
+        return textwrap.dedent(f'''
+            def build_program(strategy, {params}):
+                """The training program under `strategy` (its variables, one step, the batches)."""
+                {python_setup}
+                tf1_variables = TF1Variables(strategy)
+                with strategy.scope(), tf1_variables.scope():
+                    {graph_setup}
+                # Replica i receives the i-th slice of each batch, as tf.split gave tower i.
+                batches = strategy.experimental_distribute_dataset({p.dataset})
+
+                def tower_fn({inputs}):
+                    """One tower of the legacy loop, now one replica."""
+                    {p.tower_index} = replica_index()
+                    with tf1_variables.scope(){withs}:
+                        {body}
+                        {scale_note}
+                        {p.grads_name} = {p.optimizer}.compute_gradients(
+                            {self.expr(p.loss)}{scale}, var_list=tf1_variables.trainable)
+                    return {p.grads_name}, {{{fetched}}}
+
+                @tf.function
+                def build(*batch):
+                    strategy.run(tower_fn, args=batch)
+
+                # Trace once, without training: creates the variables under their legacy names.
+                build.get_concrete_function(*[
+                    tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
+                    for spec in {p.dataset}.element_spec])
+{ema}
+                def step_fn({inputs}):
+                    {p.grads_name}, fetches = tower_fn({inputs}){reads}
+                    {apply}
+                    return fetches
+
+                @tf.function
+                def train_step(batch):
+                    outputs = strategy.run(step_fn, args=batch){reduced}
+                    return outputs
+
+                return {{
+                    "variables": {variables},
+                    "train_step": train_step,
+                    "batches": batches,{extra}
+                }}
+            ''')
+
+    def setup_fetches(self) -> list[str]:
+        """Fetched names the graph setup made (the learning rate): read in the step."""
+        made = set().union(set(), *(bound_names(s) for s in self.p.graph_setup))
+        return [f.tensor for f in self.p.fetches if f.tensor in made]
+
+    def global_step(self) -> str:
+        """The `global_step=` that the legacy apply_gradients advanced (StopAtStepHook's)."""
+        for statement in self.p.apply:
+            for node in walk(statement):
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and (
+                    node.func.attr.value == "apply_gradients"
+                ):
+                    step = get_arg(node, 2, "global_step")
+                    if isinstance(step, cst.Name):
+                        return step.value
+        raise Blocked(self.p.tower_loop, "StopAtStepHook counts global_step, which "
+                      "apply_gradients does not advance here")
+
     def _spec_shape(self, shape: cst.BaseExpression) -> str:
         """A per-tower placeholder's shape with the batch dimension left open (the global
         batch holds every tower's)."""
@@ -320,6 +464,11 @@ class Emitter:
                             raise Blocked(p.run_statement, "the loop keeps the train op's value")
                         continue
                     key = keys[fetch.tensor]
+                    if fetch.tensor in p.reductions or fetch.tensor in self.setup_fetches():
+                        statements.append(
+                            cst.parse_statement(f"{fetch.target} = outputs[{key!r}].numpy()")
+                        )
+                        continue
                     statements.append(
                         cst.parse_statement(
                             f"{fetch.target} = strategy.experimental_local_results("
@@ -355,7 +504,10 @@ class Emitter:
         used: set[str] = set()
         for statement in self.loop_body_sources():
             used |= free_names(statement)
-        used |= free_names(self.p.step_loop.iter)
+        if isinstance(self.p.step_loop, cst.For):
+            used |= free_names(self.p.step_loop.iter)
+        if self.p.monitored is not None:
+            used |= {self.global_step()} | free_names(self.p.monitored)
         return sorted(used & made)
 
     def loop_body_sources(self) -> list[cst.CSTNode]:

@@ -16,6 +16,7 @@ initializer, and a ``for`` step loop feeding the placeholders and fetching tower
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -24,6 +25,7 @@ from tfmigrate.rules._towers import TowerRule, bound_names, free_names, get_arg,
 
 GRAPH_CONTEXTS = frozenset({"tensorflow.Graph.as_default", "tensorflow.device"})
 SESSIONS = frozenset({"tensorflow.Session", "tensorflow.InteractiveSession"})
+MONITORED = "tensorflow.train.MonitoredTrainingSession"
 INITIALIZERS = frozenset(
     {
         "tensorflow.global_variables_initializer",
@@ -45,8 +47,8 @@ class Blocked(Exception):
 @dataclass
 class Placeholder:
     name: str
-    dtype: cst.BaseExpression
-    shape: cst.BaseExpression
+    dtype: cst.BaseExpression | None  # None: an output of a tf.data iterator
+    shape: cst.BaseExpression | None
 
 
 @dataclass
@@ -114,6 +116,11 @@ class Program:
     tower_feed: TowerFeed | None = None
     session_prelude: list[cst.BaseStatement] = field(default_factory=list)
     run_fetches_list: str | None = None  # `results = sess.run([train_op] + losses)` -> 'losses'
+    dataset: str | None = None  # tf.data input: the dataset the iterator read
+    reductions: dict[str, str] = field(default_factory=dict)  # `total = tf.add_n(losses)`
+    ema: tuple[str, cst.BaseStatement] | None = None  # (name, `ema = ...MovingAverage(...)`)
+    monitored: cst.BaseExpression | None = None  # StopAtStepHook's last_step
+    checkpoint_dir: cst.BaseExpression | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -167,6 +174,8 @@ class ProgramReader:
 
     def __init__(self, rule: TowerRule, aggregation: dict[int, bool]) -> None:
         self._tower_feeds: tuple[str, list[str]] | None = None
+        self._hook_list: tuple[str, cst.BaseExpression] | None = None  # (hooks, last_step)
+        self._monitored: tuple[cst.BaseExpression, cst.BaseExpression | None] | None = None
         self.rule = rule
         # id(helper def or aggregating statement) -> averaged?  (what TFM102 found)
         self.aggregation = aggregation
@@ -219,7 +228,7 @@ class ProgramReader:
 
     def _parser(
         self, function: cst.FunctionDef, statements: list[cst.BaseStatement]
-    ) -> tuple[Parser, list[cst.BaseStatement]]:
+    ) -> tuple[Parser | None, list[cst.BaseStatement]]:
         """``def main():`` that starts by building and parsing its own argparse parser."""
         first = _assign(statements[0]) if statements else None
         if (
@@ -227,8 +236,7 @@ class ProgramReader:
             or len(first[0]) != 1
             or self.call_q(first[1]) != "argparse.ArgumentParser"
         ):
-            raise Blocked(function, "the training function takes no flags and does not start by "
-                          "building an argparse parser")
+            return None, statements  # where its flags come from is asked later (the main block)
         name = first[0][0]
         for position, statement in enumerate(statements[1:], start=1):
             small = _simple(statement)
@@ -283,6 +291,7 @@ class ProgramReader:
         splits: dict[str, str] = {}
         setup: list[cst.BaseStatement] = []
         lists: set[str] = set()
+        dataset: str | None = None
         index = 0
         tower_statement = None
         while index < len(graph):
@@ -294,14 +303,19 @@ class ProgramReader:
             name = self.call_q(assigned[1]) if assigned else None
             if assigned and name == "tensorflow.placeholder":
                 placeholders.append(self._placeholder(statement, assigned))
+            elif assigned and self._iterator_dataset(assigned[1]) is not None:
+                if placeholders or dataset is not None:
+                    raise Blocked(statement, "more than one input (placeholders or iterators)")
+                dataset = self._iterator_dataset(assigned[1])
+                placeholders.extend(Placeholder(n, None, None) for n in assigned[0])
             elif assigned and name == "tensorflow.split":
                 source = get_arg(assigned[1], 0, "value")  # type: ignore[arg-type]
                 if not isinstance(source, cst.Name) or source.value not in {
                     p.name for p in placeholders
                 }:
-                    raise Blocked(statement, "the split input is not a placeholder: only "
-                                  "placeholder + feed_dict input is converted so far (tf.data, "
-                                  "queues: later)")
+                    raise Blocked(statement, "the split input is not a placeholder or a "
+                                  "one-shot tf.data iterator's output: only those inputs are "
+                                  "converted so far (queues: later)")
                 if len(assigned[0]) != 1:
                     raise Blocked(statement, "tf.split unpacked into names")
                 splits[assigned[0][0]] = source.value
@@ -358,9 +372,37 @@ class ProgramReader:
             function, loop, python_setup, setup, placeholders, splits, tower, rest
         )
         program.per_tower_inputs = per_tower
+        program.dataset = dataset
+        if dataset is not None and program.feed_values:
+            raise Blocked(program.run_statement, "tf.data input and a feed_dict")
         program.collected = tower["collected"]
         program.update_ops = tower["update_ops"]
         return program
+
+    def _iterator_dataset(self, value: cst.BaseExpression) -> str | None:
+        """``ds.make_one_shot_iterator().get_next()`` (or the compat.v1 function) -> 'ds'."""
+        call = _call_of(value)
+        if call is None or call.args or not isinstance(call.func, cst.Attribute):
+            return None
+        if call.func.attr.value != "get_next":
+            return None
+        inner = _call_of(call.func.value)
+        if inner is None:
+            return None
+        if (
+            isinstance(inner.func, cst.Attribute)
+            and inner.func.attr.value == "make_one_shot_iterator"
+            and isinstance(inner.func.value, cst.Name)
+            and not inner.args
+        ):
+            return inner.func.value.value
+        if (
+            (self.q(inner.func) or "").endswith("data.make_one_shot_iterator")
+            and len(inner.args) == 1
+            and isinstance(inner.args[0].value, cst.Name)
+        ):
+            return inner.args[0].value.value
+        return None
 
     def _contains(self, statement: cst.CSTNode, node: cst.CSTNode) -> bool:
         return statement is node or any(a is statement for a in self.rule.ancestors(node))
@@ -573,7 +615,7 @@ class ProgramReader:
         ):
             return None
         test = self.rule.context.module.code_for_node(statement.test)
-        return UpdateOps(assigned[0][0], " ".join(test.split()))
+        return UpdateOps(assigned[0][0], re.sub(r"([([])\s+", r"\1", " ".join(test.split())))
 
     def _enumerated_devices(self, loop: cst.For, setup: list) -> tuple[str, cst.BaseExpression, str]:
         target = loop.target
@@ -648,8 +690,21 @@ class ProgramReader:
         inline: list[cst.BaseStatement] = []
         grouped = False
         update_ops: UpdateOps | None = tower["update_ops"]
+        reductions: dict[str, str] = {}
+        ema: tuple[str, cst.BaseStatement] | None = None
         for position, statement in enumerate(rest):
             assigned = _assign(statement)
+            if (
+                assigned is not None
+                and len(assigned[0]) == 1
+                and session is None
+                and self.call_q(assigned[1]) == "tensorflow.add_n"
+                and isinstance(get_arg(assigned[1], 0, "inputs"), cst.Name)  # type: ignore[arg-type]
+                and get_arg(assigned[1], 0, "inputs").value in tower["collected"]  # type: ignore[arg-type, union-attr]
+            ):
+                # `total_loss = tf.add_n(clone_losses)`: the SUM over the replicas.
+                reductions[assigned[0][0]] = get_arg(assigned[1], 0, "inputs").value  # type: ignore[arg-type, union-attr]
+                continue
             if aggregate is None and not inline and self._inline_start(rest, position, tower_list):
                 inline = [statement, rest[position + 1]]
                 continue
@@ -691,6 +746,19 @@ class ProgramReader:
                 continue
             call = _call_of(assigned[1]) if assigned else None
             if (
+                ema is None
+                and assigned is not None
+                and len(assigned[0]) == 1
+                and self.call_q(call) == "tensorflow.train.ExponentialMovingAverage"
+            ):
+                ema = (assigned[0][0], statement)
+                continue
+            if ema is not None and not grouped and self._ema_apply(statement, ema[0], train_op):
+                # `with tf.control_dependencies([apply_op]): train_op = ema.apply(...)`
+                apply.append(statement)
+                train_op, grouped = _assign(statement.body.body[0])[0][0], True  # type: ignore[attr-defined, index]
+                continue
+            if (
                 update_ops is not None
                 and not grouped
                 and assigned is not None
@@ -701,6 +769,8 @@ class ProgramReader:
                 # `train_op = tf.group(apply_op, *update_ops)`: the replicas update their batch
                 # statistics themselves now (see the notes).
                 train_op, grouped = assigned[0][0], True
+                continue
+            if statement is not rest[-1] and self._hooks(statement, rest[position + 1]):
                 continue
             session = self._session(statement)
             if session is not None:
@@ -715,19 +785,27 @@ class ProgramReader:
                           "converted yet")
         if session is None or step_loop is None:
             raise Blocked(loop, "no `tf.Session` training loop found after the towers")
+        if ema is not None and not grouped:
+            raise Blocked(ema[1], f"`{ema[0]}` is not applied as `with tf.control_dependencies("
+                          f"[{train_op}]): train_op = {ema[0]}.apply(tf.trainable_variables())`")
         if update_ops is not None and not grouped:
             raise Blocked(rest[0] if rest else loop, f"the selected UPDATE_OPS `{update_ops.name}` "
                           "are not run through `tf.group(train_op, *update_ops)`")
         feed_statements, feed_values, run_statement, fetches = step_loop[1:5]
         tower_names = bound_names(cst.IndentedBlock(body=tower["body"])) | {tower["index"]}
+        setup_names = set().union(set(), *(bound_names(s) for s in setup))
         for fetch in fetches:
             if fetch.tensor == train_op or fetch.tensor in tower["collected"]:
                 continue
+            if fetch.tensor in reductions:
+                continue
+            if fetch.tensor in setup_names and self._monitored is not None:
+                continue  # e.g. the learning rate: read in the step, before the update
             if fetch.tensor not in tower_names:
                 raise Blocked(run_statement, f"the loop fetches `{fetch.tensor}`, which is not "
                               "a tower tensor (only tower tensors are converted so far)")
         for placeholder in placeholders:
-            if placeholder.name not in feed_values:
+            if placeholder.dtype is not None and placeholder.name not in feed_values:
                 raise Blocked(run_statement, f"the placeholder `{placeholder.name}` is not fed")
         return Program(
             function=function,
@@ -756,6 +834,10 @@ class ProgramReader:
             tower_feed=step_loop[5],
             session_prelude=step_loop[6],
             run_fetches_list=step_loop[7],
+            reductions=reductions,
+            ema=ema,
+            monitored=self._monitored[0] if self._monitored else None,
+            checkpoint_dir=self._monitored[1] if self._monitored else None,
         )
 
     def _inline_start(self, rest: list, position: int, tower_list: str) -> bool:
@@ -790,6 +872,45 @@ class ProgramReader:
     def _inline_averaged(self, loop: cst.CSTNode) -> bool:
         return any(self.aggregation.get(id(n), False) for n in walk(loop))
 
+    def _ema_apply(self, statement: cst.CSTNode, ema: str, train_op: str | None) -> bool:
+        if not isinstance(statement, cst.With) or len(statement.items) != 1 or train_op is None:
+            return False
+        deps = _call_of(statement.items[0].item)
+        body = statement.body.body
+        assigned = _assign(body[0]) if len(body) == 1 else None
+        call = _call_of(assigned[1]) if assigned else None
+        if not (
+            deps is not None
+            and self.call_q(deps) == "tensorflow.control_dependencies"
+            and len(deps.args) == 1
+            and isinstance(deps.args[0].value, cst.List)
+            and [getattr(e.value, "value", None) for e in deps.args[0].value.elements]
+            == [train_op]
+            and assigned is not None
+            and len(assigned[0]) == 1
+            and call is not None
+            and self._is_method(call, ema, "apply")
+            and len(call.args) == 1
+            and self.call_q(call.args[0].value) == "tensorflow.trainable_variables"
+        ):
+            return False
+        return True
+
+    def _hooks(self, statement: cst.CSTNode, following: cst.CSTNode) -> bool:
+        """``hooks = [tf.train.StopAtStepHook(last_step=n)]`` for the MonitoredTrainingSession."""
+        assigned = _assign(statement)
+        if assigned is None or len(assigned[0]) != 1 or not isinstance(assigned[1], cst.List):
+            return False
+        elements = assigned[1].elements
+        hook = _call_of(elements[0].value) if len(elements) == 1 else None
+        if hook is None or self.call_q(hook) != "tensorflow.train.StopAtStepHook":
+            return False
+        last = get_arg(hook, 1, "last_step")
+        if last is None or get_arg(hook, 0, "num_steps") is not None:
+            return False
+        self._hook_list = (assigned[0][0], last)
+        return True
+
     def _groups(self, call: cst.Call, train_op: str, update_ops: str) -> bool:
         """``tf.group(train_op, *update_ops)`` (in either order)."""
         parts = {(a.star, a.value.value) for a in call.args if isinstance(a.value, cst.Name)}
@@ -809,6 +930,27 @@ class ProgramReader:
         if (
             isinstance(statement, cst.With)
             and len(statement.items) == 1
+            and self.call_q(statement.items[0].item) == MONITORED
+            and statement.items[0].asname is not None
+            and isinstance(statement.items[0].asname.name, cst.Name)
+        ):
+            call = statement.items[0].item
+            hooks = get_arg(call, None, "hooks")  # type: ignore[arg-type]
+            keywords = {a.keyword.value for a in call.args if a.keyword is not None}  # type: ignore[attr-defined]
+            if (
+                self._hook_list is None
+                or not isinstance(hooks, cst.Name)
+                or hooks.value != self._hook_list[0]
+                or keywords - {"checkpoint_dir", "hooks"}
+                or len(keywords) != len(call.args)  # type: ignore[attr-defined]
+            ):
+                raise Blocked(statement, "a MonitoredTrainingSession other than "
+                              "(checkpoint_dir=..., hooks=[tf.train.StopAtStepHook(last_step=n)])")
+            self._monitored = (self._hook_list[1], get_arg(call, None, "checkpoint_dir"))  # type: ignore[arg-type]
+            return statement.items[0].asname.name.value
+        if (
+            isinstance(statement, cst.With)
+            and len(statement.items) == 1
             and self.call_q(statement.items[0].item) in SESSIONS
             and statement.items[0].asname is not None
             and isinstance(statement.items[0].asname.name, cst.Name)
@@ -818,6 +960,9 @@ class ProgramReader:
 
     def _read_session(self, statements, session: str, train_op: str):  # type: ignore[no-untyped-def]
         """``sess = tf.Session(...)``, ``sess.run(init)``, then the step loop, then nothing."""
+        if self._monitored is not None:
+            # MonitoredTrainingSession initialises by itself: a fake initializer slot.
+            statements = [statements[0], None, *statements[1:]]
         if len(statements) < 3:
             raise Blocked(statements[0], "the session block is not `sess = tf.Session(...)`, "
                           "`sess.run(initializer)`, one step loop")
@@ -828,8 +973,8 @@ class ProgramReader:
                 raise Blocked(statement, "the session block holds more than the initializer, "
                               "plain assignments and one step loop")
         statements = [statements[0], statements[1], statements[-1]]
-        init = _simple(statements[1])
-        if not (
+        init = _simple(statements[1]) if statements[1] is not None else None
+        if self._monitored is None and not (
             isinstance(init, cst.Expr)
             and isinstance(init.value, cst.Call)
             and self._is_method(init.value, session, "run")
@@ -838,7 +983,17 @@ class ProgramReader:
         ):
             raise Blocked(statements[1], "expected `sess.run(tf.global_variables_initializer())`")
         step_loop = statements[2]
-        if not isinstance(step_loop, cst.For) or step_loop.orelse is not None:
+        if self._monitored is not None:
+            if not (
+                isinstance(step_loop, cst.While)
+                and step_loop.orelse is None
+                and isinstance(step_loop.test, cst.UnaryOperation)
+                and isinstance(step_loop.test.operator, cst.Not)
+                and isinstance(step_loop.test.expression, cst.Call)
+                and self._is_method(step_loop.test.expression, session, "should_stop")
+            ):
+                raise Blocked(step_loop, "the training loop is not `while not sess.should_stop():`")
+        elif not isinstance(step_loop, cst.For) or step_loop.orelse is not None:
             raise Blocked(step_loop, "the training loop is not a plain `for` loop")
         run = None
         body = list(step_loop.body.body)  # type: ignore[union-attr]
@@ -880,6 +1035,8 @@ class ProgramReader:
             Fetch(None if target == "_" else target, tensor)
             for target, tensor in zip(assigned[0], names, strict=True)
         ]
+        if feed is None and self._monitored is not None:
+            return step_loop, [], {}, run_statement, fetches, None, prelude, None  # tf.data input
         if not isinstance(feed, cst.Name):
             raise Blocked(run_call, "feed_dict is not a dict built in the loop")
         feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)

@@ -83,8 +83,18 @@ class TF1Variables:
     def getter(self, getter, name, *args, **kwargs):
         variable = self.variables.get(name)
         if variable is None:
-            with tf.init_scope(), self.strategy.scope():
-                variable = getter(name, *args, **kwargs)
+            def create(strategy):
+                with tf.init_scope(), strategy.scope():
+                    return getter(name, *args, **kwargs)
+
+            context = tf.distribute.get_replica_context()
+            if context is not None and tf.distribute.has_strategy():
+                # Inside strategy.run every replica asks; merge_call creates it once.
+                variable = context.merge_call(create)
+            else:
+                variable = create(self.strategy)
+            if name in self.variables:  # another replica's request created it
+                return self.variables[name]
             self.variables[name] = variable
             if variable.trainable:
                 self.trainable.append(variable)
@@ -108,13 +118,13 @@ def build_program(strategy, flags):
         y_all = np.zeros([64, 2], np.float32)
         opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
 
-    def feeds():
+    def fed_batches():
         """What the legacy loop fed, one global batch per step."""
         for step in range(flags.steps):
             yield x_all[step * 16 % 64:][:16], y_all[step * 16 % 64:][:16]
 
     dataset = tf.data.Dataset.from_generator(
-        feeds,
+        fed_batches,
         output_signature=(
             tf.TensorSpec([16, 4], tf.float32),
             tf.TensorSpec([16, 2], tf.float32),
@@ -134,8 +144,12 @@ def build_program(strategy, flags):
                 loss / strategy.num_replicas_in_sync, var_list=tf1_variables.trainable)
         return grads, {'loss': loss}
 
-    # Build once, outside the replicas: creates the variables under their legacy names.
-    tf.function(tower_fn).get_concrete_function(*[
+    @tf.function
+    def build(*batch):
+        strategy.run(tower_fn, args=batch)
+
+    # Trace once, without training: creates the variables under their legacy names.
+    build.get_concrete_function(*[
         tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in dataset.element_spec])
 
     def step_fn(x, y):
@@ -147,8 +161,12 @@ def build_program(strategy, flags):
     def train_step(batch):
         return strategy.run(step_fn, args=batch)
 
-    return {"variables": dict(tf1_variables.variables), "train_step": train_step,
-            "batches": batches}
+    return {
+        "variables": dict(tf1_variables.variables),
+        "train_step": train_step,
+        "batches": batches,
+    }
+
 
 def make_parser():
     parser = argparse.ArgumentParser()

@@ -16,11 +16,12 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from tfmigrate.rule import Rule
+from tfmigrate.syntax import DEFINITIONS, walk  # noqa: F401 (re-exported for rules)
 
 LOOP = (cst.For, cst.While)
 COMPREHENSION = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 # A new Python scope: a loop or binding outside it is no longer "the same code".
-BOUNDARY = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+BOUNDARY = DEFINITIONS
 
 DEVICE = "tensorflow.device"
 SCOPES = frozenset(
@@ -49,17 +50,6 @@ def short_tf(name: str | None) -> str | None:
     if name is not None and name.startswith("tensorflow.math."):
         return "tensorflow." + name[len("tensorflow.math.") :]
     return name
-
-
-def walk(node: cst.CSTNode, *, into_defs: bool = True) -> Iterator[cst.CSTNode]:
-    """Pre-order, source-order walk; optionally not into nested functions/classes/lambdas."""
-    stack: list[cst.CSTNode] = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if not into_defs and current is not node and isinstance(current, BOUNDARY):
-            continue
-        stack.extend(reversed(current.children))
 
 
 def free_names(node: cst.CSTNode) -> set[str]:

@@ -77,6 +77,8 @@ class VariableNames:
         # arg_scope can change any slim layer's defaults (and so which variables it makes).
         self.arg_scoped = any(isinstance(n, cst.Name) and n.value == "arg_scope" for n in walk(module))
         self.names: list[str] = []
+        self.non_trainable: set[str] = set()
+        self.templates: dict[str, tuple[list[str], cst.FunctionDef]] = {}
         self._depth = 0
 
     def run(self, statements: list[cst.BaseStatement]) -> list[str] | None:
@@ -105,7 +107,8 @@ class VariableNames:
             raise Unknown  # a nested definition may create variables when called later
         if isinstance(node, cst.SimpleStatementLine):
             for small in node.body:
-                self._expr(small, scopes, env)
+                if not self._template(small, scopes):
+                    self._expr(small, scopes, env)
             return
         for child in node.children:
             if isinstance(child, cst.BaseSuite):
@@ -114,6 +117,31 @@ class VariableNames:
                 self._expr(child, scopes, env)
             elif isinstance(child, cst.If | cst.Else):
                 self._statement(child, scopes, env)
+
+    def _template(self, small: cst.BaseSmallStatement, scopes: list[str]) -> bool:
+        """``net = tf.make_template('net', network)``: calls of ``net`` build ``network``
+        under ``<scopes at creation>/net`` (the first call creates, later ones reuse)."""
+        if not (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and isinstance(small.value, cst.Call)
+            and self.qualify(small.value.func) == "tensorflow.make_template"
+        ):
+            return False
+        call = small.value
+        name = get_arg(call, 0, "name_")
+        function = get_arg(call, 1, "func_")
+        if (
+            len(call.args) != 2
+            or not isinstance(name, cst.SimpleString)
+            or not isinstance(function, cst.Name)
+            or function.value not in self.functions
+        ):
+            raise Unknown
+        target = small.targets[0].target.value  # type: ignore[union-attr]
+        self.templates[target] = ([*scopes, name.evaluated_value], self.functions[function.value])  # type: ignore[list-item]
+        return True
 
     def _scope_name(self, call: cst.Call, env: dict[str, str]) -> list[str]:
         arg = get_arg(call, 0, "name_or_scope")
@@ -139,7 +167,21 @@ class VariableNames:
             return
         name = self.qualify(node.func)
         if name == "tensorflow.get_variable":
-            self._add(scopes, self._string(get_arg(node, 0, "name"), env))
+            variable = self._string(get_arg(node, 0, "name"), env)
+            self._add(scopes, variable)
+            trainable = get_arg(node, None, "trainable")
+            if isinstance(trainable, cst.Name) and trainable.value == "False":
+                self.non_trainable.add("/".join([*scopes, variable]))
+            elif trainable is not None and not isinstance(trainable, cst.Name):
+                raise Unknown
+        elif name in ("tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"):
+            if scopes or node.args:
+                raise Unknown
+            self._add([], "global_step")
+            self.non_trainable.add("global_step")
+        elif isinstance(node.func, cst.Name) and node.func.value in self.templates:
+            template_scopes, function = self.templates[node.func.value]
+            self._call(function, node, template_scopes, env)
         elif name in _LAYERS:
             keyword, suffixes = _LAYERS[name]
             scope = self._string(get_arg(node, None, keyword), env)
@@ -151,6 +193,8 @@ class VariableNames:
             scope = self._string(get_arg(node, None, "scope"), env)
             for suffix in _SLIM[_slim_layer(name)](node):  # type: ignore[index]
                 self._add(scopes, f"{scope}/{suffix}")
+                if suffix.startswith("moving_"):
+                    self.non_trainable.add("/".join([*scopes, scope, suffix]))
         elif name is not None and name.startswith(("tensorflow.contrib.", "tensorflow.layers.")):
             raise Unknown  # creates variables under names this reader does not model yet
         elif name == "tensorflow.make_template":

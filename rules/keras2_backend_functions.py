@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from tfmigrate import tfapi
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 
 _BACKENDS = ("keras.backend.", "tensorflow.keras.backend.")
@@ -23,9 +24,10 @@ class OpsFunction:
 
 
 # Only functions whose Keras 3 op computes the same thing (checked against Keras 2.x's
-# tensorflow_backend.py). `K.sqrt` is missing on purpose: Keras 2 clipped negatives to 0.
+# tensorflow_backend.py).
 BACKEND_TO_OPS: dict[str, OpsFunction] = {
     "flatten": OpsFunction("reshape", max_args=1),  # Keras 2: tf.reshape(x, [-1])
+    "sqrt": OpsFunction("sqrt", max_args=1),  # Keras 2 clipped negatives to 0 first
     **{n: OpsFunction(n) for n in ("sum", "mean", "max", "min", "prod", "std", "var", "all", "any")},
     **{
         n: OpsFunction(n, max_args=1)
@@ -82,9 +84,10 @@ class Keras2BackendFunctions(Rule):
 
     ## Fix safety
     Safe for the functions in the table, whose `keras.ops` counterpart computes the same thing
-    (Keras 2's default axis is written out where Keras 3's differs). Others (`K.sqrt`, which
-    clipped negatives to 0, `K.dot`, `K.batch_flatten`, losses) and calls with extra arguments
-    (`name=`) are left to TFM205 or a person.
+    (Keras 2's default axis is written out where Keras 3's differs; `K.sqrt(x)` clipped
+    negatives to 0 and becomes `keras.ops.sqrt(keras.ops.maximum(x, 0.0))`). Other backend
+    functions Keras 3 lacks (`K.dot`, `K.batch_flatten`, `K.binary_crossentropy`, ...) and calls
+    with extra arguments (`name=`) are reported for a person.
     """
 
     code = "TFM113"
@@ -97,8 +100,8 @@ class Keras2BackendFunctions(Rule):
         "import keras\nfrom keras import backend as K\neps = K.epsilon()\ny = keras.ops.sum(x)\n",
         # Not Keras's backend.
         "import keras\nfrom myproject import backend as K\ny = K.sum(x)\n",
-        # Keras 2 semantics differ (negatives clipped): left to TFM205.
-        "import keras\nfrom keras import backend as K\ny = K.sqrt(x)\n",
+        # Still in Keras 3's backend.
+        "import keras\nfrom keras import backend as K\nK.set_floatx('float32')\nK.clear_session()\n",
     )
     invalid = (
         Example(
@@ -135,6 +138,28 @@ class Keras2BackendFunctions(Rule):
             w = tf.keras.ops.mean(tf.keras.ops.power(z, 2), axis=-1)
             """,
         ),
+        Example(
+            """
+            from tensorflow.keras import backend as K
+            def rmse(y_true, y_pred):
+                return K.sqrt(K.mean(K.square(y_pred - y_true), axis=-1))
+            """,
+            fixed="""
+            from tensorflow.keras import backend as K
+            import tensorflow as tf
+
+            def rmse(y_true, y_pred):
+                return tf.keras.ops.sqrt(tf.keras.ops.maximum(tf.keras.ops.mean(tf.keras.ops.square(y_pred - y_true), axis=-1), 0.0))
+            """,
+        ),
+        # No exact keras.ops counterpart: reported.
+        Example(
+            """
+            import keras.backend as K
+            flat = K.batch_flatten(x)
+            """,
+            message="no `keras.ops` function",
+        ),
         # `name=` has no Keras 3 counterpart: reported, not fixed.
         Example(
             """
@@ -151,6 +176,12 @@ class Keras2BackendFunctions(Rule):
         function = name.rsplit(".", 1)[1]
         spec = BACKEND_TO_OPS.get(function)
         if spec is None:
+            if tfapi.exists(f"keras.backend.{function}") is False:
+                self.report(
+                    node,
+                    f"`K.{function}` is not in Keras 3's backend and has no `keras.ops` function "
+                    "that computes the same: rewrite it with `keras.ops`",
+                )
             return
         message = f"`K.{function}` is not in Keras 3's backend: use `keras.ops.{spec.name}`"
         if len(node.args) > spec.max_args or any(
@@ -159,13 +190,20 @@ class Keras2BackendFunctions(Rule):
             self.report(node, message + " (not fixed: arguments without a Keras 3 counterpart)")
             return
         tf_keras = name.startswith("tensorflow.")
-        prefix = f"{self.tf_local()}.keras.ops" if tf_keras else "keras.ops"
+        tf = self.context.resolver.local_name_for("tensorflow")
+        prefix = f"{tf or 'tf'}.keras.ops" if tf_keras else "keras.ops"
         args = [
             a.with_changes(keyword=cst.Name(spec.keywords[a.keyword.value]))
             if a.keyword and a.keyword.value in spec.keywords
             else a
             for a in node.args
         ]
+        if function == "sqrt":
+            inner = cst.Call(cst.parse_expression(f"{prefix}.maximum"), [
+                args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT),
+                cst.Arg(cst.Float("0.0")),
+            ])
+            args = [cst.Arg(inner)]
         if function == "flatten":
             args = [args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT), cst.Arg(
                 cst.parse_expression("[-1]"))]
@@ -190,5 +228,8 @@ class Keras2BackendFunctions(Rule):
         replacement = node.with_changes(
             func=cst.parse_expression(f"{prefix}.{spec.name}"), args=args
         )
-        imports = () if tf_keras else (Import("keras"),)
+        if tf_keras:
+            imports = () if tf else (Import("tensorflow", asname="tf"),)
+        else:
+            imports = (Import("keras"),)
         self.report(node, message, replacement=replacement, imports=imports)

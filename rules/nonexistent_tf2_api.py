@@ -7,7 +7,6 @@ from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety
 
 from ._tf_api import ApiNameRule, contrib_advice
-from .keras2_backend_functions import BACKEND_TO_OPS
 
 # Names other rules own: Keras 2 multi-GPU and session plumbing (TFM107, TFM108).
 _COVERED = ("multi_gpu_model", "set_session", "get_session")
@@ -220,8 +219,8 @@ class NonexistentTf2Api(ApiNameRule):
         if name.rsplit(".", 1)[-1] in _COVERED or tfapi.exists(name) is not False:
             return
         head, _, last = name.rpartition(".")
-        if head in ("keras.backend", "tf.keras.backend") and last in BACKEND_TO_OPS:
-            return  # Keras 2 backend math: TFM113 converts it
+        if head in ("keras.backend", "tf.keras.backend"):
+            return  # Keras 2 backend functions: TFM113 speaks
         parts = name.split(".")
         for end in range(2, len(parts) + 1):
             missing = ".".join(parts[:end])

@@ -8,8 +8,8 @@ from tfmigrate.names import NameResolver
 from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules._tower_emit import STORE, Emitter, _indent
-from tfmigrate.rules._tower_program import Blocked, Program, ProgramReader
-from tfmigrate.rules._towers import TowerRule, bound_names, identifiers, walk
+from tfmigrate.rules._tower_program import Blocked, Program, ProgramReader, _assign
+from tfmigrate.rules._towers import TowerRule, bound_names, get_arg, identifiers, walk
 from tfmigrate.rules._variable_names import VariableNames
 
 # Names the converted program defines; a module already using them is not converted.
@@ -19,7 +19,8 @@ _RESERVED_TOP = frozenset(
 _RESERVED_LOCAL = frozenset(
     {
         "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
-        "fed_batches", "build", "dataset", "fetches", "tf1_variables",
+        "fed_batches", "build", "fetches", "tf1_variables", "variables", "legacy_name",
+        "checkpoint", "manager",
     }
 )  # fmt: skip
 
@@ -158,7 +159,8 @@ def _analyse(rule: TowerRule, loop: cst.For) -> tuple[Program, cst.If, cst.Call]
     clash = sorted(names & _RESERVED_TOP)
     if clash:
         raise Blocked(program.function, f"the module already uses the name `{clash[0]}`")
-    clash = sorted(identifiers(program.function) & _RESERVED_LOCAL)
+    reserved = _RESERVED_LOCAL if program.dataset is not None else _RESERVED_LOCAL | {"dataset"}
+    clash = sorted(identifiers(program.function) & reserved)
     if clash:
         raise Blocked(program.function, f"the training function already uses `{clash[0]}`")
     main, call = _main_block(module, program.function, program.parser is not None)
@@ -275,6 +277,27 @@ if __name__ == "__main__":
         main_text = ""
     parser_slot = emitter.slot(parser_statements)
     body_slot = emitter.slot(emitter.loop_body(keys))
+    loop_prelude = loop_end = loop_comment = ""
+    if program.monitored is None:
+        target = module.code_for_node(program.step_loop.target)  # type: ignore[attr-defined]
+        loop_header = f"for {target} in {emitter.expr(program.step_loop.iter)}"  # type: ignore[attr-defined]
+    else:
+        step = emitter.global_step()
+        last = emitter.expr(program.monitored)
+        loop_header = f"while int({step}) < {last}"
+        if program.checkpoint_dir is not None:
+            folder = emitter.expr(program.checkpoint_dir)
+            loop_prelude = (
+                "    # MonitoredTrainingSession(checkpoint_dir=...): resume from the latest\n"
+                "    # checkpoint there, save one when the loop ends.\n"
+                '    checkpoint = tf.train.Checkpoint(variables=program["variables"])\n'
+                f"    manager = tf.train.CheckpointManager(checkpoint, {folder}, max_to_keep=5)\n"
+                "    manager.restore_or_initialize()\n"
+            )
+            loop_end = f"    manager.save(checkpoint_number=int({step}))\n"
+        prelude = emitter.slot(program.session_prelude)
+        loop_prelude += f"    {prelude}\n"
+        loop_comment = f"  # StopAtStepHook(last_step={last})"
     docstring = function.get_docstring(clean=False)
     doc_line = f'    """{docstring}"""\n' if docstring is not None else ""
     unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
@@ -302,9 +325,9 @@ def {function.name.value}({signature}):
     program = build_program(strategy, {param})
     train_step = program["train_step"]
     batches = iter(program["batches"])
-{unpack}    for {module.code_for_node(program.step_loop.target)} in {emitter.expr(program.step_loop.iter)}:
+{unpack}{loop_prelude}    {loop_header}:{loop_comment}
         {body_slot}
-{main_text}"""
+{loop_end}{main_text}"""
     )
     generated = _parse_generated(text, unit, emitter)
 
@@ -326,6 +349,7 @@ def {function.name.value}({signature}):
             continue
         body.append(statement)
     new_module = _contrib_to_tf_slim(module.with_changes(body=body), program)
+    new_module = _v1_layers_to_tf_keras(new_module)
     manifest, summary = _manifest(module, program, keys, reader_rule)
     return new_module, manifest, summary
 
@@ -346,9 +370,12 @@ class _ContribToTfSlim(cst.CSTTransformer):
         return cst.parse_expression(new)
 
 
+_TF_SLIM_COMMENT = (
+    "# tf_slim (tf.contrib.slim / tf.contrib.layers on PyPI) still refers to ops.Tensor, which",
+    "# TensorFlow 2.21 no longer defines.",
+)
 _TF_SLIM_PATCH = """\
-# tf_slim (tf.contrib.slim / tf.contrib.layers on PyPI) still refers to ops.Tensor, which
-# TensorFlow 2.21 no longer defines.
+tf_ops = importlib.import_module("tensorflow.python.framework.ops")
 if not hasattr(tf_ops, "Tensor"):
     tf_ops.Tensor = tf.Tensor
 """
@@ -384,14 +411,94 @@ def _contrib_to_tf_slim(module: cst.Module, program: Program) -> cst.Module:
                       "(tf_slim has no replacement for them)")
     body = list(renamed.body)
     patch = cst.parse_module(_indent(_TF_SLIM_PATCH, module.default_indent)).body
-    patch = [patch[0].with_changes(leading_lines=[cst.EmptyLine(), *patch[0].leading_lines]),
-             *patch[1:]]
+    comment = [cst.EmptyLine(comment=cst.Comment(line)) for line in _TF_SLIM_COMMENT]
+    patch = [patch[0].with_changes(leading_lines=[cst.EmptyLine(), *comment]), *patch[1:]]
     body[imports_end:imports_end] = patch
-    body[tf_import + 1 : tf_import + 1] = [
-        cst.parse_statement("import tf_slim"),
-        cst.parse_statement("from tensorflow.python.framework import ops as tf_ops"),
-    ]
+    body[tf_import + 1 : tf_import + 1] = [cst.parse_statement("import tf_slim")]
+    if "importlib" not in identifiers(renamed):
+        body.insert(_first_import(body), cst.parse_statement("import importlib"))
     return renamed.with_changes(body=body)
+
+
+# tf.compat.v1.layers.<name> -> the tf_keras module that defines it (Keras 3 has none of them).
+_V1_LAYER_MODULES = {
+    "core": ("dense", "dropout", "flatten", "Dense", "Dropout", "Flatten"),
+    "convolutional": (
+        "conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose", "separable_conv1d",
+        "separable_conv2d", "Conv1D", "Conv2D", "Conv3D", "Conv2DTranspose", "SeparableConv2D",
+    ),
+    "pooling": (
+        "average_pooling1d", "average_pooling2d", "average_pooling3d", "max_pooling1d",
+        "max_pooling2d", "max_pooling3d", "MaxPooling2D", "AveragePooling2D",
+    ),
+    "normalization": ("batch_normalization", "BatchNormalization"),
+}  # fmt: skip
+
+
+class _V1Layers(cst.CSTTransformer):
+    def __init__(self, tf: str) -> None:
+        super().__init__()
+        self.prefix = f"{tf}.compat.v1.layers."
+        self.used: set[str] = set()
+
+    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+        code = cst.Module([]).code_for_node(updated)
+        if not code.startswith(self.prefix) or "." in code[len(self.prefix) :]:
+            return updated
+        name = code[len(self.prefix) :]
+        for module, names in _V1_LAYER_MODULES.items():
+            if name in names:
+                self.used.add(module)
+                return cst.parse_expression(f"tf1_{module}_layers.{name}")
+        raise Blocked(original, f"`{code}` has no tf_keras counterpart the conversion knows")
+
+
+def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
+    """``tf.compat.v1.layers`` needs Keras 2: the model code keeps them, from tf_keras."""
+    tf = None
+    tf_import = 0
+    for position, statement in enumerate(module.body):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                if module.code_for_node(alias.name) == "tensorflow":
+                    tf = alias.asname.name.value if alias.asname else "tensorflow"  # type: ignore[union-attr]
+                    tf_import = position
+    if tf is None:
+        return module
+    layers = _V1Layers(tf)
+    renamed = module.visit(layers)
+    if not layers.used:
+        return module
+    body = list(renamed.body)
+    imports = [
+        cst.parse_statement(f"from tf_keras.src.legacy_tf_layers import {name} as tf1_{name}_layers")
+        for name in sorted(layers.used)
+    ]
+    comment = cst.EmptyLine(
+        comment=cst.Comment("# tf.compat.v1.layers need Keras 2: tf_keras carries them.")
+    )
+    imports[0] = imports[0].with_changes(leading_lines=[comment])
+    body[tf_import + 1 : tf_import + 1] = imports
+    return renamed.with_changes(body=body)
+
+
+def _first_import(body: list[cst.BaseStatement]) -> int:
+    """Where ``import importlib`` goes: in order among the module's first plain imports."""
+    first = None
+    for position, statement in enumerate(body):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not isinstance(small, cst.Import):
+            if first is not None:
+                return position
+            continue
+        if first is None:
+            first = position
+        if cst.Module([]).code_for_node(small.names[0].name) > "importlib":
+            return position
+        if statement is not body[first] and statement.leading_lines:
+            return position  # the next import group
+    return first or 0
 
 
 class _ReplaceName(cst.CSTTransformer):
@@ -414,7 +521,17 @@ def _parse_generated(text: str, unit: str, emitter: Emitter) -> cst.Module:
 def _manifest(
     module: cst.Module, program: Program, keys: dict[str, str], rule: TowerRule
 ) -> tuple[dict[str, object], str]:
-    names = VariableNames(module, rule.qualify).run([*program.graph_setup, *program.tower_body])
+    reader = VariableNames(module, rule.qualify)
+    names = reader.run([*program.graph_setup, *program.tower_body])
+    if names is not None and program.ema is not None:
+        # The EMA's shadows of the trainable variables: `<legacy name>/<ema name>`.
+        ema_call = _assign(program.ema[1])[1]  # type: ignore[index]
+        ema_name = get_arg(ema_call, 3, "name")  # type: ignore[arg-type]
+        if ema_name is None or isinstance(ema_name, cst.SimpleString):
+            suffix = ema_name.evaluated_value if ema_name is not None else "ExponentialMovingAverage"
+            names += [f"{n}/{suffix}" for n in names if n not in reader.non_trainable]
+        else:
+            names = None
     how = (
         "the towers AVERAGED their gradients: each replica's loss is divided by "
         "num_replicas_in_sync before compute_gradients, and apply_gradients SUM-all-reduces"
@@ -433,11 +550,35 @@ def _manifest(
         "distributed so that replica i gets tower i's slice",
     ]
     for tensor, key in keys.items():
+        if program.run_fetches_list is not None:
+            notes.append(
+                f"TFM303: the loop fetched every tower's `{tensor}` (`{program.run_fetches_list}`)"
+                f"; train_step returns it per replica as `{key}` and the loop lists the replicas'"
+            )
+            continue
         notes.append(
             f"TFM303: the loop fetched the last tower's `{tensor}`; train_step returns it per "
             f"replica as `{key}` and the loop logs the last replica's"
         )
     manifest: dict[str, object] = {"notes": notes}
+    statistics = [n for n in names or [] if n.endswith(("/moving_mean", "/moving_variance"))]
+    if program.update_ops is not None or statistics:
+        legacy = (
+            f"the legacy step ran the batch-norm UPDATE_OPS only of the towers selected by "
+            f"`{program.update_ops.test}`"
+            if program.update_ops is not None
+            else "the legacy step never ran the batch-norm UPDATE_OPS"
+        )
+        reason = (
+            f"{legacy}; under MirroredStrategy every step updates the moving statistics (a "
+            "tf.function runs every stateful op) with the MEAN of the replicas' batch "
+            "statistics (assign_moving_average all-reduces them): moving_mean/moving_variance "
+            "differ from the legacy values; weights and training losses do not depend on them"
+        )
+        notes.append(f"TFM303: {reason}")
+        manifest["announced"] = [
+            {"match": ["*/moving_mean", "*/moving_variance"], "code": "TFM303", "reason": reason}
+        ]
     if names is not None:
         manifest["variables"] = {name: name for name in names}
     else:

@@ -17,9 +17,9 @@ from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-CONVERTED = ("cifar_average",)
+CONVERTED = ("cifar_average", "bn_rmsprop")
 # fixture -> the line the finding must name (what blocked the conversion).
-BLOCKED = {"bn_rmsprop": 51, "sum_ema_decay": 55}
+BLOCKED = {"sum_ema_decay": 55}
 TF1_ONLY = re.compile(r"\b(Session|placeholder|feed_dict|global_variables_initializer)\b")
 
 
@@ -92,7 +92,7 @@ def test_manifest_contribution_only_when_the_fix_is_applied():
     assert fixed.manifest["variables"] == {"model/w": "model/w"}
 
 
-def _verify(legacy: Path, migrated: Path, steps: int = 10) -> subprocess.CompletedProcess:
+def _verify(legacy: Path, migrated: Path, steps: int = 6) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tfmigrate", "verify", str(legacy), str(migrated),
          "--replicas", "2", "--steps", str(steps)],
@@ -109,6 +109,46 @@ def test_converted_fixture_verifies(cli, tmp_path, name):
     result = _verify(FIXTURES / "towers" / name / "train.py", out / "train.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EQUIVALENT" in result.stdout
+
+
+def test_bn_rmsprop_shape(cli, tmp_path):
+    """main() parsing its own flags, per-tower placeholders fed in a loop, inline averaging,
+    one tower's UPDATE_OPS through tf.group, contrib/slim layers from tf_slim."""
+    out = tmp_path / "out"
+    _rewrite_out(cli, "bn_rmsprop", out)
+    code = (out / "train.py").read_text()
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
+    assert "= tf.contrib" not in code and "tf.contrib.layers.batch_norm(" not in code
+    assert "import tf_slim" in code and "slim = tf_slim" in code
+    assert "GraphKeys.UPDATE_OPS" not in code and "tf.group(" not in code
+    assert "bn_updates =" not in code
+    assert "averaged = opt.compute_gradients(\n" in code
+    assert "loss / strategy.num_replicas_in_sync" in code
+    assert "x_parts.append(x_all[lo:lo + args.batch_size])" in code
+    assert "yield np.concatenate(x_parts), np.concatenate(y_parts)" in code
+    assert "args, _ = make_parser().parse_known_args()\n" in code
+    assert code.rstrip().endswith("if __name__ == '__main__':\n  main()")
+    assert sorted(entry["variables"]) == sorted(
+        f"model/{name}" for name in (
+            "fc1/weights", "fc1/biases", "bn1/beta", "bn1/moving_mean", "bn1/moving_variance",
+            "logits/weights", "logits/biases",
+        )
+    )  # fmt: skip
+    [announced] = entry["announced"]
+    assert announced["match"] == ["*/moving_mean", "*/moving_variance"]
+    assert announced["code"] == "TFM303" and "MEAN of the replicas'" in announced["reason"]
+
+
+@pytest.mark.slow
+def test_bn_rmsprop_statistics_are_announced(cli, tmp_path):
+    out = tmp_path / "out"
+    _rewrite_out(cli, "bn_rmsprop", out)
+    result = _verify(FIXTURES / "towers" / "bn_rmsprop" / "train.py", out / "train.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = re.findall(r"^EXPECTED\W+(\S+)", result.stdout, re.M)
+    assert expected == ["model/bn1/moving_mean", "model/bn1/moving_variance"]
+    assert not re.findall(r"^(?:FAIL|DIVERGED)", result.stdout, re.M)
+    assert len(re.findall(r"^PASS\W+xent/value", result.stdout, re.M)) == 2  # both towers
 
 
 @pytest.mark.slow
@@ -132,7 +172,7 @@ def test_example_is_current():
 
 def test_blocked_fixture_copy_is_byte_identical(cli, tmp_path):
     repo = tmp_path / "repo"
-    shutil.copytree(FIXTURES / "towers" / "bn_rmsprop", repo)
+    shutil.copytree(FIXTURES / "towers" / "sum_ema_decay", repo)
     before = (repo / "train.py").read_bytes()
     cli("rewrite", "--write", "--allow-dirty", "--select", "TFM303", repo)
     assert (repo / "train.py").read_bytes() == before

@@ -161,6 +161,55 @@ class LegacyRecorder:
 
         session_lib.BaseSession.close = close
         self._watch_queue_runners()
+        self._install_keras()
+
+    def _install_keras(self) -> None:
+        """Keras 2-era ``fit``: tf_keras's graph-mode optimizers are not ``tf.train.Optimizer`` and
+        each batch runs through a ``GraphExecutionFunction`` (a Session callable, not Session.run)."""
+        try:
+            from tf_keras.src import backend as keras_backend
+            from tf_keras.src.engine import training_v1
+            from tf_keras.src.optimizers.legacy import optimizer_v2
+        except ImportError:  # no tf_keras: TF1 scripts without Keras still run
+            return
+        rec = self
+
+        orig_apply = optimizer_v2.OptimizerV2.apply_gradients
+
+        def apply_gradients(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            result = orig_apply(opt, *args, **kwargs)
+            op = getattr(result, "op", result)
+            if getattr(op, "graph", None) is not None and not getattr(op.graph, "_building_function", False):
+                rec.train_op_names.add(op.name)  # graph mode only: eager updates have no op to fetch
+                rec.optimizers.append(opt)
+            return result
+
+        optimizer_v2.OptimizerV2.apply_gradients = apply_gradients
+
+        orig_make = training_v1.Model._make_train_function
+
+        def make_train_function(model: Any) -> None:
+            orig_make(model)
+            if getattr(model, "train_function", None) is not None:
+                # outputs are [total loss, *metrics]: record them under Keras' own names
+                model.train_function._tfmigrate_names = list(model.metrics_names)
+
+        training_v1.Model._make_train_function = make_train_function
+
+        orig_call = keras_backend.GraphExecutionFunction.__call__
+
+        def call(fn: Any, inputs: Any) -> Any:
+            if rec._inside or rec.finalized:
+                if rec.finalized and rec.steps_done >= rec.max_steps:
+                    raise StopTraining()
+                return orig_call(fn, inputs)
+            rec._inside = True
+            try:
+                return rec.run_keras_function(fn, inputs, orig_call, keras_backend)
+            finally:
+                rec._inside = False
+
+        keras_backend.GraphExecutionFunction.__call__ = call
 
     def _watch_queue_runners(self) -> None:
         """A queue runner that fails (missing data files, ...) leaves the training loop blocked in a
@@ -219,6 +268,49 @@ class LegacyRecorder:
             step.fetches = self._scalars([_graph_element(graph, leaf) for leaf in _leaves(fetches["caller"])],
                                          _leaves(results["caller"], like=fetches["caller"]))
         step.inputs = self._fingerprint(graph, feed_dict, extra, extra_values)
+        self.record.steps.append(step)
+        self._trace(sess)
+        if self.steps_done >= self.max_steps:
+            self.finalize(sess)
+            raise StopTraining()
+        return results
+
+    def run_keras_function(self, fn: Any, inputs: Any, orig_call: Any, keras_backend: Any) -> Any:
+        """One call of a Keras backend function (``fit`` runs one per batch)."""
+        graph = fn.outputs[0].graph if fn.outputs else fn.updates_op.graph
+        is_train, _ = self._plan(graph, [*fn.outputs, fn.updates_op])
+        if not is_train:
+            return orig_call(fn, inputs)
+        from tensorflow.python.util import nest
+
+        flat = nest.flatten(inputs, expand_composites=True)
+        sess = keras_backend.get_session(flat)  # also initializes the variables Keras created
+        if self.steps_done == 0:
+            self._check_towers()
+            self.capture_initial(sess)
+        start = time.perf_counter()
+        results = orig_call(fn, inputs)
+        seconds = time.perf_counter() - start
+        self.steps_done += 1
+        step = Step(step=self.steps_done, seconds=seconds)
+        values = nest.flatten(results)
+        names = getattr(fn, "_tfmigrate_names", None)
+        if names and len(names) == len(values):
+            # a compiled model's loss/metrics: reductions over the global batch, no tower
+            step.fetches = [Fetch(name=n, base=n, tower=None, value=float(np.asarray(v).reshape(())))
+                            for n, v in zip(names, values, strict=True) if np.asarray(v).size == 1]
+        else:
+            step.fetches = self._scalars(list(fn.outputs), values)
+        streams: dict[str, dict[int, Any]] = {}
+        for tensor, value in zip(fn.inputs, flat, strict=False):
+            # Keras feeds all-ones sample weights the program never wrote: not part of the data
+            if value is None or hasattr(value, "graph") or tensor.op.name.endswith("_sample_weights"):
+                continue
+            arr = np.asarray(value, dtype=tensor.dtype.as_numpy_dtype)
+            if fingerprint.is_data(arr):
+                self._add_stream(streams, tensor, arr)
+        step.inputs = (fingerprint.step_fingerprint([p[i] for i in sorted(p)] for p in streams.values())
+                       if streams else None)
         self.record.steps.append(step)
         self._trace(sess)
         if self.steps_done >= self.max_steps:
@@ -358,6 +450,9 @@ class LegacyRecorder:
                     names.add(var.op.name)
             for extra in getattr(opt, "_non_slot_dict", {}).values():
                 names.add(extra.op.name)
+            if hasattr(opt, "_hyper"):  # tf_keras OptimizerV2: iterations, hyperparameters, slots
+                names.update(v.op.name for v in opt.weights)
+                names.update(h.op.name for h in opt._hyper.values() if hasattr(h, "op"))
         return names
 
     def _trace(self, sess: Any) -> None:

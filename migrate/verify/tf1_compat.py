@@ -7,7 +7,8 @@ Only the legacy boot process calls :func:`install`; TensorFlow is imported insid
   tf_slim's layers, initializers, regularizers and optimizers, ``tf.contrib.framework`` is slim's
   framework ops, ``tf.contrib.memory_stats`` reports the process' memory on CPU;
 - ``tf.layers`` works (``TF_USE_LEGACY_KERAS=1`` must be in the environment before TF starts);
-- ``keras.*`` (Keras 2-era imports) resolve to tf_keras, incl. ``keras.backend.tensorflow_backend``.
+- ``keras.*`` (Keras 2-era imports) resolve to tf_keras, incl. ``keras.backend.tensorflow_backend``
+  and ``keras.utils.multi_gpu_model`` (keras2_compat).
 """
 
 from __future__ import annotations
@@ -229,16 +230,32 @@ def _keras_aliases() -> None:
 
     # Keras 2's backend had get_session/set_session; tf_keras keeps them out of its public API
     backend = _MergedModule("keras.backend", [public_backend, full_backend])
+    backend.tensorflow_backend = backend  # Keras 2's `import keras` made this an attribute too
+
+    # Keras 2's optimizers (`SGD(lr=..., decay=...)`, updates built in the graph) are tf_keras's
+    # legacy OptimizerV2 family; tf_keras's default ones cannot be converted in graph mode
+    import tf_keras.optimizers
+    import tf_keras.optimizers.legacy
+
+    optimizers = _MergedModule("keras.optimizers", [tf_keras.optimizers.legacy, tf_keras.optimizers])
 
     def resolve(name: str) -> types.ModuleType:
         if name in ("keras.backend", "keras.backend.tensorflow_backend"):
             return backend
+        if name == "keras.optimizers":
+            return optimizers
         return importlib.import_module("tf_keras" + name[len("keras") :])
 
+    import tf_keras.utils
+
+    from tfmigrate.verify import keras2_compat
+
+    keras2_compat.install(tf_keras.utils)  # multi_gpu_model (gone since TF 2.4)
     sys.modules.pop("keras", None)
     sys.meta_path.insert(0, _AliasFinder({"keras": resolve}))
     sys.modules["keras"] = tf_keras
     tf_keras.backend = backend  # `import keras; keras.backend.set_session(...)` (a superset)
+    tf_keras.optimizers = optimizers
 
 
 def install(seed: int) -> Any:
