@@ -90,6 +90,7 @@ def main() -> None:
                 "--reportfile", str(Path(tmp) / "report.txt"), "--no_import_rename",
             ]
         rows = []
+        print(f"{n} files; {os.cpu_count()} cores; Python {sys.version.split()[0]}", flush=True)
         for name, cmd in commands.items():
             best = None
             for _ in range(args.repeat):
@@ -99,9 +100,10 @@ def main() -> None:
                 if best is None or result[0] < best[0]:
                     best = result
             rows.append((name, *best))
+            print(f"  measured {name}: {best[0]:.2f} s, {best[1]:.0f} MB, exit {best[2]}", flush=True)
 
     baseline = next((r[1] for r in rows if r[0].startswith("tf_upgrade_v2")), None)
-    print(f"\n{n} files; {os.cpu_count()} cores; Python {sys.version.split()[0]}\n")
+    print()
     print("| command | wall s | files/s | peak MB | × tf_upgrade_v2 | exit |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, wall, peak, code in rows:

@@ -216,7 +216,7 @@ class Emitter:
         )
         withs = "".join(f", {self.code(item)}" for item in p.tower_withs)
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in keys.items())
-        extra = "".join(f"\n{' ' * 20}{name!r}: {name}," for name in loop_needs)
+        extra = "".join(f'\n{" " * 20}"{name}": {name},' for name in loop_needs)
         python_setup = self.slot(p.python_setup)
         graph_setup = self.slot(p.graph_setup)
         prelude = self.slot(p.session_prelude)
@@ -320,7 +320,7 @@ class Emitter:
         tower_keys = {t: k for t, k in keys.items() if t not in p.reductions and t not in
                       self.setup_fetches()}
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in tower_keys.items())
-        extra = "".join(f"\n{' ' * 20}{name!r}: {name}," for name in loop_needs)
+        extra = "".join(f'\n{" " * 20}"{name}": {name},' for name in loop_needs)
         python_setup = self.slot(p.python_setup)
         graph_setup = self.slot(p.graph_setup)
         body = self.slot(p.tower_body)

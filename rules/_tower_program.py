@@ -5,13 +5,18 @@ the training function assigned to a role -- or raises :class:`Blocked` naming th
 statement it cannot place. Nothing is guessed: a statement whose role is unclear blocks the
 conversion, and the rule reports it instead of producing code that trains differently.
 
-The shape read here (phase 1): one module-level training function holding, possibly inside
-graph-only ``with`` blocks (``tf.Graph().as_default()``, a fixed ``tf.device``,
-``tf.variable_scope(tf.get_variable_scope())``):
-placeholders of the global batch, split per tower with ``tf.split``; a ``for`` tower loop whose
-body builds one tower and appends ``opt.compute_gradients(loss)`` to a list; one aggregation
-statement (a TFM102 helper call); ``opt.apply_gradients``; a ``tf.Session``, its variable
-initializer, and a ``for`` step loop feeding the placeholders and fetching tower tensors.
+The shapes read here: one module-level training function (taking the parsed flags, or
+parsing them itself first with argparse), holding, possibly inside graph-only ``with`` blocks
+(``tf.Graph().as_default()``, a fixed ``tf.device``, ``tf.variable_scope(tf.get_variable_scope())``):
+the input -- placeholders of the global batch split with ``tf.split``, placeholders made per
+tower and collected for a per-tower feed loop, or a one-shot ``tf.data`` iterator split with
+``tf.split``; a ``for`` tower loop (``range(n)`` or ``enumerate(devices)``) whose body builds one
+tower, appends ``opt.compute_gradients(loss)`` to a list, may collect a tower tensor
+(``losses.append(loss)``) and may select one tower's UPDATE_OPS; cross-tower ``tf.add_n`` sums;
+the aggregation (a TFM102 helper, or an inline ``zip(*tower_grads)`` loop); ``apply_gradients``,
+optionally grouped with the UPDATE_OPS or followed by an ``ExponentialMovingAverage`` applied
+under its control dependency; a ``tf.Session`` (plain or ``with``) with its initializer, or a
+``MonitoredTrainingSession`` with a ``StopAtStepHook``; one step loop that feeds and fetches.
 """
 
 from __future__ import annotations
@@ -175,6 +180,7 @@ class ProgramReader:
     def __init__(self, rule: TowerRule, aggregation: dict[int, bool]) -> None:
         self._tower_feeds: tuple[str, list[str]] | None = None
         self._hook_list: tuple[str, cst.BaseExpression] | None = None  # (hooks, last_step)
+        self._dataset_input = False
         self._monitored: tuple[cst.BaseExpression, cst.BaseExpression | None] | None = None
         self.rule = rule
         # id(helper def or aggregating statement) -> averaged?  (what TFM102 found)
@@ -291,6 +297,7 @@ class ProgramReader:
         splits: dict[str, str] = {}
         setup: list[cst.BaseStatement] = []
         lists: set[str] = set()
+        split_counts: list[tuple[cst.CSTNode, cst.BaseExpression | None]] = []
         dataset: str | None = None
         index = 0
         tower_statement = None
@@ -319,6 +326,7 @@ class ProgramReader:
                 if len(assigned[0]) != 1:
                     raise Blocked(statement, "tf.split unpacked into names")
                 splits[assigned[0][0]] = source.value
+                split_counts.append((statement, get_arg(assigned[1], 1, "num_or_size_splits")))  # type: ignore[arg-type]
             elif assigned and _empty_lists(assigned[1], len(assigned[0])):
                 lists.update(assigned[0])  # `tower_grads = []`: kept unless it held the grads
                 setup.append(statement)
@@ -333,13 +341,18 @@ class ProgramReader:
             for n in walk(loop)
         )
         if not placeholders and not per_tower:
-            raise Blocked(loop, "the input is not a tf.placeholder fed with feed_dict: queue and "
-                          "tf.data input are not converted yet")
+            raise Blocked(loop, "the input is neither a tf.placeholder fed with feed_dict nor a "
+                          "one-shot tf.data iterator: queue input is not converted yet")
         if placeholders and per_tower:
             raise Blocked(loop, "placeholders both for the global batch and per tower")
         if tower_statement is not loop and not self._is_reuse_scope(tower_statement, loop):
             raise Blocked(tower_statement, "the tower loop sits inside an unsupported block")
         tower = self._read_tower(loop, splits, lists, setup)
+        for statement, count in split_counts:
+            # Replica i gets the i-th of num_replicas equal slices: only that split matches.
+            if count is None or not count.deep_equals(tower["count"]):
+                raise Blocked(statement, "tf.split into a number of pieces other than the "
+                              "tower count")
         if per_tower:
             placeholders = tower["placeholders"]
         consumed = {tower["list"], *tower["collected"], *tower["dropped_setup"]}
@@ -407,6 +420,17 @@ class ProgramReader:
     def _contains(self, statement: cst.CSTNode, node: cst.CSTNode) -> bool:
         return statement is node or any(a is statement for a in self.rule.ancestors(node))
 
+    def _reuse_current_scope(self, call: cst.BaseExpression) -> bool:
+        """``tf.variable_scope(tf.get_variable_scope(), reuse=<anything>)``."""
+        if not isinstance(call, cst.Call) or not call.args:
+            return False
+        if self.call_q(call.args[0].value) != "tensorflow.get_variable_scope":
+            return False
+        rest = call.args[1:]
+        return call.args[0].keyword is None and all(
+            a.keyword is not None and a.keyword.value == "reuse" for a in rest
+        ) and len(rest) <= 1
+
     def _is_reuse_scope(self, statement: cst.CSTNode, loop: cst.For) -> bool:
         """``with tf.variable_scope(tf.get_variable_scope()):`` directly around the loop."""
         if not isinstance(statement, cst.With) or len(statement.items) != 1:
@@ -473,6 +497,9 @@ class ProgramReader:
                 if name in ("tensorflow.name_scope",):
                     withs.append(item)
                     continue
+                if name == "tensorflow.variable_scope" and self._reuse_current_scope(item.item):
+                    continue  # `variable_scope(get_variable_scope(), reuse=...)`: the store shares
+
                 raise Blocked(body[0], f"an unsupported `with {self.rule.src(item.item, 40)}` "
                               "around the tower")
             body = list(body[0].body.body)  # type: ignore[union-attr]
@@ -681,6 +708,7 @@ class ProgramReader:
     def _read_tail(self, function, loop, python_setup, setup, placeholders, splits, tower, rest):  # type: ignore[no-untyped-def]
         tower_list = tower["list"]
         self._tower_feeds = tower["feeds"]
+        self._dataset_input = any(p.dtype is None for p in placeholders)
         aggregate = None
         helper = None
         apply: list[cst.BaseStatement] = []
@@ -721,9 +749,10 @@ class ProgramReader:
                     or not isinstance(call.func, cst.Name)
                     or free_names(call) != {call.func.value, tower_list}
                 ):
-                    raise Blocked(statement, "the towers' gradients are aggregated inline; only "
-                                  "an aggregation helper (`grads = average_gradients(tower_grads)`) "
-                                  "is converted so far")
+                    raise Blocked(statement, "expected the towers' gradients to be aggregated "
+                                  "here (`grads = average_gradients(tower_grads)` or `grads = []` "
+                                  "+ `for gv in zip(*tower_grads): ...`); other graph code between "
+                                  "the tower loop and the aggregation is not converted yet")
                 helper = self._helper_def(call.func.value)
                 if helper is None or id(helper) not in self.aggregation:
                     raise Blocked(statement, f"`{call.func.value}` is not an aggregation helper "
@@ -1035,8 +1064,13 @@ class ProgramReader:
             Fetch(None if target == "_" else target, tensor)
             for target, tensor in zip(assigned[0], names, strict=True)
         ]
-        if feed is None and self._monitored is not None:
+        if self._monitored is not None:
+            if feed is not None:
+                raise Blocked(run_call, "a MonitoredTrainingSession loop with feed_dict input "
+                              "(only tf.data input is converted with it so far)")
             return step_loop, [], {}, run_statement, fetches, None, prelude, None  # tf.data input
+        if feed is None and self._dataset_input:
+            return step_loop, [], {}, run_statement, fetches, None, prelude, None
         if not isinstance(feed, cst.Name):
             raise Blocked(run_call, "feed_dict is not a dict built in the loop")
         feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)

@@ -8,6 +8,8 @@ from tfmigrate import tfapi
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 
 _BACKENDS = ("keras.backend.", "tensorflow.keras.backend.")
+# Session plumbing is TFM108's.
+_OWNED_ELSEWHERE = frozenset({"set_session", "get_session"})
 
 
 @dataclass(frozen=True)
@@ -140,14 +142,14 @@ class Keras2BackendFunctions(Rule):
         ),
         Example(
             """
+            import tensorflow as tf
             from tensorflow.keras import backend as K
             def rmse(y_true, y_pred):
                 return K.sqrt(K.mean(K.square(y_pred - y_true), axis=-1))
             """,
             fixed="""
-            from tensorflow.keras import backend as K
             import tensorflow as tf
-
+            from tensorflow.keras import backend as K
             def rmse(y_true, y_pred):
                 return tf.keras.ops.sqrt(tf.keras.ops.maximum(tf.keras.ops.mean(tf.keras.ops.square(y_pred - y_true), axis=-1), 0.0))
             """,
@@ -159,6 +161,14 @@ class Keras2BackendFunctions(Rule):
             flat = K.batch_flatten(x)
             """,
             message="no `keras.ops` function",
+        ),
+        # TF1 code on tf.compat.v1: `tf.keras.ops` is not there.
+        Example(
+            """
+            import tensorflow.compat.v1 as tf
+            total = tf.keras.backend.sum(x)
+            """,
+            message="not fixed",
         ),
         # `name=` has no Keras 3 counterpart: reported, not fixed.
         Example(
@@ -176,6 +186,8 @@ class Keras2BackendFunctions(Rule):
         function = name.rsplit(".", 1)[1]
         spec = BACKEND_TO_OPS.get(function)
         if spec is None:
+            if function in _OWNED_ELSEWHERE:
+                return
             if tfapi.exists(f"keras.backend.{function}") is False:
                 self.report(
                     node,
@@ -190,8 +202,12 @@ class Keras2BackendFunctions(Rule):
             self.report(node, message + " (not fixed: arguments without a Keras 3 counterpart)")
             return
         tf_keras = name.startswith("tensorflow.")
-        tf = self.context.resolver.local_name_for("tensorflow")
-        prefix = f"{tf or 'tf'}.keras.ops" if tf_keras else "keras.ops"
+        tf = self._tf_name()
+        if tf_keras and tf is None:
+            # `tf` is tf.compat.v1 (no `keras.ops` there) or not imported plainly.
+            self.report(node, message + " (not fixed: no plain `import tensorflow` to reach it)")
+            return
+        prefix = f"{tf}.keras.ops" if tf_keras else "keras.ops"
         args = [
             a.with_changes(keyword=cst.Name(spec.keywords[a.keyword.value]))
             if a.keyword and a.keyword.value in spec.keywords
@@ -228,8 +244,10 @@ class Keras2BackendFunctions(Rule):
         replacement = node.with_changes(
             func=cst.parse_expression(f"{prefix}.{spec.name}"), args=args
         )
-        if tf_keras:
-            imports = () if tf else (Import("tensorflow", asname="tf"),)
-        else:
-            imports = (Import("keras"),)
+        imports = () if tf_keras else (Import("keras"),)
         self.report(node, message, replacement=replacement, imports=imports)
+
+    def _tf_name(self) -> str | None:
+        """The local name bound to plain `tensorflow` (not `tensorflow.compat.v1`)."""
+        bindings = self.context.resolver.bindings
+        return next((local for local, bound in bindings.items() if bound == "tensorflow"), None)

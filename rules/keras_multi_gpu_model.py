@@ -5,8 +5,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from tfmigrate.names import dotted
-from tfmigrate.rule import Example, FixSafety, Import, Rule
+from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules._distribution import keyword
+from tfmigrate.rules.session_device_config import tf_imports, tf_module
 
 # Where Keras 2 / tf.keras 1.x kept it (canonical spellings; `tensorflow.python.keras` and
 # `keras.backend.tensorflow_backend` are folded by the name resolver).
@@ -184,18 +185,19 @@ class KerasMultiGpuModel(Rule):
     by the number of replicas). Callbacks such as `ModelCheckpoint`, `save` and `load_weights`
     then work on that model directly — no more saving the template instead of the wrapper.
 
-    Measured on 2 logical CPUs (tests/test_keras2_conversion.py: the migrated fixture against
-    multi_gpu_model's computation rebuilt on one device from the same weights and batches,
-    UNet with batch norm, SGD 0.1, 2 steps). With a loss that is a mean over samples
-    (`binary_crossentropy`) the conversion is exact: per-step losses identical (0.935357,
-    0.802774), trainable weights within 2e-7; batch norm normalizes each replica's sub-batch
-    as it normalized each GPU's slice (one device on the whole batch differs by 0.08). With a
-    loss that reduces the whole batch to a scalar (the fixture's dice loss) it is not: the
-    loss is computed per replica, and Keras 3 does not divide a scalar loss by the number of
-    replicas (`reduce_values` returns scalars untouched), so the gradient is the *sum* of the
-    replicas' gradients: logged loss 1.0027 against 0.5015, weights 0.03 apart after 2 steps.
-    Batch-norm moving statistics differ by 0.03: the rebuilt wrapper updates them once per
-    slice, the migrated model keeps replica 0's.
+    Measured on 2 logical CPUs (tests/test_keras2_conversion.py, seeded: the migrated fixture
+    against multi_gpu_model's computation rebuilt on one device from the same weights and
+    batches; UNet with batch norm, SGD 0.1, 2 steps). With a loss that is a mean over samples
+    (`binary_crossentropy`) the conversion is exact: per-step losses 0.913705 and 0.786087 in
+    both (difference below 2e-7), trainable weights within 1.3e-7; batch norm normalizes each
+    replica's sub-batch as it normalized each GPU's slice (one device on the whole batch ends
+    0.04 away). With a loss that reduces the whole batch to a scalar (the fixture's dice loss)
+    it is not: the loss is computed per replica, and Keras 3 does not divide a scalar loss by
+    the number of replicas (`reduce_values` returns scalars untouched), so the gradient is the
+    *sum* of the replicas' gradients: logged loss 1.0444 against 0.5223, steps 1.45 times as
+    large, weights 0.026 apart after 2 steps. Batch-norm moving statistics end 0.04 apart in
+    both cases: the rebuilt wrapper updates them once per slice, the migrated model keeps
+    replica 0's.
 
     ## Example
     ```python
@@ -396,9 +398,7 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
             replacement=self._rewrite(plan),
             target=plan.block,
             safety=safety,
-            imports=() if self.context.resolver.local_name_for("tensorflow") else (
-                Import("tensorflow", asname="tf"),
-            ),
+            imports=tf_imports(self),
             manifest={
                 "keras_multi_gpu_model": {
                     "model": plan.template or plan.parallel,
@@ -440,7 +440,7 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
         if not isinstance(block, cst.Module | cst.IndentedBlock) or not isinstance(
             owner, cst.Module | cst.FunctionDef
         ):
-            return None, "the wrapper is made inside a branch or loop"
+            return None, "the wrapper is made inside a branch, loop or `try`"
         body = list(block.body)
         index = body.index(line)
         first = index
@@ -585,7 +585,7 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
 
     # -- the rewrite --------------------------------------------------------------------------
     def _rewrite(self, plan: _Plan) -> cst.Module | cst.IndentedBlock:
-        tf = self.context.resolver.local_name_for("tensorflow") or "tf"
+        tf = tf_module(self) or "tf"
         strategy = "strategy"
         while strategy in self.context.resolver.bindings or _binds(self.context.module, strategy):
             strategy = "mirrored_" + strategy

@@ -9,7 +9,14 @@ from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules._tower_emit import STORE, Emitter, _indent
 from tfmigrate.rules._tower_program import Blocked, Program, ProgramReader, _assign
-from tfmigrate.rules._towers import TowerRule, bound_names, get_arg, identifiers, walk
+from tfmigrate.rules._towers import (
+    TowerRule,
+    bound_names,
+    free_names,
+    get_arg,
+    identifiers,
+    walk,
+)
 from tfmigrate.rules._variable_names import VariableNames
 
 # Names the converted program defines; a module already using them is not converted.
@@ -37,10 +44,18 @@ class TowerProgramToMirroredStrategy(TowerRule):
     - the gradient aggregation helper (TFM102) goes away: `apply_gradients` all-reduces the
       replicas' gradients with SUM, so each replica's loss is divided by
       `strategy.num_replicas_in_sync` when the towers AVERAGED, and left as is when they SUMMED;
-    - `tf.placeholder` + `tf.split` + `feed_dict` become a `tf.data` dataset of the same global
-      batches (made by the loop's own feed code), distributed so replica *i* gets tower *i*'s
-      slice; `tf.Session`, the initializer and `sess.run` become an eager loop that logs what
-      the old loop logged, from the same tower (the last tower's tensors -> the last replica's);
+    - `tf.placeholder` + `tf.split` + `feed_dict` (or per-tower placeholders fed in a loop)
+      become a `tf.data` dataset of the same global batches (made by the loop's own feed code),
+      distributed so replica *i* gets tower *i*'s slice; a one-shot `tf.data` iterator split
+      per tower becomes the distributed dataset itself; `tf.Session` (or a
+      `MonitoredTrainingSession` with a `StopAtStepHook`, whose checkpoints become a
+      `CheckpointManager`), the initializer and `sess.run` become an eager loop that logs what
+      the old loop logged, from the same tower (the last tower's tensors -> the last replica's;
+      a cross-tower `tf.add_n` -> the SUM over replicas);
+    - an `ExponentialMovingAverage` applied after the update keeps its TF1 semantics, its
+      shadows listed for verify; `tf.contrib.slim`/`tf.contrib.layers` come from `tf_slim`,
+      `tf.compat.v1.layers` from `tf_keras`; one tower's batch-norm UPDATE_OPS are dropped and
+      the difference in the moving statistics is announced to verify;
     - the TF1 model code is kept: its `get_variable` calls go through a small `TF1Variables`
       store (emitted into the program) that creates every variable once, mirrored, under its
       legacy name, and hands the same variable to every replica;
@@ -163,8 +178,35 @@ def _analyse(rule: TowerRule, loop: cst.For) -> tuple[Program, cst.If, cst.Call]
     clash = sorted(identifiers(program.function) & reserved)
     if clash:
         raise Blocked(program.function, f"the training function already uses `{clash[0]}`")
+    _check_regularizers(rule)
     main, call = _main_block(module, program.function, program.parser is not None)
     return program, main, call
+
+
+_REGULARIZER_KEYWORDS = frozenset(
+    {"regularizer", "weights_regularizer", "biases_regularizer", "kernel_regularizer",
+     "bias_regularizer", "activity_regularizer", "beta_regularizer", "gamma_regularizer"}
+)  # fmt: skip
+
+
+def _check_regularizers(rule: TowerRule) -> None:
+    """TF1 adds a variable's regularization loss to REGULARIZATION_LOSSES when it creates it;
+    the store creates each variable once, in the build trace, so the train step would find that
+    collection empty -- a different loss. Not converted until the store re-adds them."""
+    for node in walk(rule.context.module):
+        if isinstance(node, cst.Arg) and node.keyword is not None and (
+            node.keyword.value in _REGULARIZER_KEYWORDS
+        ):
+            if not (isinstance(node.value, cst.Name) and node.value.value == "None"):
+                raise Blocked(node, f"`{node.keyword.value}=`: regularization losses are "
+                              "collected when variables are created, which the migrated "
+                              "program does once, outside the train step (not converted yet)")
+        if isinstance(node, cst.Attribute) and node.attr.value in (
+            "REGULARIZATION_LOSSES", "get_regularization_losses", "get_regularization_loss"
+        ):
+            raise Blocked(node, f"`{node.attr.value}`: regularization losses are collected when "
+                          "variables are created, which the migrated program does once, outside "
+                          "the train step (not converted yet)")
 
 
 def _main_block(
@@ -284,7 +326,7 @@ if __name__ == "__main__":
     else:
         step = emitter.global_step()
         last = emitter.expr(program.monitored)
-        loop_header = f"while int({step}) < {last}"
+        loop_header = f"while int({step}.numpy()) < {last}"
         if program.checkpoint_dir is not None:
             folder = emitter.expr(program.checkpoint_dir)
             loop_prelude = (
@@ -294,10 +336,17 @@ if __name__ == "__main__":
                 f"    manager = tf.train.CheckpointManager(checkpoint, {folder}, max_to_keep=5)\n"
                 "    manager.restore_or_initialize()\n"
             )
-            loop_end = f"    manager.save(checkpoint_number=int({step}))\n"
-        prelude = emitter.slot(program.session_prelude)
-        loop_prelude += f"    {prelude}\n"
+            loop_end = f"    manager.save(checkpoint_number=int({step}.numpy()))\n"
         loop_comment = f"  # StopAtStepHook(last_step={last})"
+    if program.dataset is not None:
+        # No feeding generator: what the session block set up before its loop goes here.
+        loop_prelude += f"    {emitter.slot(program.session_prelude)}\n"
+    else:
+        made = set().union(set(), *(bound_names(s) for s in program.session_prelude))
+        used = set().union(set(), *(free_names(s) for s in emitter.loop_body_sources()))
+        if made & used:
+            raise Blocked(program.step_loop, f"the loop uses `{sorted(made & used)[0]}`, which "
+                          "the session block set up for feeding the graph too")
     docstring = function.get_docstring(clean=False)
     doc_line = f'    """{docstring}"""\n' if docstring is not None else ""
     unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
@@ -352,6 +401,25 @@ def {function.name.value}({signature}):
     new_module = _v1_layers_to_tf_keras(new_module)
     manifest, summary = _manifest(module, program, keys, reader_rule)
     return new_module, manifest, summary
+
+
+def _input_note(program: Program) -> str:
+    if program.dataset is not None:
+        return (
+            f"TFM303: the one-shot iterator over `{program.dataset}` + tf.split -> "
+            f"strategy.experimental_distribute_dataset(`{program.dataset}`): replica i gets the "
+            "i-th slice of each batch, as tower i got the i-th split"
+        )
+    if program.tower_feed is not None:
+        return (
+            "TFM303: per-tower placeholders + feed_dict -> a tf.data dataset whose global batch "
+            "joins the towers' feeds in tower order, distributed so that replica i gets tower "
+            "i's feed"
+        )
+    return (
+        "TFM303: placeholders + feed_dict -> a tf.data dataset of the same global batches, "
+        "distributed so that replica i gets tower i's slice"
+    )
 
 
 class _ContribToTfSlim(cst.CSTTransformer):
@@ -546,10 +614,42 @@ def _manifest(
         "it to Keras layers is a later step)",
         f"TFM303: `{program.optimizer}` stays a tf.compat.v1.train optimizer: under "
         "MirroredStrategy it applies exactly the TF1 update (slots included)",
-        "TFM303: placeholders + feed_dict -> a tf.data dataset of the same global batches, "
-        "distributed so that replica i gets tower i's slice",
+        _input_note(program),
     ]
+    if program.ema is not None:
+        notes.append(
+            f"TFM303: `{program.ema[0]}` stays a tf.compat.v1 ExponentialMovingAverage with its "
+            "TF1 semantics (num_updates warm-up); its shadow variables are created before the "
+            "first step and applied after every update, as the legacy control dependency did"
+        )
+    if program.monitored is not None:
+        notes.append(
+            "TFM303: MonitoredTrainingSession -> an eager loop that stops when global_step "
+            "reaches StopAtStepHook's last_step; its checkpoints -> tf.train.Checkpoint + "
+            "CheckpointManager (restored at start, saved at the end; object-based, not "
+            "readable by the legacy Saver); its default summaries (global_step/sec) are not "
+            "written"
+        )
     for tensor, key in keys.items():
+        if tensor in program.reductions:
+            notes.append(
+                f"TFM303: the loop fetched `{tensor}` = tf.add_n of every tower's "
+                f"`{program.collected[program.reductions[tensor]]}`; train_step returns the "
+                f"SUM over the replicas as `{key}`"
+            )
+            continue
+        if any(f.tensor == tensor for f in program.fetches) and tensor not in {
+            *program.collected.values()
+        } and not any(tensor in bound_names(s) for s in program.tower_body):
+            notes.append(
+                f"TFM303: the loop fetched `{tensor}` (no tower's); the step reads it before "
+                f"the update and train_step returns it as `{key}`"
+            )
+            continue
+        if not any(f.tensor == tensor for f in program.fetches) and (
+            program.run_fetches_list is None
+        ):
+            continue  # only an input of a reduction
         if program.run_fetches_list is not None:
             notes.append(
                 f"TFM303: the loop fetched every tower's `{tensor}` (`{program.run_fetches_list}`)"
@@ -586,9 +686,10 @@ def _manifest(
             "TFM303: the legacy variable names could not be listed statically: give verify a "
             "--mapping (the migrated names equal the legacy ones)"
         )
+    source = "tf.data iterator -> distributed dataset" if program.dataset else "feed_dict -> tf.data"
     summary = (
         f"converted the tower program `{program.function.name.value}` to MirroredStrategy "
-        f"({'averaged' if program.averaged else 'summed'} gradients, feed_dict -> tf.data, "
+        f"({'averaged' if program.averaged else 'summed'} gradients, {source}, "
         "Session loop -> eager loop, TF1 model code kept with mirrored variables)"
     )
     return manifest, summary

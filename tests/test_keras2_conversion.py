@@ -66,6 +66,7 @@ COMPARE = textwrap.dedent(
             return [(k + 1) * m - k * p for k, (m, p) in enumerate(zip(self.means, before))]
 
     def install():
+        keras.utils.set_random_seed(0)  # the same initial weights in every run: numbers in docs
         ORIGINAL.update(fit=keras.Model.fit, compile=keras.Model.compile)
         def recording_compile(self, *args, **kwargs):
             if LOSS:
@@ -166,6 +167,8 @@ def test_rewrite_leaves_no_keras2_code(migrated, cli):
     assert "    template.compile(optimizer=Adam(learning_rate=1e-3)" in train
     assert "template.fit(x, y, batch_size=args.batch_size * args.gpus" in train  # global batch
     assert "ModelCheckpoint('unet.weights.h5'" in train
+    assert "template.load_weights('unet.weights.h5')" in train
+    assert "loss, dice = template.evaluate(" in train
     assert "keras.ops.sum(" in (migrated / "model.py").read_text(encoding="utf-8")
     scan = cli("scan", str(migrated))
     assert scan.returncode == 0, scan
@@ -197,6 +200,7 @@ def test_migrated_program_trains_on_two_devices(migrated):
     assert "Epoch 2/2" in output
     assert (work / "unet.weights.h5").exists() and (work / "unet_final.weights.h5").exists()
     assert "peak GPU memory 0.0 MB" in output  # the TFM109 CPU fallback
+    assert "reloaded checkpoint: loss" in output  # the checkpoint loads into the one model
 
 
 @pytest.mark.slow

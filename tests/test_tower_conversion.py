@@ -17,9 +17,12 @@ from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-CONVERTED = ("cifar_average", "bn_rmsprop")
-# fixture -> the line the finding must name (what blocked the conversion).
-BLOCKED = {"sum_ema_decay": 55}
+CONVERTED = ("cifar_average", "bn_rmsprop", "sum_ema_decay")
+# tower program -> the line the finding must name (what blocked the conversion).
+BLOCKED = {
+    "addn_towers/train.py": 38,  # a placeholder with a None dimension
+    "cifar_towers/train_multi_gpu.py": 73,  # queue input
+}
 TF1_ONLY = re.compile(r"\b(Session|placeholder|feed_dict|global_variables_initializer)\b")
 
 
@@ -75,9 +78,9 @@ def test_second_rewrite_changes_nothing(cli, tmp_path, name):
 
 @pytest.mark.parametrize("name", sorted(BLOCKED))
 def test_unconvertible_program_is_left_alone_with_a_finding(tmp_path, name):
-    source = (FIXTURES / "towers" / name / "train.py").read_text()
+    source = (FIXTURES / name).read_text()
     settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
-    result = process_source(source, "train.py", settings)
+    result = process_source(source, Path(name).name, settings)
     assert result.new_code is None and result.manifest == {}
     [finding] = result.findings
     assert finding.line == BLOCKED[name]
@@ -109,6 +112,11 @@ def test_converted_fixture_verifies(cli, tmp_path, name):
     result = _verify(FIXTURES / "towers" / name / "train.py", out / "train.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EQUIVALENT" in result.stdout
+    assert not re.findall(r"^(?:FAIL|DIVERGED|UNMATCHED)", result.stdout, re.M)
+    if name == "sum_ema_decay":  # the shadows, the cross-tower sum and the learning rate
+        for row in ("total_loss (reduced)", "learning_rate (reduced)", "global_step"):
+            assert re.search(rf"^PASS\W+{re.escape(row)}", result.stdout, re.M), row
+        assert len(re.findall(r"^PASS\W+net/\S+/ExponentialMov", result.stdout, re.M)) == 4
 
 
 def test_bn_rmsprop_shape(cli, tmp_path):
@@ -137,6 +145,33 @@ def test_bn_rmsprop_shape(cli, tmp_path):
     [announced] = entry["announced"]
     assert announced["match"] == ["*/moving_mean", "*/moving_variance"]
     assert announced["code"] == "TFM303" and "MEAN of the replicas'" in announced["reason"]
+
+
+def test_sum_ema_decay_shape(cli, tmp_path):
+    """tf.data iterator split per clone, make_template, summed clones, EMA with num_updates,
+    exponential_decay on global_step, MonitoredTrainingSession + StopAtStepHook, fetches of a
+    cross-tower sum and of the learning rate."""
+    out = tmp_path / "out"
+    _rewrite_out(cli, "sum_ema_decay", out)
+    code = (out / "train.py").read_text()
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
+    assert "train.MonitoredTrainingSession(" not in code and "make_one_shot_iterator" not in code
+    assert "tf.compat.v1.layers" not in code and "tf1_core_layers.dense(" in code
+    assert "batches = strategy.experimental_distribute_dataset(dataset)" in code
+    # Summed clones: no rescaling; the clones' own 1/N now divides by the replica count.
+    assert "/ strategy.num_replicas_in_sync" not in code
+    assert "1.0 * strategy.num_replicas_in_sync, name='clone_loss'" in code
+    assert "def sum_clones_gradients" not in code
+    assert "train_op = ema.apply(tf1_variables.trainable)" in code
+    assert "fetches['learning_rate'] = lr() if callable(lr) else lr" in code
+    assert "strategy.reduce(tf.distribute.ReduceOp.SUM, outputs['clone_loss'], axis=None)" in code
+    assert "while int(global_step.numpy()) < args.max_steps:" in code
+    assert "manager.save(checkpoint_number=int(global_step.numpy()))" in code
+    weights = ["net/hidden/kernel", "net/hidden/bias", "net/logits/kernel", "net/logits/bias"]
+    assert list(entry["variables"]) == [
+        "global_step", *weights, *(f"{w}/ExponentialMovingAverage" for w in weights)
+    ]
+    assert "announced" not in entry
 
 
 @pytest.mark.slow
@@ -172,7 +207,7 @@ def test_example_is_current():
 
 def test_blocked_fixture_copy_is_byte_identical(cli, tmp_path):
     repo = tmp_path / "repo"
-    shutil.copytree(FIXTURES / "towers" / "sum_ema_decay", repo)
-    before = (repo / "train.py").read_bytes()
+    shutil.copytree(FIXTURES / "addn_towers", repo)
+    before = {p.name: p.read_bytes() for p in repo.iterdir()}
     cli("rewrite", "--write", "--allow-dirty", "--select", "TFM303", repo)
-    assert (repo / "train.py").read_bytes() == before
+    assert {p.name: p.read_bytes() for p in repo.iterdir()} == before

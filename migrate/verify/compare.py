@@ -153,6 +153,11 @@ def _input_mismatch(legacy: RunRecord, migrated: RunRecord, n_steps: int, notes:
             unchecked += 1
             continue
         if ls.inputs != ms.inputs:
+            if ls.samples and ms.samples and ls.samples != ms.samples:
+                return (f"the two sides trained on different inputs at step {ls.step}: legacy's step had "
+                        f"{ls.samples} samples, migrated's {ms.samples} — a batch size mix-up? Under "
+                        "MirroredStrategy fit() and experimental_distribute_dataset take the GLOBAL batch "
+                        "(all replicas), as multi_gpu_model and tower code sliced it.")
             return (f"the two sides trained on different inputs at step {ls.step} (input fingerprints "
                     f"legacy {ls.inputs} vs migrated {ms.inputs}); a divergence would be meaningless. "
                     "Make both programs read the same data in the same order and split it the same way.")

@@ -50,3 +50,10 @@ def stream_digest(parts: Sequence[object]) -> str:
 
 def step_fingerprint(streams: Iterable[Sequence[object]]) -> list[str]:
     return sorted(stream_digest(parts) for parts in streams)
+
+
+def step_samples(streams: Iterable[Sequence[object]]) -> int | None:
+    """Samples in the step (rows of its longest stream): names a global/per-replica batch mix-up."""
+    rows = [sum(int(np.asarray(p).shape[0]) for p in parts) for parts in streams
+            if parts and all(np.asarray(p).ndim >= 1 for p in parts)]
+    return max(rows) if rows else None

@@ -4,7 +4,9 @@ Runs an unmodified TF1 tower script on TF 2.21 (see tf1_compat) and instruments 
 - device ``/gpu:i`` becomes logical ``CPU:i+1`` (``CPU:0`` stays the host the script calls /cpu:0),
   so an op's device tells its tower; sessions get the CPU devices via ``device_count``;
 - ``Optimizer.apply_gradients`` (hence ``minimize``) marks its op as a train op; a ``Session.run``
-  whose fetches depend on a train op is a training step;
+  whose fetches depend on a train op is a training step; so is a call of a Keras backend function
+  (Keras 2 ``fit``: one per batch) whose outputs/updates depend on one marked by tf_keras's
+  ``OptimizerV2.apply_gradients``;
 - per training step: every fetched scalar (with its tower), an input fingerprint (fed arrays, or the
   outputs of in-graph dequeue/iterator ops the step consumed), the wall time;
 - before step 1: every global variable (init.npz, written at once so the migrated side can start);
@@ -267,7 +269,7 @@ class LegacyRecorder:
         else:
             step.fetches = self._scalars([_graph_element(graph, leaf) for leaf in _leaves(fetches["caller"])],
                                          _leaves(results["caller"], like=fetches["caller"]))
-        step.inputs = self._fingerprint(graph, feed_dict, extra, extra_values)
+        step.inputs, step.samples = self._fingerprint(graph, feed_dict, extra, extra_values)
         self.record.steps.append(step)
         self._trace(sess)
         if self.steps_done >= self.max_steps:
@@ -296,9 +298,14 @@ class LegacyRecorder:
         values = nest.flatten(results)
         names = getattr(fn, "_tfmigrate_names", None)
         if names and len(names) == len(values):
-            # a compiled model's loss/metrics: reductions over the global batch, no tower
-            step.fetches = [Fetch(name=n, base=n, tower=None, value=float(np.asarray(v).reshape(())))
-                            for n, v in zip(names, values, strict=True) if np.asarray(v).size == 1]
+            # a compiled model: [total loss of this (global) batch, *metrics]. They are reductions
+            # (no tower). tf_keras's metrics are stateful running means since the epoch started
+            # (measured), unlike the loss: named apart so a per-batch value never matches them.
+            step.fetches = [
+                Fetch(name=n if i == 0 else f"{n}/epoch_mean", base=n if i == 0 else f"{n}/epoch_mean",
+                      tower=None, value=float(np.asarray(v).reshape(())))
+                for i, (n, v) in enumerate(zip(names, values, strict=True)) if np.asarray(v).size == 1
+            ]
         else:
             step.fetches = self._scalars(list(fn.outputs), values)
         streams: dict[str, dict[int, Any]] = {}
@@ -309,8 +316,7 @@ class LegacyRecorder:
             arr = np.asarray(value, dtype=tensor.dtype.as_numpy_dtype)
             if fingerprint.is_data(arr):
                 self._add_stream(streams, tensor, arr)
-        step.inputs = (fingerprint.step_fingerprint([p[i] for i in sorted(p)] for p in streams.values())
-                       if streams else None)
+        step.inputs, step.samples = _describe(streams)
         self.record.steps.append(step)
         self._trace(sess)
         if self.steps_done >= self.max_steps:
@@ -375,7 +381,8 @@ class LegacyRecorder:
             out.append(Fetch(name=name, base=base, tower=tower, value=float(arr.reshape(()))))
         return out
 
-    def _fingerprint(self, graph: Any, feed_dict: Any, extra: list[Any], extra_values: list[Any]) -> list[str] | None:
+    def _fingerprint(self, graph: Any, feed_dict: Any, extra: list[Any],
+                     extra_values: list[Any]) -> tuple[list[str] | None, int | None]:
         streams: dict[str, dict[int, Any]] = {}
         if _has_data_feed(feed_dict):
             for key, value in feed_dict.items():
@@ -388,9 +395,7 @@ class LegacyRecorder:
             for tensor, value in zip(extra, extra_values, strict=False):
                 if fingerprint.is_data(value):
                     self._add_stream(streams, tensor, value)
-        if not streams:
-            return None
-        return fingerprint.step_fingerprint([parts[i] for i in sorted(parts)] for parts in streams.values())
+        return _describe(streams)
 
     @staticmethod
     def _add_stream(streams: dict[str, dict[int, Any]], tensor: Any, value: Any) -> None:
@@ -535,6 +540,14 @@ def _graph_element(graph: Any, leaf: Any) -> Any:
         return None
 
 
+def _describe(streams: dict[str, dict[int, Any]]) -> tuple[list[str] | None, int | None]:
+    """(fingerprint, samples) of a step's input streams; tower parts in tower order."""
+    if not streams:
+        return None, None
+    ordered = [[parts[i] for i in sorted(parts)] for parts in streams.values()]
+    return fingerprint.step_fingerprint(ordered), fingerprint.step_samples(ordered)
+
+
 def _has_data_feed(feed_dict: Any) -> bool:
     return bool(feed_dict) and any(fingerprint.is_data(v) for v in feed_dict.values())
 
@@ -597,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tf = tf1_compat.install(ns.seed)
         recorder.install(tf)
+        from tfmigrate.verify import keras2_compat
+
+        keras2_compat.DEFAULT_GPUS = ns.towers  # multi_gpu_model(gpus=None) counted the visible GPUs
     except Exception as exc:  # noqa: BLE001
         record.status, record.message = ERROR, f"legacy runtime could not start: {exc!r}"
         record.traceback = traceback.format_exc()
@@ -627,8 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     if recorder.steps_done == 0 and record.status not in (CRASHED, ERROR):
         record.status = ERROR
         record.message = (
-            "no training step recognised: no Session.run fetched an op built by "
-            "Optimizer.apply_gradients/minimize"
+            "no training step recognised: no Session.run (or Keras fit step) ran an op built by "
+            "Optimizer.apply_gradients/minimize or a tf_keras optimizer"
         )
     elif 0 < recorder.steps_done < ns.steps:
         record.notes.append(f"the legacy script ended after {recorder.steps_done} of {ns.steps} steps")

@@ -135,12 +135,13 @@ class MigratedRunner:
             except StopIteration:
                 self.record.notes.append(f"the migrated program's batches ended after {index - 1} steps")
                 break
-            inputs = self.fingerprint(batch)
+            inputs, samples = self.fingerprint(batch)
             start = time.perf_counter()
             out = self.train_step(batch)
             fetches = self.fetches(out)  # converting to numpy waits for the step to finish
             seconds = time.perf_counter() - start
-            self.record.steps.append(Step(step=index, seconds=seconds, fetches=fetches, inputs=inputs))
+            self.record.steps.append(Step(step=index, seconds=seconds, fetches=fetches, inputs=inputs,
+                                          samples=samples))
             for name, value in self.read(trace_names).items():
                 self.trace.setdefault(name, []).append(value)
 
@@ -159,13 +160,15 @@ class MigratedRunner:
                     result.append(Fetch(name=key, base=key, tower=None, value=float(v.reshape(()))))
         return result
 
-    def fingerprint(self, batch: Any) -> list[str] | None:
+    def fingerprint(self, batch: Any) -> tuple[list[str] | None, int | None]:
         streams = []
         for leaf in self.tf.nest.flatten(batch):
             parts = local_values(self.strategy, leaf) if is_distributed(self.tf, leaf) else [np.asarray(leaf)]
             if parts and all(fingerprint.is_data(p) for p in parts):
                 streams.append(parts)
-        return fingerprint.step_fingerprint(streams) if streams else None
+        if not streams:
+            return None, None
+        return fingerprint.step_fingerprint(streams), fingerprint.step_samples(streams)
 
     def finish(self) -> None:
         names = list(self.variables)

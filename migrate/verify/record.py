@@ -46,6 +46,7 @@ class Step:
     seconds: float
     fetches: list[Fetch] = field(default_factory=list)
     inputs: list[str] | None = None  # step fingerprint (see fingerprint.py); None = not captured
+    samples: int | None = None  # samples in the step's input (global batch), when fingerprinted
 
 
 @dataclass
@@ -75,6 +76,7 @@ class RunRecord:
                 seconds=s["seconds"],
                 fetches=[Fetch(**f) for f in s.get("fetches", [])],
                 inputs=s.get("inputs"),
+                samples=s.get("samples"),
             )
             for s in data.get("steps", [])
         ]

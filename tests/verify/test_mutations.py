@@ -28,6 +28,12 @@ MUTATIONS = [
     ("ema-decay-without-num-updates", "sum_ema_decay",
      "decay = tf.minimum(MOVING_AVERAGE_DECAY, (1.0 + n) / (10.0 + n))",
      "decay = tf.constant(MOVING_AVERAGE_DECAY)", 1, "ExponentialMovingAverage"),
+    # Keras 2 multi_gpu_model + fit -> Keras 3 fit under MirroredStrategy
+    ("fit-momentum-dropped", "keras2_fit",  # the first SGD step is the same with or without momentum
+     "keras.optimizers.SGD(learning_rate=flags.lr, momentum=0.9)",
+     "keras.optimizers.SGD(learning_rate=flags.lr)", 2, ""),
+    ("fit-loss-summed-not-averaged", "keras2_fit",
+     'loss="categorical_crossentropy"', 'loss=keras.losses.CategoricalCrossentropy(reduction="sum")', 1, "loss"),
 ]
 
 

@@ -9,7 +9,7 @@ from tfmigrate.verify.verifier import Outcome, VerifyOptions, run_verify
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "fixtures"
-PAIRS = ("cifar_average", "bn_rmsprop", "sum_ema_decay")
+PAIRS = ("cifar_average", "bn_rmsprop", "sum_ema_decay", "keras2_fit")
 
 
 def pair(name: str) -> tuple[Path, Path]:
