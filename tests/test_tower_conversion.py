@@ -156,7 +156,7 @@ def test_sum_ema_decay_shape(cli, tmp_path):
     code = (out / "train.py").read_text()
     entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
     assert "train.MonitoredTrainingSession(" not in code and "make_one_shot_iterator" not in code
-    assert "tf.compat.v1.layers" not in code and "tf1_core_layers.dense(" in code
+    assert "tf.compat.v1.layers.dense(" not in code and "tf1_core_layers.dense(" in code
     assert "batches = strategy.experimental_distribute_dataset(dataset)" in code
     # Summed clones: no rescaling; the clones' own 1/N now divides by the replica count.
     assert "/ strategy.num_replicas_in_sync" not in code

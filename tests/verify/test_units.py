@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tfmigrate.verify import compare as cmp
-from tfmigrate.verify.fingerprint import step_fingerprint, stream_digest
+from tfmigrate.verify.fingerprint import step_fingerprint, step_samples, stream_digest
 from tfmigrate.verify.manifest import (
     Announced,
     ManifestError,
@@ -146,6 +146,17 @@ def test_different_inputs_could_not_run_instead_of_diverging():
     assert result.verdict == cmp.COULD_NOT_RUN
     assert "different inputs at step 2" in result.reason
     assert result.exit_code == 2
+
+
+def test_batch_size_mix_up_is_named_with_the_sample_counts():
+    x = np.zeros((64, 3), np.float32)
+    assert step_samples([[x[:32], x[32:]], [np.arange(64)]]) == 64
+    legacy = _side("legacy", [2.0], inputs=[["a"]])
+    migrated = _side("migrated", [2.0], inputs=[["b"]])
+    legacy.record.steps[0].samples, migrated.record.steps[0].samples = 64, 32
+    result = cmp.compare(legacy, migrated, _manifest(), cmp.Tolerances())
+    assert result.verdict == cmp.COULD_NOT_RUN
+    assert "step 1: legacy's step had 64 samples, migrated's 32" in result.reason
 
 
 def test_announced_difference_is_expected_with_its_size():
