@@ -207,9 +207,14 @@ def test_migrated_program_trains_on_two_devices(migrated):
 def test_migrated_program_computes_what_multi_gpu_model_did(migrated):
     """With a loss that is a mean over samples the conversion is exact; with the fixture's own
     dice loss (a scalar over the batch) it is not, which is why TFM107 calls that fix unsafe."""
-    per_sample = _start(migrated, *TINY, TFM_COMPARE="1", TFM_SGD="1",
+    # Each run in its own copy: both write the same checkpoint file, and HDF5 locks it.
+    runs = {}
+    for name in ("per_sample", "dice"):
+        runs[name] = migrated.parent / f"compare_{name}"
+        shutil.copytree(migrated, runs[name], dirs_exist_ok=True)
+    per_sample = _start(runs["per_sample"], *TINY, TFM_COMPARE="1", TFM_SGD="1",
                         TFM_LOSS="binary_crossentropy")  # fmt: skip
-    dice = _start(migrated, *TINY, TFM_COMPARE="1", TFM_SGD="1")
+    dice = _start(runs["dice"], *TINY, TFM_COMPARE="1", TFM_SGD="1")
     _, same = _finish(per_sample)
     _, differs = _finish(dice)
     assert same is not None and differs is not None
