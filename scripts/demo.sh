@@ -26,5 +26,5 @@ echo "migrated copy: $OUT (manifest: $OUT/tfmigrate.json)"
 step "tfmigrate verify $FIXTURE/$SCRIPT $OUT/$SCRIPT --replicas 2 --steps 20 --report out/verify-report"
 $TFM verify "$FIXTURE/$SCRIPT" "$OUT/$SCRIPT" --replicas 2 --steps 20 --report out/verify-report
 rc=$?
-echo "report: out/verify-report/report.md, plot: out/verify-report/loss.png"
+echo "plot: out/verify-report/loss.png"
 exit $rc
