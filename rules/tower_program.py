@@ -449,6 +449,17 @@ if not hasattr(tf_ops, "Tensor"):
 """
 
 
+def _tensorflow_alias(module: cst.Module, small: cst.BaseSmallStatement | None) -> str | None:
+    """The local name ``import tensorflow [as tf]`` binds, if ``small`` is that import."""
+    if not isinstance(small, cst.Import):
+        return None
+    local = None
+    for alias in small.names:
+        if module.code_for_node(alias.name) == "tensorflow":
+            local = alias.asname.name.value if alias.asname else "tensorflow"  # type: ignore[union-attr]
+    return local
+
+
 def _contrib_to_tf_slim(module: cst.Module, program: Program) -> cst.Module:
     """The model code keeps its tf.contrib layers, from tf_slim, which carries them today."""
     tf = None
@@ -460,11 +471,9 @@ def _contrib_to_tf_slim(module: cst.Module, program: Program) -> cst.Module:
         if not isinstance(small, cst.Import | cst.ImportFrom):
             break
         imports_end = position + 1
-        if isinstance(small, cst.Import):
-            for alias in small.names:
-                if module.code_for_node(alias.name) == "tensorflow":
-                    tf = alias.asname.name.value if alias.asname else "tensorflow"  # type: ignore[union-attr]
-                    tf_import = position
+        local = _tensorflow_alias(module, small)
+        if local is not None:
+            tf, tf_import = local, position
     if tf is None:
         return module
     renamer = _ContribToTfSlim(tf)
@@ -527,11 +536,9 @@ def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
     tf_import = 0
     for position, statement in enumerate(module.body):
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-        if isinstance(small, cst.Import):
-            for alias in small.names:
-                if module.code_for_node(alias.name) == "tensorflow":
-                    tf = alias.asname.name.value if alias.asname else "tensorflow"  # type: ignore[union-attr]
-                    tf_import = position
+        local = _tensorflow_alias(module, small)
+        if local is not None:
+            tf, tf_import = local, position
     if tf is None:
         return module
     layers = _V1Layers(tf)
