@@ -1,11 +1,12 @@
 """Scan and rewrite throughput: tfmigrate against TensorFlow's own tf_upgrade_v2, in one run.
 
-    .venv/bin/python bench/throughput.py [--files 1200] [--repeat 1]
+    .venv/bin/python bench/throughput.py [--files 1200] [--repeat 1] [--trees fixtures,large]
 
-Builds a tree of TF-era Python files (the fixtures' sources with their identifiers varied, plus
-TensorFlow's and tf_slim's own Python sources from site-packages up to --files), then times each
-command as a whole process (start-up included) and reads its peak memory (max RSS), and prints a
-table with ratios to tf_upgrade_v2. Absolute times vary between machines; the ratios are the point.
+Two trees: (a) the fixtures as they are, (b) a large tree of TF-era Python files (the fixtures'
+sources with their identifiers varied, plus TensorFlow's and tf_slim's own Python sources from
+site-packages up to --files). Times each command as a whole process (start-up included), reads
+its peak memory (max RSS), and prints a table per tree with ratios to tf_upgrade_v2 and the
+issue's targets. Absolute times vary between machines; the ratios within one run are the point.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def build_tree(target: Path, total: int) -> int:
             dest.write_text(text, encoding="utf-8")
             count += 1
     site = _site_packages()
-    pool = sorted((site / "tf_slim").rglob("*.py")) + sorted((site / "tensorflow" / "python").rglob("*.py"))
+    pool = sorted((site / "tf_slim").rglob("*.py")) + sorted(
+        (site / "tensorflow" / "python").rglob("*.py")
+    )
     for source in pool:
         if count >= total:
             break
@@ -65,54 +68,122 @@ def measure(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
     return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=1200)
-    parser.add_argument("--repeat", type=int, default=1, help="best of N runs per command")
-    args = parser.parse_args()
+# (command, limit of its time over tf_upgrade_v2's); the -j2 speed-up and memory are extra rows.
+TARGETS = {
+    "tfmigrate scan -j1": 0.2,
+    "tfmigrate rewrite -j1": 0.5,
+    "tfmigrate rewrite -j2": 0.3,
+}
+SPEEDUP_TARGET = 1.7
+PEAK_MB_TARGET = 300
 
+
+def build_fixture_tree(target: Path) -> int:
+    shutil.copytree(REPO / "fixtures", target)
+    return sum(1 for p in target.rglob("*") if p.suffix in (".py", ".ipynb"))
+
+
+def run_tree(label: str, tree: Path, n: int, tmp: Path, repeat: int) -> None:
     bin_dir = Path(sys.executable).parent
     tfm = [sys.executable, "-m", "tfmigrate"]
     upgrader = bin_dir / "tf_upgrade_v2"
-    with tempfile.TemporaryDirectory(prefix="tfm-bench-") as tmp:
-        tree = Path(tmp) / "tree"
-        n = build_tree(tree, args.files)
-        out = Path(tmp) / "out"
-        commands: dict[str, list[str]] = {
-            "tfmigrate scan -j1": [*tfm, "scan", "-j", "1", "--format", "json", str(tree)],
-            "tfmigrate scan -j2": [*tfm, "scan", "-j", "2", "--format", "json", str(tree)],
-            "tfmigrate rewrite -j1": [*tfm, "rewrite", "-j", "1", "--out", str(out), "--force", str(tree)],
-            "tfmigrate rewrite -j2": [*tfm, "rewrite", "-j", "2", "--out", str(out), "--force", str(tree)],
-        }
-        if upgrader.exists():
-            commands["tf_upgrade_v2 (rewrite)"] = [
-                str(upgrader), "--intree", str(tree), "--outtree", str(Path(tmp) / "up"),
-                "--reportfile", str(Path(tmp) / "report.txt"), "--no_import_rename",
-            ]
-        rows = []
-        print(f"{n} files; {os.cpu_count()} cores; Python {sys.version.split()[0]}", flush=True)
-        for name, cmd in commands.items():
-            best = None
-            for _ in range(args.repeat):
-                shutil.rmtree(out, ignore_errors=True)
-                shutil.rmtree(Path(tmp) / "up", ignore_errors=True)
-                result = measure(cmd, Path(tmp))
-                if best is None or result[0] < best[0]:
-                    best = result
-            rows.append((name, *best))
-            print(f"  measured {name}: {best[0]:.2f} s, {best[1]:.0f} MB, exit {best[2]}", flush=True)
+    out = tmp / "out"
+    up = tmp / "up"
+    commands: dict[str, list[str]] = {
+        "tfmigrate scan -j1": [*tfm, "scan", "-j", "1", "--format", "json", str(tree)],
+        "tfmigrate scan -j2": [*tfm, "scan", "-j", "2", "--format", "json", str(tree)],
+        "tfmigrate rewrite -j1": [
+            *tfm,
+            "rewrite",
+            "-j",
+            "1",
+            "--out",
+            str(out),
+            "--force",
+            str(tree),
+        ],
+        "tfmigrate rewrite -j2": [
+            *tfm,
+            "rewrite",
+            "-j",
+            "2",
+            "--out",
+            str(out),
+            "--force",
+            str(tree),
+        ],
+    }
+    if upgrader.exists():
+        commands["tf_upgrade_v2"] = [
+            str(upgrader),
+            "--intree",
+            str(tree),
+            "--outtree",
+            str(up),
+            "--reportfile",
+            str(tmp / "report.txt"),
+            "--no_import_rename",
+        ]
+    print(f"\n## {label}: {n} files", flush=True)
+    rows = []
+    for name, cmd in commands.items():
+        best = None
+        for _ in range(repeat):
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(up, ignore_errors=True)
+            result = measure(cmd, tmp)
+            if best is None or result[0] < best[0]:
+                best = result
+        rows.append((name, *best))
+        print(f"  measured {name}: {best[0]:.2f} s, {best[1]:.0f} MB, exit {best[2]}", flush=True)
 
-    baseline = next((r[1] for r in rows if r[0].startswith("tf_upgrade_v2")), None)
+    wall = {name: w for name, w, _, _ in rows}
+    baseline = wall.get("tf_upgrade_v2")
     print()
-    print("| command | wall s | files/s | peak MB | × tf_upgrade_v2 | exit |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name, wall, peak, code in rows:
-        ratio = f"{wall / baseline:.2f}" if baseline else "-"
-        print(f"| {name} | {wall:.2f} | {n / wall:.0f} | {peak:.0f} | {ratio} | {code} |")
-    j1 = next((r[1] for r in rows if r[0] == "tfmigrate rewrite -j1"), None)
-    j2 = next((r[1] for r in rows if r[0] == "tfmigrate rewrite -j2"), None)
+    print("| command | wall s | files/s | peak MB | × tf_upgrade_v2 | target | exit |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, seconds, peak, code in rows:
+        ratio = f"{seconds / baseline:.2f}" if baseline else "-"
+        limit = TARGETS.get(name)
+        target = "-"
+        if limit is not None and baseline:
+            target = f"≤ {limit} " + ("met" if seconds / baseline <= limit else "MISSED")
+        print(
+            f"| {name} | {seconds:.2f} | {n / seconds:.0f} | {peak:.0f} | {ratio} | {target} | {code} |"
+        )
+    j1, j2 = wall.get("tfmigrate rewrite -j1"), wall.get("tfmigrate rewrite -j2")
     if j1 and j2:
-        print(f"\nrewrite speed-up -j2 over -j1: {j1 / j2:.2f}×")
+        verdict = "met" if j1 / j2 >= SPEEDUP_TARGET else "MISSED"
+        print(f"\nrewrite -j2 over -j1: {j1 / j2:.2f}× (target ≥ {SPEEDUP_TARGET}: {verdict})")
+    s1, s2 = wall.get("tfmigrate scan -j1"), wall.get("tfmigrate scan -j2")
+    if s1 and s2:
+        print(f"scan -j2 over -j1: {s1 / s2:.2f}×")
+    peak = max((p for name, _, p, _ in rows if name.endswith("-j1")), default=0.0)
+    verdict = "met" if peak <= PEAK_MB_TARGET else "MISSED"
+    print(f"peak memory at -j1: {peak:.0f} MB (target ≤ {PEAK_MB_TARGET}: {verdict})", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=1200, help="size of the large tree")
+    parser.add_argument("--repeat", type=int, default=1, help="best of N runs per command")
+    parser.add_argument("--trees", default="fixtures,large", help="which trees to time")
+    args = parser.parse_args()
+    trees = [t.strip() for t in args.trees.split(",") if t.strip()]
+
+    print(f"{os.cpu_count()} cores; Python {sys.version.split()[0]}; load {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="tfm-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        if "fixtures" in trees:
+            tree = tmp / "fixtures"
+            n = build_fixture_tree(tree)
+            run_tree("(a) the fixtures", tree, n, tmp, args.repeat)
+            shutil.rmtree(tree)
+        if "large" in trees:
+            tree = tmp / "tree"
+            n = build_tree(tree, args.files)
+            run_tree("(b) a large tree", tree, n, tmp, args.repeat)
+    print(f"load after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Training throughput: legacy TF1 towers against their migrated TF2 programs, in one run.
 
     .venv/bin/python bench/training.py [--steps 60] [--replicas 2] [--only cifar_average]
+        [--variant other/train.py] [-- --batch_size 256]
 
 For every bundled tower program (fixtures/towers/*) it trains, on the same N logical CPU devices,
 with the same model and batch: the legacy program (TF1 graph on TF2's compat layer), the program
@@ -9,21 +10,32 @@ fixtures/migrated/ (when there is one). Each pair runs through `tfmigrate verify
 checks that both sides trained the same; the table shows steps/s after warm-up and peak memory of
 each side (1 / median step time), and the ratio migrated/legacy (above 1.0: the migrated program is faster).
 
-What is timed, per step: the legacy side's Session.run of the train op; the migrated side's
-train_step call until its fetched values are on the host. Feeding data is outside the timed part
-on both sides. Absolute numbers vary between machines; the ratios in one run are the point.
+What is timed, per step, is what each program's own loop pays: the legacy side's Session.run of
+the train op (feeding its batch, or running its in-graph input pipeline); the migrated side's
+next(iterator) over its distributed batches plus the train_step call until its fetched values
+are on the host. No side is timed while the other one runs: the legacy program first trains
+alone, then each migrated program is verified against that legacy run (verify's --legacy-cache),
+so only the migrated process is busy while it is timed.
+
+Arguments after `--` go to both programs (e.g. `-- --batch_size 256`: is a ratio an artefact of
+a tiny model?). `--variant FILE` adds another migrated version of the one `--only` program (a
+candidate rewrite, with its tfmigrate.json beside it or above). Absolute numbers vary between
+machines; the ratios in one run are the point.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tfmigrate.verify.sides import LEGACY_ENV, RunPlan, side_commands
 
 REPO = Path(__file__).resolve().parents[1]
 TOWERS = REPO / "fixtures" / "towers"
@@ -40,8 +52,12 @@ class Row:
     legacy_mb: float | None
     migrated_mb: float | None
 
+    round_ratio: float | None = None  # median over rounds of each round's own ratio
+
     @property
     def ratio(self) -> float | None:
+        if self.round_ratio is not None:
+            return self.round_ratio
         if self.legacy_sps and self.migrated_sps:
             return self.migrated_sps / self.legacy_sps
         return None
@@ -54,35 +70,72 @@ def _tfmigrate(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _verify(
-    legacy: Path, migrated: Path, report: Path, steps: int, replicas: int
+    legacy: Path, migrated: Path, report: Path, cache: Path, opts: argparse.Namespace
 ) -> tuple[dict, Path]:
-    _tfmigrate(
-        "verify",
-        str(legacy),
-        str(migrated),
-        "--steps",
-        str(steps),
-        "--replicas",
-        str(replicas),
-        "--report",
-        str(report),
-    )
+    """Verify MIGRATED against the cached legacy run, so that only the migrated side is timed."""
+    before = set(cache.iterdir()) if cache.exists() else set()
+    for _ in range(2):  # a run that had to train the legacy side too (cache miss) is run again
+        _tfmigrate(
+            "verify",
+            str(legacy),
+            str(migrated),
+            "--steps",
+            str(opts.steps),
+            "--replicas",
+            str(opts.replicas),
+            "--report",
+            str(report),
+            "--legacy-cache",
+            str(cache),
+            "--",
+            *opts.script_args,
+        )
+        after = set(cache.iterdir()) if cache.exists() else set()
+        if after == before:
+            break
+        before = after
     path = report / "report.json"
     if not path.exists():
         raise SystemExit(f"verify wrote no report for {legacy} vs {migrated}")
     return json.loads(path.read_text()), report
 
 
-def _median_steps_per_second(report_dir: Path, side: str, warmup: int = 2) -> float | None:
+def _legacy_alone(legacy: Path, work: Path, opts: argparse.Namespace) -> float | None:
+    """Train the legacy program alone, with verify's own legacy runtime, and time its steps."""
+    plan = RunPlan(
+        legacy=legacy,
+        migrated=legacy,
+        workdir=work,
+        replicas=opts.replicas,
+        steps=opts.steps,
+        script_args=tuple(opts.script_args),
+    )
+    cmds = side_commands(plan)
+    cwd = work / "legacy" / "cwd"
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **LEGACY_ENV, "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "-1"}
+    subprocess.run(
+        cmds.legacy + cmds.tail, cwd=cwd, env=env, capture_output=True, text=True, check=False
+    )
+    return _median_steps_per_second(cmds.legacy_out / "record.json")
+
+
+def _median_steps_per_second(record: Path | None, warmup: int = 2) -> float | None:
     """1 / median step time after warm-up: robust to the odd step slowed by a busy machine."""
-    records = sorted(report_dir.glob(f"runs/*/{side}/out/record.json"))
-    if not records:
+    if record is None or not record.exists():
         return None
-    seconds = [s["seconds"] for s in json.loads(records[0].read_text())["steps"][warmup:]]
+    seconds = [s["seconds"] for s in json.loads(record.read_text())["steps"][warmup:]]
     return 1.0 / statistics.median(seconds) if seconds else None
 
 
-def _row(program: str, migrated_by: str, report: dict, report_dir: Path) -> Row:
+def _side_record(report_dir: Path, side: str) -> Path | None:
+    records = sorted(report_dir.glob(f"runs/*/{side}/out/record.json"))
+    return records[0] if records else None
+
+
+def _row(
+    program: str, migrated_by: str, legacy_sps: float | None, report: dict, report_dir: Path
+) -> Row:
     sides = report.get("sides", {})
 
     def megabytes(name: str) -> float | None:
@@ -93,37 +146,69 @@ def _row(program: str, migrated_by: str, report: dict, report_dir: Path) -> Row:
         program,
         migrated_by,
         report["verdict"],
-        _median_steps_per_second(report_dir, "legacy"),
-        _median_steps_per_second(report_dir, "migrated"),
+        legacy_sps,
+        _median_steps_per_second(_side_record(report_dir, "migrated")),
         megabytes("legacy"),
         megabytes("migrated"),
     )
 
 
-def measure(name: str, work: Path, steps: int, replicas: int) -> list[Row]:
+def measure(name: str, work: Path, opts: argparse.Namespace) -> list[Row]:
+    """Legacy alone, then each migrated version alone, `rounds` times over: the machine's load
+    drifts, so every round yields its own ratios and the table shows their medians."""
     legacy = TOWERS / name / "train.py"
-    rows = []
+    cache = work / "legacy-cache"
+    versions: list[tuple[str, Path]] = []
     rewritten = work / "rewritten" / name
     done = _tfmigrate("rewrite", "--out", str(rewritten), str(legacy.parent))
     if done.returncode in (0, 1) and "tfmigrate_program" in (rewritten / "train.py").read_text():
-        report = _verify(
-            legacy, rewritten / "train.py", work / "reports" / f"{name}-rewrite", steps, replicas
-        )
-        rows.append(_row(name, "tfmigrate rewrite", *report))
+        versions.append(("tfmigrate rewrite", rewritten / "train.py"))
     hand = HAND_MIGRATED / name / "train.py"
     if hand.exists():
-        report = _verify(legacy, hand, work / "reports" / f"{name}-hand", steps, replicas)
-        rows.append(_row(name, "by hand", *report))
-    return rows
+        versions.append(("by hand", hand))
+    versions += [(str(v), v.resolve()) for v in opts.variant or []]
+    rounds: list[list[Row]] = []
+    for r in range(opts.rounds):
+        legacy_sps = _legacy_alone(legacy, work / f"legacy-alone-{r}" / name, opts)
+        rows = []
+        for i, (label, migrated) in enumerate(versions):
+            report = _verify(legacy, migrated, work / "reports" / f"{name}-{i}-{r}", cache, opts)
+            rows.append(_row(name, label, legacy_sps, *report))
+        rounds.append(rows)
+    return [_median_row([rows[i] for rows in rounds]) for i in range(len(versions))]
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _median_row(rows: list[Row]) -> Row:
+    first = rows[0]
+    verdicts = sorted({r.verdict for r in rows})
+    row = Row(
+        first.program,
+        first.migrated_by,
+        "/".join(verdicts),
+        _median([r.legacy_sps for r in rows]),
+        _median([r.migrated_sps for r in rows]),
+        _median([r.legacy_mb for r in rows]),
+        _median([r.migrated_mb for r in rows]),
+    )
+    row.round_ratio = _median([r.ratio for r in rows])
+    return row
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec) if value is not None else "-"
 
 
-def print_table(rows: list[Row], steps: int, replicas: int) -> None:
+def print_table(rows: list[Row], opts: argparse.Namespace) -> None:
+    extra = f", script args {' '.join(opts.script_args)}" if opts.script_args else ""
     print(
-        f"Training throughput, {replicas} logical CPU devices, {steps} steps (2 of warm-up not timed; 1 / median step time)\n"
+        f"Training throughput, {opts.replicas} logical CPU devices, {opts.steps} steps{extra}, "
+        f"{opts.rounds} round(s) (2 steps of warm-up not timed; 1 / median step time; each side "
+        "timed alone; × legacy is the median of the rounds' ratios)\n"
     )
     print(
         "| program | migrated by | verify | legacy steps/s | migrated steps/s | × legacy | legacy MB | migrated MB |"
@@ -138,19 +223,34 @@ def print_table(rows: list[Row], steps: int, replicas: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    script_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument(
+        "--rounds", type=int, default=1, help="repeat legacy-then-migrated timing; medians shown"
+    )
+    parser.add_argument(
         "--only", action="append", help="a program under fixtures/towers (repeatable)"
     )
-    args = parser.parse_args(argv)
-    names = args.only or sorted(p.name for p in TOWERS.iterdir() if (p / "train.py").exists())
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=Path,
+        help="another migrated version of the --only program (repeatable)",
+    )
+    opts = parser.parse_args(argv)
+    opts.script_args = script_args
+    if opts.variant and len(opts.only or []) != 1:
+        parser.error("--variant needs exactly one --only program")
+    names = opts.only or sorted(p.name for p in TOWERS.iterdir() if (p / "train.py").exists())
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="tfmigrate-bench-") as tmp:
         for name in names:
-            rows.extend(measure(name, Path(tmp), args.steps, args.replicas))
-    print_table(rows, args.steps, args.replicas)
+            rows.extend(measure(name, Path(tmp), opts))
+    print_table(rows, opts)
     return 0
 
 

@@ -49,6 +49,20 @@ class RewriteFormat(str, enum.Enum):
     json = "json"
 
 
+class Strategy(str, enum.Enum):
+    """What whole-program conversions (TFM303) target; reaches rules as the `strategy` option."""
+
+    mirrored = "mirrored"
+    multi_worker = "multi-worker"
+
+
+class BatchNorm(str, enum.Enum):
+    """How whole-program conversions (TFM303) treat batch norm; the `batch-norm` option."""
+
+    faithful = "faithful"
+    sync = "sync"
+
+
 class RulesFormat(str, enum.Enum):
     text = "text"
     json = "json"
@@ -334,6 +348,22 @@ def rewrite(
     jobs: Jobs = 1,
     config: ConfigPath = None,
     no_config: NoConfig = False,
+    strategy: Annotated[
+        Strategy | None,
+        typer.Option(
+            help="Target of whole-program conversions: one machine (mirrored, the default) or a "
+            "cluster described by TF_CONFIG (multi-worker). Config: options.strategy."
+        ),
+    ] = None,
+    batch_norm: Annotated[
+        BatchNorm | None,
+        typer.Option(
+            "--batch-norm",
+            help="Batch-norm statistics in whole-program conversions: per replica, as the "
+            "towers had them (faithful, the default), or over the global batch (sync). "
+            "Config: options.batch-norm.",
+        ),
+    ] = None,
 ) -> None:
     """Show the migration as diffs (default), or apply it with --write / --out DIR."""
     if sum(bool(x) for x in (write, out_dir, check)) > 1:
@@ -355,6 +385,10 @@ def rewrite(
         jobs=jobs,
         config=config,
         no_config=no_config,
+        options={
+            **({"strategy": strategy.value} if strategy is not None else {}),
+            **({"batch-norm": batch_norm.value} if batch_norm is not None else {}),
+        },
     )
     result = _execute(options, include_other_files=out_dir is not None)
     results = result.results
@@ -498,6 +532,9 @@ def _register_optional_commands() -> None:
     except ImportError:
         return
     app.command()(verify)
+    from tfmigrate.checkpoint.command import convert_checkpoint
+
+    app.command("convert-checkpoint")(convert_checkpoint)
 
 
 _register_optional_commands()

@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 
 import libcst as cst
 
+from tfmigrate import prefilter
 from tfmigrate.names import NameResolver
 from tfmigrate.python2 import describe_syntax_error
 from tfmigrate.rule import Finding, Fix, FixSafety, Rule, RuleContext
@@ -63,7 +64,8 @@ def triggered_rules(source: bytes | str, rules: tuple[type[Rule], ...]) -> tuple
     return tuple(
         rule
         for rule in rules
-        if rule.triggers is None or any(t.encode() in raw for t in rule.triggers)
+        if rule.triggers is None
+        or any(prefilter.raw_needle(t).encode() in raw for t in rule.triggers)
     )
 
 
@@ -92,12 +94,27 @@ def process_source(
     if not rules and not inherited:
         return SourceResult(error=check_syntax(source, path))
     settings = replace(settings, rules=rules)
+    first_pass = settings
+    resolver = None
+    facts = prefilter.code_facts(source, inherited) if prefilter.enabled() else None
+    if facts is not None:
+        # The light pass found the same bindings NameResolver would, and which rules can fire.
+        if not facts.uses_any(prefilter.TF_ROOTS):
+            return SourceResult(bindings=dict(facts.bindings))
+        possible = prefilter.possible_rules(facts, rules)
+        if not possible:
+            return SourceResult(bindings=dict(facts.bindings))
+        first_pass = replace(settings, rules=possible)
+        resolver = NameResolver()
+        resolver.bindings = dict(facts.bindings)
+        resolver.imported_modules = set(facts.imported_modules)
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         return SourceResult(error=check_syntax(source, path) or _libcst_error(exc))
 
-    findings, fixes, bindings = _run_rules(module, path, settings, inherited)
+    # Fix passes run every triggered rule: a fix may write code another rule then fixes.
+    findings, fixes, bindings = _run_rules(module, path, first_pass, inherited, resolver)
     result = SourceResult(findings=findings, bindings=bindings)
     if not fixes:
         return result
@@ -148,11 +165,16 @@ def _suppressed(lines: list[str], line: int, code: str) -> bool:
 
 
 def _run_rules(
-    module: cst.Module, path: str, settings: Settings, inherited: dict[str, str] | None = None
+    module: cst.Module,
+    path: str,
+    settings: Settings,
+    inherited: dict[str, str] | None = None,
+    resolver: NameResolver | None = None,
 ) -> tuple[list[Finding], list[tuple[Finding, Fix | None]], dict[str, str]]:
-    resolver = NameResolver.for_module(module, inherited)
+    if resolver is None:
+        resolver = NameResolver.for_module(module, inherited)
     bindings = dict(resolver.bindings)
-    if not resolver.uses_any(("tensorflow", "keras", "horovod")):
+    if not resolver.uses_any(prefilter.TF_ROOTS):
         return [], [], bindings
     context = RuleContext(PurePosixPath(path), resolver, module, settings.options)
     rules = [rule_class(context) for rule_class in settings.rules]

@@ -176,8 +176,11 @@ class Rule(cst.BatchableCSTVisitor):
     fix_safety: ClassVar[FixSafety] = FixSafety.MANUAL
     # Opt-in rules run only when selected (--select, or `select` in the config).
     default_enabled: ClassVar[bool] = True
-    # Substrings without which the rule cannot fire (None: always run). A file that contains no
-    # trigger of any enabled rule is never parsed by libcst, which is most of the cost.
+    # What the rule cannot fire without (None: always run), any one of: a word, found in the
+    # code's identifiers or string constants (not comments or docstrings); a qualified name
+    # (``tensorflow.device``), some dotted name in the code resolving to it or inside it; a
+    # quoted string (``'VariableV2'``), a string constant equal to it. A file where no enabled
+    # rule's trigger occurs is never parsed by libcst, which is most of the cost (see prefilter).
     triggers: ClassVar[tuple[str, ...] | None] = None
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Example, ...]] = ()

@@ -15,24 +15,29 @@ import libcst as cst
 from tfmigrate.rules._tower_program import Blocked, Program
 from tfmigrate.rules._towers import bound_names, free_names, get_arg, walk
 
-# Emitted into the migrated program: it must not import tfmigrate.
-STORE = '''
+# Emitted into the migrated program: it must not import tfmigrate. Lines tagged `[moving]`
+# or `[regularization]` are kept only when the program needs them (see store_source).
+STORE = """
 class TF1Variables:
-    """Owns the variables that TF1 model code creates with tf.compat.v1.get_variable.
+    \"\"\"Owns the variables that TF1 model code creates with tf.compat.v1.get_variable.
 
     Used as a custom getter: the first request of a name creates the variable -- eagerly, under
     the strategy (so it is mirrored on every replica), with its legacy name; every later request,
     from any replica, gets that same variable back.
-    """
+    \"\"\"
 
     def __init__(self, strategy):
         self.strategy = strategy
         self.variables = {}  # legacy name -> variable, in creation order
         self.trainable = []
+        self.moving_averages = []  # made for tf.GraphKeys.MOVING_AVERAGE_VARIABLES  [moving]
+        self.regularizers = []  # (variable, regularizer), in creation order  [regularization]
 
     def getter(self, getter, name, *args, **kwargs):
         variable = self.variables.get(name)
         if variable is None:
+            regularizer = kwargs.pop("regularizer", None)  [regularization]
+[regularization]
             def create(strategy):
                 with tf.init_scope(), strategy.scope():
                     return getter(name, *args, **kwargs)
@@ -48,19 +53,65 @@ class TF1Variables:
             self.variables[name] = variable
             if variable.trainable:
                 self.trainable.append(variable)
+            collections = kwargs.get("collections") or ()  [moving]
+            if tf.compat.v1.GraphKeys.MOVING_AVERAGE_VARIABLES in collections:  [moving]
+                self.moving_averages.append(variable)  [moving]
+            if regularizer is not None:  [regularization]
+                self.regularizers.append((variable, regularizer))  [regularization]
         return variable
+[regularization]
+    def regularization_losses(self):  [regularization]
+        \"\"\"What TF1's REGULARIZATION_LOSSES held: the loss of every regularized variable,  [regularization]
+        once, computed in the reading replica (so that its gradient reaches this replica's copy).  [regularization]
+  [regularization]
+        get_variable(regularizer=...) regularizers are kept here, as the variables are made  [regularization]
+        once; layers (tf_slim, tf.compat.v1.layers) add theirs to the graph's collection on  [regularization]
+        every call, under the calling replica's name scope: this replica's are the ones.\"\"\"  [regularization]
+        losses = [regularizer(variable) for variable, regularizer in self.regularizers]  [regularization]
+        replica = replica_index()  [regularization]
+        graph = tf.compat.v1.get_default_graph()  [regularization]
+        for loss in graph.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES):  [regularization]
+            head = loss.name.split("/", 1)[0]  # replica k > 0 works under `replica_k/`  [regularization]
+            suffix = head[len("replica_"):] if head.startswith("replica_") else ""  [regularization]
+            if (int(suffix) if suffix.isdigit() else 0) == replica:  [regularization]
+                losses.append(loss)  [regularization]
+        return [loss for loss in losses if loss is not None]  [regularization]
+[regularization]
+    def regularization_loss(self):  [regularization]
+        \"\"\"tf.compat.v1.losses.get_regularization_loss(): their sum, 0.0 without any.\"\"\"  [regularization]
+        losses = self.regularization_losses()  [regularization]
+        if not losses:  [regularization]
+            return tf.constant(0.0)  [regularization]
+        return tf.add_n(losses, name="total_regularization_loss")  [regularization]
 
     def scope(self):
         return tf.compat.v1.variable_scope("", custom_getter=self.getter)
 
 
 def replica_index():
-    """This replica's number as a Python int: the legacy tower index."""
+    \"\"\"This replica's number as a Python int: the legacy tower index.\"\"\"
     context = tf.distribute.get_replica_context()
     return int(tf.get_static_value(context.replica_id_in_sync_group))
-'''
+"""
+
+
+def store_source(moving: bool, regularization: bool) -> str:
+    """The TF1Variables store with only the parts the program uses."""
+    kept = []
+    for line in STORE.splitlines():
+        tag = re.search(r"\s*\[(moving|regularization)\]$", line)
+        if tag is not None:
+            if not {"moving": moving, "regularization": regularization}[tag.group(1)]:
+                continue
+            line = line[: tag.start()]
+        kept.append(line)
+    return "\n".join(kept).strip("\n")
+
 
 SLOT = "__tfmigrate_slot_{}__"
+
+# TF1's default names of the ops a tower loss usually ends with.
+_DEFAULT_OP_NAMES = {"reduce_mean": "Mean", "reduce_sum": "Sum", "add_n": "AddN"}
 
 
 class _FillSlots(cst.CSTTransformer):
@@ -79,13 +130,84 @@ class _FillSlots(cst.CSTTransformer):
         return updated
 
 
-class _Trainables(cst.CSTTransformer):
-    """``tf.compat.v1.trainable_variables()`` (a graph collection) -> the store's list."""
+class _Collections(cst.CSTTransformer):
+    """``tf.compat.v1.trainable_variables()`` / ``moving_average_variables()`` (graph
+    collections) -> the store's lists."""
 
     def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
         code = cst.Module([]).code_for_node(updated.func)
         if code.endswith("trainable_variables") and not updated.args:
             return cst.parse_expression("tf1_variables.trainable")
+        if code.endswith("moving_average_variables") and not updated.args:
+            return cst.parse_expression("tf1_variables.moving_averages")
+        return updated
+
+
+class _RegularizationReads(cst.CSTTransformer):
+    """Reads of TF1's REGULARIZATION_LOSSES collection -> the store's answer."""
+
+    def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
+        code = cst.Module([]).code_for_node(updated.func)
+        if code.endswith("losses.get_regularization_losses") and not updated.args:
+            return cst.parse_expression("tf1_variables.regularization_losses()")
+        if code.endswith("losses.get_regularization_loss") and not updated.args:
+            return cst.parse_expression("tf1_variables.regularization_loss()")
+        if (
+            code.endswith("get_collection")
+            and len(updated.args) == 1
+            and cst.Module([])
+            .code_for_node(updated.args[0].value)
+            .endswith("GraphKeys.REGULARIZATION_LOSSES")
+        ):
+            return cst.parse_expression("tf1_variables.regularization_losses()")
+        return updated
+
+
+def _is_call(call: cst.Call, receiver: str, method: str) -> bool:
+    return (
+        isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == method
+        and isinstance(call.func.value, cst.Name)
+        and call.func.value.value == receiver
+    )
+
+
+class _LoopLogging(cst.CSTTransformer):
+    """``writer.add_summary(summary, step)`` -> tf.summary scalars of the fetched values;
+    ``saver.save(sess, path, global_step=step)`` -> ``manager.save(checkpoint_number=step)``."""
+
+    def __init__(self, program: Program, strip: bool = False) -> None:
+        super().__init__()
+        self.log = program.logging
+        self.strip = strip  # drop those statements instead (to check what else is left)
+
+    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+        small = updated.body[0] if len(updated.body) == 1 else None
+        call = small.value if isinstance(small, cst.Expr) else None
+        if not isinstance(call, cst.Call):
+            return updated
+        if self.log.writer is not None and _is_call(call, self.log.writer[0], "add_summary"):
+            summary, step = get_arg(call, 0, "summary"), get_arg(call, 1, "global_step")
+            if summary is None or step is None:
+                return updated
+            if self.strip:
+                return cst.parse_statement("pass")
+            code = cst.Module([]).code_for_node
+            # What tf.summary.scalar writes, without needing TensorBoard installed to write it.
+            return cst.parse_statement(
+                f"with {self.log.writer[0]}.as_default(step={code(step)}):\n"
+                f"    for summary_tag, summary_value in {code(summary)}.items():\n"
+                "        tf.summary.write(summary_tag, tf.cast(summary_value, tf.float32),\n"
+                "                         metadata=scalar_metadata)\n"
+            ).with_changes(leading_lines=updated.leading_lines)
+        if self.log.saver is not None and _is_call(call, self.log.saver[0], "save"):
+            if self.strip:
+                return cst.parse_statement("pass")
+            step = get_arg(call, None, "global_step")
+            number = f"checkpoint_number={cst.Module([]).code_for_node(step)}" if step else ""
+            return cst.parse_statement(f"manager.save({number})").with_changes(
+                leading_lines=updated.leading_lines
+            )
         return updated
 
 
@@ -105,9 +227,7 @@ class _Replace(cst.CSTTransformer):
 def _indent(text: str, unit: str) -> str:
     """Template text (4-space indents) in the module's own indent unit."""
     text = textwrap.dedent(text).strip("\n") + "\n"
-    return re.sub(
-        r"^((?:    )+)", lambda m: unit * (len(m.group(1)) // 4), text, flags=re.M
-    )
+    return re.sub(r"^((?:    )+)", lambda m: unit * (len(m.group(1)) // 4), text, flags=re.M)
 
 
 class Emitter:
@@ -141,7 +261,7 @@ class Emitter:
         (`tf.add_n(losses, name='total_loss')`), so that verify matches it by name."""
         keys: dict[str, str] = {}
         for fetch in self.p.fetches:
-            if fetch.tensor == self.p.train_op:
+            if fetch.tensor in (self.p.train_op, self.p.logging.summary_op):
                 continue
             tensor = self.p.collected.get(fetch.tensor, fetch.tensor)
             where = self.p.tower_body
@@ -150,6 +270,8 @@ class Emitter:
             elif tensor in self.setup_fetches():
                 where = self.p.graph_setup
             keys[tensor] = self._op_name(tensor, where) or tensor
+            if self.p.train_value is not None and tensor == self.p.train_value[0]:
+                keys[tensor] = self.p.train_value[1]  # the loop fetched the with_dependencies op
         for source in self.p.reductions.values():
             tensor = self.p.collected[source]
             keys.setdefault(tensor, self._op_name(tensor, self.p.tower_body) or tensor)
@@ -157,8 +279,10 @@ class Emitter:
 
     def _reduction_statements(self) -> list[cst.BaseStatement]:
         return [
-            cst.parse_statement(f"{name} = tf.add_n({source})")
-            for name, source in self.p.reductions.items()
+            cst.SimpleStatementLine(
+                [cst.Assign([cst.AssignTarget(cst.Name(name))], self.p.reduction_calls[name])]
+            )
+            for name in self.p.reductions
         ]
 
     def _op_name(self, name: str, statements, depth: int = 0) -> str | None:  # type: ignore[no-untyped-def]
@@ -186,9 +310,15 @@ class Emitter:
         ):
             # tf.losses.*(..., scope='xent') returns the tensor `xent/value`.
             return f"{scope.evaluated_value}/value"
+        if isinstance(value.func, cst.Attribute) and value.func.attr.value in _DEFAULT_OP_NAMES:
+            # An unnamed op is named after its type (`tower_1/Mean`): verify strips the tower.
+            return _DEFAULT_OP_NAMES[value.func.attr.value]
         if isinstance(value.func, cst.Name):
             for statement in self.module.body:
-                if isinstance(statement, cst.FunctionDef) and statement.name.value == value.func.value:
+                if (
+                    isinstance(statement, cst.FunctionDef)
+                    and statement.name.value == value.func.value
+                ):
                     returns = [n for n in walk(statement) if isinstance(n, cst.Return)]
                     if len(returns) == 1 and returns[0].value is not None:
                         ret = returns[0].value
@@ -198,116 +328,89 @@ class Emitter:
         return None
 
     def build_function(self, params: str, keys: dict[str, str], loop_needs: list[str]) -> str:
+        """``build_program(strategy, flags)``: the variables, the input, one train step.
+
+        One template for both kinds of input; only the input section differs (a generator of
+        the fed batches, or the legacy tf.data dataset itself)."""
         p = self.p
-        if p.dataset is not None:
-            return self._build_from_dataset(params, keys, loop_needs)
-        inputs = ", ".join(ph.name for ph in p.placeholders)
-        header = self.code(p.step_loop.target), self.expr(p.step_loop.iter)
-        # Continuation lines carry the template's own 12-space base (removed by dedent).
-        specs = "".join(
-            f"\n{' ' * 24}tf.TensorSpec({self._spec_shape(ph.shape)}, {self.code(ph.dtype)}),"
-            for ph in p.placeholders
-        )
-        scale = " / strategy.num_replicas_in_sync" if p.averaged else ""
-        scale_note = (
-            "# The towers AVERAGED their gradients; apply_gradients SUMS the replicas'."
-            if p.averaged
-            else "# The towers SUMMED their gradients, as apply_gradients does: not rescaled."
-        )
-        withs = "".join(f", {self.code(item)}" for item in p.tower_withs)
-        fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in keys.items())
-        extra = "".join(f'\n{" " * 20}"{name}": {name},' for name in loop_needs)
         python_setup = self.slot(p.python_setup)
         graph_setup = self.slot(p.graph_setup)
+        if p.dataset is None:
+            input_section, spec_source = self._fed_input(), "dataset"
+        else:
+            input_section = (
+                "# Replica i receives the i-th slice of each batch, as tf.split gave tower i.\n"
+                f"batches = strategy.experimental_distribute_dataset({p.dataset})\n"
+            )
+            spec_source = p.dataset
+        head = textwrap.dedent(f'''
+            def build_program(strategy, {params}):
+                """The training program under `strategy` (its variables, one step, the batches)."""
+                {python_setup}
+                tf1_variables = TF1Variables(strategy)
+                with strategy.scope(), tf1_variables.scope():
+                    {graph_setup}
+            ''').strip("\n")
+        sections = [input_section, self._tower_section(keys, spec_source, loop_needs)]
+        return head + "\n\n" + "\n\n".join(textwrap.indent(s.strip("\n"), "    ") for s in sections)
+
+    def _fed_input(self) -> str:
+        """A generator of what the legacy loop fed (its own feed code), as a dataset."""
+        p = self.p
+        header = self.code(p.step_loop.target), self.expr(p.step_loop.iter)
+        specs = "".join(
+            f"\n        tf.TensorSpec({self._spec_shape(ph.shape)}, {self.code(ph.dtype)}),"
+            for ph in p.placeholders
+        )
         prelude = self.slot(p.session_prelude)
         feed = self.slot(p.feed_statements)
-        body = self.slot(p.tower_body)
-        apply = self.slot(p.apply)
-        pad = " " * 24
         if p.tower_feed is None:
             values = [self.expr(p.feed_values[ph.name]) for ph in p.placeholders]
             yielded = f"({values[0]},)" if len(values) == 1 else ", ".join(values)
             fill = ""
             slicing = "Replica i receives the i-th slice of each global batch, as tower i did."
+            doc = "What the legacy loop fed, one global batch per step."
         else:
             np_name = self.numpy_name()
             parts = [f"{ph.name}_parts" for ph in p.placeholders]
             joined = [f"{np_name}.concatenate({part})" for part in parts]
             yielded = f"({joined[0]},)" if len(joined) == 1 else ", ".join(joined)
-            lists = ", ".join(parts) + (" =" if len(parts) == 1 else " = ") + ", ".join(
-                "[]" for _ in parts
+            lists = (
+                ", ".join(parts)
+                + (" =" if len(parts) == 1 else " = ")
+                + ", ".join("[]" for _ in parts)
             )
             tower_slot = self.slot(p.tower_feed.statements)
             fill = (
-                f"\n{pad}{lists}"
-                f"\n{pad}for {p.tower_feed.index} in range(strategy.num_replicas_in_sync):"
-                f"\n{pad}    {tower_slot}"
+                f"\n        {lists}"
+                f"\n        for {p.tower_feed.index} in range(strategy.num_replicas_in_sync):"
+                f"\n            {tower_slot}"
             )
-            slicing = ("The towers' feeds, one after another: replica i receives the i-th "
-                       "slice, as tower i did.")
-        doc = ("What the legacy loop fed, one global batch per step." if p.tower_feed is None
-               else "What the legacy loop fed the towers, as one global batch per step.")
-        return textwrap.dedent(f'''
-            def build_program(strategy, {params}):
-                """The training program under `strategy` (its variables, one step, the batches)."""
-                {python_setup}
-                tf1_variables = TF1Variables(strategy)
-                with strategy.scope(), tf1_variables.scope():
-                    {graph_setup}
+            slicing = (
+                "The towers' feeds, one after another: replica i receives the i-th "
+                "slice, as tower i did."
+            )
+            doc = "What the legacy loop fed the towers, as one global batch per step."
+        return (
+            "\n"
+            "def fed_batches():\n"
+            f'    """{doc}"""\n'
+            f"    {prelude}\n"
+            f"    for {header[0]} in {header[1]}:\n"
+            f"        {feed}{fill}\n"
+            f"        yield {yielded}\n"
+            "\n"
+            "dataset = tf.data.Dataset.from_generator(\n"
+            "    fed_batches,\n"
+            f"    output_signature=({specs}\n"
+            "    ),\n"
+            ")\n"
+            f"# {slicing}\n"
+            "batches = strategy.experimental_distribute_dataset(dataset)\n"
+        )
 
-                def fed_batches():
-                    """{doc}"""
-                    {prelude}
-                    for {header[0]} in {header[1]}:
-                        {feed}{fill}
-                        yield {yielded}
-
-                dataset = tf.data.Dataset.from_generator(
-                    fed_batches,
-                    output_signature=({specs}
-                    ),
-                )
-                # {slicing}
-                batches = strategy.experimental_distribute_dataset(dataset)
-
-                def tower_fn({inputs}):
-                    """One tower of the legacy loop, now one replica."""
-                    {p.tower_index} = replica_index()
-                    with tf1_variables.scope(){withs}:
-                        {body}
-                        {scale_note}
-                        {p.grads_name} = {p.optimizer}.compute_gradients(
-                            {self.expr(p.loss)}{scale}, var_list=tf1_variables.trainable)
-                    return {p.grads_name}, {{{fetched}}}
-
-                @tf.function
-                def build(*batch):
-                    strategy.run(tower_fn, args=batch)
-
-                # Trace once, without training: creates the variables under their legacy names.
-                build.get_concrete_function(*[
-                    tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in dataset.element_spec])
-
-                def step_fn({inputs}):
-                    {p.grads_name}, fetches = tower_fn({inputs})
-                    {apply}
-                    return fetches
-
-                @tf.function
-                def train_step(batch):
-                    return strategy.run(step_fn, args=batch)
-
-                return {{
-                    "variables": dict(tf1_variables.variables),
-                    "train_step": train_step,
-                    "batches": batches,{extra}
-                }}
-            ''')
-
-    def _build_from_dataset(self, params: str, keys: dict[str, str], loop_needs: list[str]) -> str:
-        """The tf.data variant: the legacy dataset itself is distributed (tf.split of each of
-        its batches == the strategy's split), EMA shadows are made before the first step,
-        and cross-tower / non-tower fetches are reduced in the train step."""
+    def _tower_section(self, keys: dict[str, str], spec_source: str, loop_needs: list[str]) -> str:
+        """The replica function, the variable-creating trace, the EMA, the train step."""
         p = self.p
         inputs = ", ".join(ph.name for ph in p.placeholders)
         scale = " / strategy.num_replicas_in_sync" if p.averaged else ""
@@ -317,92 +420,177 @@ class Emitter:
             else "# The towers SUMMED their gradients, as apply_gradients does: not rescaled."
         )
         withs = "".join(f", {self.code(item)}" for item in p.tower_withs)
-        tower_keys = {t: k for t, k in keys.items() if t not in p.reductions and t not in
-                      self.setup_fetches()}
+        setup_fetches = self.setup_fetches()
+        tower_keys = {
+            t: k for t, k in keys.items() if t not in p.reductions and t not in setup_fetches
+        }
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in tower_keys.items())
-        extra = "".join(f'\n{" " * 20}"{name}": {name},' for name in loop_needs)
-        python_setup = self.slot(p.python_setup)
-        graph_setup = self.slot(p.graph_setup)
-        body = self.slot(p.tower_body)
-        apply = self.slot([s.visit(_Trainables()) for s in p.apply])
-        pad = " " * 16
+        extra = "".join(f'\n    "{name}": {name},' for name in loop_needs)
+        body = self.slot([s.visit(_RegularizationReads()) for s in p.tower_body])
+        apply = self.slot([s.visit(_Collections()) for s in p.apply])
         reads = "".join(
-            f"\n{pad}    fetches[{keys[name]!r}] = {name}() if callable({name}) else {name}"
-            for name in self.setup_fetches()
+            f"\n    fetches[{keys[name]!r}] = {name}() if callable({name}) else {name}"
+            for name in setup_fetches
         )
         if reads:
-            reads = f"\n{pad}    # Read before the update, as the legacy fetch was.{reads}"
+            reads = f"\n    # Read before the update, as the legacy fetch was.{reads}"
         reduced = "".join(
-            f"\n{pad}    outputs[{keys[name]!r}] = strategy.reduce(tf.distribute.ReduceOp.SUM, "
+            f"\n    outputs[{keys[name]!r}] = strategy.reduce(tf.distribute.ReduceOp.SUM, "
             f"outputs[{tower_keys[p.collected[source]]!r}], axis=None)"
             for name, source in p.reductions.items()
         ) + "".join(
-            f"\n{pad}    outputs[{keys[name]!r}] = strategy.experimental_local_results("
+            f"\n    outputs[{keys[name]!r}] = strategy.experimental_local_results("
             f"outputs[{keys[name]!r}])[0]  # the same on every replica"
-            for name in self.setup_fetches()
+            for name in setup_fetches
         )
+        if reduced:
+            run = f"outputs = strategy.run(step_fn, args=batch){reduced}\n    return outputs"
+        else:
+            run = "return strategy.run(step_fn, args=batch)"
         variables = "dict(tf1_variables.variables)"
         ema = ""
         if p.ema is not None:
             name = p.ema[0]
             ema_slot = self.slot([p.ema[1]])
-            ema = f"""
-                with strategy.scope():
-                    {ema_slot}
-                    # Creates the shadow variables now (equal to the weights, as TF1 initialised
-                    # them), outside the train step.
-                    {name}.apply(tf1_variables.trainable)
-                variables = dict(tf1_variables.variables)
-                for legacy_name, variable in tf1_variables.variables.items():
-                    if variable.trainable:
-                        variables[f"{{legacy_name}}/{{{name}.name}}"] = {name}.average(variable)
-"""
+            averaged = self.code(self.ema_variables().visit(_Collections()))
+            ema = (
+                "\n"
+                "with strategy.scope():\n"
+                f"    {ema_slot}\n"
+                "    # Creates the shadow variables now (equal to the weights, as TF1 initialised\n"
+                "    # them), outside the train step.\n"
+                f"    {name}.apply({averaged})\n"
+                "variables = dict(tf1_variables.variables)\n"
+                "for legacy_name, variable in tf1_variables.variables.items():\n"
+                f"    average = {name}.average(variable)\n"
+                "    if average is not None:\n"
+                f'        variables[f"{{legacy_name}}/{{{name}.name}}"] = average\n'
+            )
             variables = "variables"
-        return textwrap.dedent(f'''
-            def build_program(strategy, {params}):
-                """The training program under `strategy` (its variables, one step, the batches)."""
-                {python_setup}
-                tf1_variables = TF1Variables(strategy)
-                with strategy.scope(), tf1_variables.scope():
-                    {graph_setup}
-                # Replica i receives the i-th slice of each batch, as tf.split gave tower i.
-                batches = strategy.experimental_distribute_dataset({p.dataset})
+        loss = self.expr(p.loss)
+        tower = textwrap.dedent('''
+            def tower_fn({inputs}):
+                """One tower of the legacy loop, now one replica."""
+                {p.tower_index} = replica_index()
+                with tf1_variables.scope(){withs}:
+                    {body}
+                    {scale_note}
+                    {p.grads_name} = {p.optimizer}.compute_gradients(
+                        {loss}{scale}, var_list=tf1_variables.trainable)
+                return {p.grads_name}, {{{fetched}}}
 
-                def tower_fn({inputs}):
-                    """One tower of the legacy loop, now one replica."""
-                    {p.tower_index} = replica_index()
-                    with tf1_variables.scope(){withs}:
-                        {body}
-                        {scale_note}
-                        {p.grads_name} = {p.optimizer}.compute_gradients(
-                            {self.expr(p.loss)}{scale}, var_list=tf1_variables.trainable)
-                    return {p.grads_name}, {{{fetched}}}
+            @tf.function
+            def build(*batch):
+                strategy.run(tower_fn, args=batch)
 
-                @tf.function
-                def build(*batch):
-                    strategy.run(tower_fn, args=batch)
-
-                # Trace once, without training: creates the variables under their legacy names.
-                build.get_concrete_function(*[
-                    tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
-                    for spec in {p.dataset}.element_spec])
-{ema}
-                def step_fn({inputs}):
-                    {p.grads_name}, fetches = tower_fn({inputs}){reads}
-                    {apply}
-                    return fetches
-
-                @tf.function
-                def train_step(batch):
-                    outputs = strategy.run(step_fn, args=batch){reduced}
-                    return outputs
-
-                return {{
-                    "variables": {variables},
-                    "train_step": train_step,
-                    "batches": batches,{extra}
-                }}
+            # Trace once, without training: creates the variables under their legacy names.
+            build.get_concrete_function(*[
+                tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in {spec_source}.element_spec])
             ''')
+        statistics = ""
+        if p.update_ops is not None:
+            lines = textwrap.wrap(
+                "No UPDATE_OPS to run: the batch-norm layers update themselves in tower_fn. "
+                f"TFM303: {self.statistics_reason()}.",
+                width=84,
+            )
+            statistics = "".join(f"\n    # {line}" for line in lines)
+        step = textwrap.dedent("""
+            def step_fn({inputs}):
+                {p.grads_name}, fetches = tower_fn({inputs}){reads}
+                {apply}{statistics}
+                return fetches
+
+            @tf.function
+            def train_step(batch):
+                {run}
+
+            return {{
+                "variables": {variables},
+                "train_step": train_step,
+                "batches": batches,
+                # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
+                "checkpoint": tf.train.Checkpoint(variables={variables}, optimizer={p.optimizer}),{extra}
+            }}
+            """)
+        values = dict(
+            p=p, inputs=inputs, withs=withs, body=body, scale_note=scale_note, loss=loss,
+            scale=scale, fetched=fetched, spec_source=spec_source, reads=reads, apply=apply,
+            run=run, variables=variables, extra=extra, statistics=statistics,
+        )  # fmt: skip
+        return tower.format(**values) + ema + step.format(**values)
+
+    def uses_moving_averages(self) -> bool:
+        return any(
+            isinstance(n, cst.Call) and self.code(n.func).endswith("moving_average_variables")
+            for s in self.p.apply
+            for n in walk(s)
+        )
+
+    def uses_regularization(self) -> bool:
+        module = cst.Module(body=list(self.p.tower_body))
+        return module.visit(_RegularizationReads()).code != module.code
+
+    def statistics_reason(self) -> str:
+        """What the legacy step did with the batch-norm moving statistics, what the migrated
+        one does, for the manifest and a comment in the program."""
+        ops = self.p.update_ops
+        if ops is None:
+            legacy = "the legacy step never ran the batch-norm UPDATE_OPS"
+        elif ops.kind == "global":
+            legacy = (
+                "the legacy step ran every tower's batch-norm UPDATE_OPS (all of "
+                "tf.GraphKeys.UPDATE_OPS), one tower's after another in no fixed order: the "
+                "statistics moved once per tower and step"
+            )
+        elif ops.kind == "last":
+            legacy = (
+                "the legacy step ran only the last tower's batch-norm UPDATE_OPS (scope "
+                f"`{ops.test}` after the tower loop)"
+            )
+        else:
+            legacy = (
+                "the legacy step ran the batch-norm UPDATE_OPS only of the towers selected by "
+                f"`{ops.test}`"
+            )
+        names = {
+            n.attr.value if isinstance(n, cst.Attribute) else n.value
+            for n in walk(self.module)
+            if isinstance(n, cst.Attribute | cst.Name)
+        }
+        if "batch_norm" in names and "batch_normalization" not in names:
+            how = (
+                "with the MEAN of the replicas' batch statistics (assign_moving_average "
+                "all-reduces them)"
+            )
+        elif "batch_normalization" in names and "batch_norm" not in names:
+            how = (
+                "on each replica from its own sub-batch (each replica's copy drifts; replica "
+                "0's is what a checkpoint keeps)"
+            )
+        else:
+            how = "per replica or as the replicas' mean, depending on the layer"
+        return (
+            f"{legacy}; under MirroredStrategy every step updates the moving statistics once (a "
+            f"tf.function runs every stateful op), {how}: moving_mean/moving_variance differ "
+            "from the legacy values; weights and training losses do not depend on them"
+        )
+
+    def ema_variables(self) -> cst.BaseExpression:
+        """What the legacy ``ema.apply(...)`` averaged (its argument)."""
+        assert self.p.ema is not None
+        for statement in self.p.apply:
+            for node in walk(statement):
+                if (
+                    isinstance(node, cst.Call)
+                    and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value == "apply"
+                    and isinstance(node.func.value, cst.Name)
+                    and node.func.value.value == self.p.ema[0]
+                    and node.args
+                ):
+                    return node.args[0].value
+        raise Blocked(self.p.tower_loop, f"`{self.p.ema[0]}.apply(...)` not found")
 
     def setup_fetches(self) -> list[str]:
         """Fetched names the graph setup made (the learning rate): read in the step."""
@@ -413,14 +601,18 @@ class Emitter:
         """The `global_step=` that the legacy apply_gradients advanced (StopAtStepHook's)."""
         for statement in self.p.apply:
             for node in walk(statement):
-                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and (
-                    node.func.attr.value == "apply_gradients"
+                if (
+                    isinstance(node, cst.Call)
+                    and isinstance(node.func, cst.Attribute)
+                    and (node.func.attr.value == "apply_gradients")
                 ):
                     step = get_arg(node, 2, "global_step")
                     if isinstance(step, cst.Name):
                         return step.value
-        raise Blocked(self.p.tower_loop, "StopAtStepHook counts global_step, which "
-                      "apply_gradients does not advance here")
+        raise Blocked(
+            self.p.tower_loop,
+            "StopAtStepHook counts global_step, which apply_gradients does not advance here",
+        )
 
     def _spec_shape(self, shape: cst.BaseExpression) -> str:
         """A per-tower placeholder's shape with the batch dimension left open (the global
@@ -439,8 +631,11 @@ class Emitter:
                 for alias in small.names:
                     if self.code(alias.name) == "numpy":
                         return alias.asname.name.value if alias.asname else "numpy"  # type: ignore[union-attr]
-        raise Blocked(self.p.tower_loop, "the towers are fed separately and numpy is not imported "
-                      "(needed to join their feeds into one global batch)")
+        raise Blocked(
+            self.p.tower_loop,
+            "the towers are fed separately and numpy is not imported "
+            "(needed to join their feeds into one global batch)",
+        )
 
     def loop_body(self, keys: dict[str, str]) -> list[cst.BaseStatement]:
         p = self.p
@@ -454,14 +649,25 @@ class Emitter:
                     # `results = sess.run([train_op] + losses)`: None, then every tower's value.
                     target = p.fetches[1].target
                     key = keys[p.collected[p.fetches[1].tensor]]
-                    statements.append(cst.parse_statement(
-                        f"{target} = [None] + [value.numpy() for value in "
-                        f"strategy.experimental_local_results(outputs[{key!r}])]"))
+                    statements.append(
+                        cst.parse_statement(
+                            f"{target} = [None] + [value.numpy() for value in "
+                            f"strategy.experimental_local_results(outputs[{key!r}])]"
+                        )
+                    )
                     continue
                 for fetch in p.fetches:
                     if fetch.target is None or fetch.tensor == p.train_op:
                         if fetch.target is not None:
                             raise Blocked(p.run_statement, "the loop keeps the train op's value")
+                        continue
+                    if fetch.tensor == p.logging.summary_op:
+                        # The merged summary: its scalars' values, by tag, for the writer.
+                        values = ", ".join(
+                            f"{self.code(tag)}: {self._fetched_value(tensor, keys)}"
+                            for tag, tensor in p.logging.scalars
+                        )
+                        statements.append(cst.parse_statement(f"{fetch.target} = {{{values}}}"))
                         continue
                     key = keys[fetch.tensor]
                     if fetch.tensor in p.reductions or fetch.tensor in self.setup_fetches():
@@ -476,8 +682,42 @@ class Emitter:
                         )
                     )
                 continue
-            statements.append(self._retarget(statement))
+            logging_names = {p.logging.writer[0]} if p.logging.writer else set()
+            if p.logging.saver is not None:
+                logging_names.add(p.logging.saver[0])
+            left = free_names(statement.visit(_LoopLogging(p, strip=True))) & logging_names
+            if left:
+                raise Blocked(
+                    statement,
+                    f"the loop uses `{sorted(left)[0]}` other than to "
+                    "write a summary or save a checkpoint",
+                )
+            statements.append(self._retarget(statement).visit(_LoopLogging(p)))
         return statements
+
+    def _fetched_value(self, tensor: str, keys: dict[str, str]) -> str:
+        """The loop's value of a fetched tensor: the last tower's, or the reduced one."""
+        key = keys[tensor]
+        if tensor in self.p.reductions or tensor in self.setup_fetches():
+            return f"outputs[{key!r}]"
+        return f"strategy.experimental_local_results(outputs[{key!r}])[-1]"
+
+    def saved_path(self) -> cst.BaseExpression | None:
+        """The path the loop's ``saver.save(sess, path, global_step=...)`` writes to."""
+        if self.p.logging.saver is None:
+            return None
+        paths = [
+            get_arg(n, 1, "save_path")
+            for s in self.p.step_loop.body.body  # type: ignore[union-attr]
+            for n in walk(s)
+            if isinstance(n, cst.Call) and _is_call(n, self.p.logging.saver[0], "save")
+        ]
+        if len(paths) != 1 or paths[0] is None:
+            raise Blocked(self.p.step_loop, "the loop does not save once with the Saver")
+        loop_names = bound_names(self.p.step_loop.body) | bound_names(self.p.step_loop.target)  # type: ignore[attr-defined]
+        if free_names(paths[0]) & loop_names:
+            raise Blocked(self.p.step_loop, "the checkpoint path changes inside the loop")
+        return paths[0]
 
     def _is_feed(self, statement: cst.CSTNode) -> bool:
         if self.p.tower_feed is not None and any(
@@ -498,9 +738,7 @@ class Emitter:
 
     def loop_needs(self) -> list[str]:
         """Names the eager loop reads that the build made (returned in the program dict)."""
-        made = set().union(
-            *(bound_names(s) for s in [*self.p.python_setup, *self.p.graph_setup])
-        )
+        made = set().union(*(bound_names(s) for s in [*self.p.python_setup, *self.p.graph_setup]))
         used: set[str] = set()
         for statement in self.loop_body_sources():
             used |= free_names(statement)

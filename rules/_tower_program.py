@@ -9,13 +9,14 @@ The shapes read here: one module-level training function (taking the parsed flag
 parsing them itself first with argparse), holding, possibly inside graph-only ``with`` blocks
 (``tf.Graph().as_default()``, a fixed ``tf.device``, ``tf.variable_scope(tf.get_variable_scope())``):
 the input -- placeholders of the global batch split with ``tf.split``, placeholders made per
-tower and collected for a per-tower feed loop, or a one-shot ``tf.data`` iterator split with
-``tf.split``; a ``for`` tower loop (``range(n)`` or ``enumerate(devices)``) whose body builds one
+tower and collected for a per-tower feed loop, a one-shot ``tf.data`` iterator or an ordered
+queue (``slice_input_producer`` + ``tf.train.batch``) split with ``tf.split``; a ``for`` tower loop (``range(n)`` or ``enumerate(devices)``) whose body builds one
 tower, appends ``opt.compute_gradients(loss)`` to a list, may collect a tower tensor
 (``losses.append(loss)``) and may select one tower's UPDATE_OPS; cross-tower ``tf.add_n`` sums;
 the aggregation (a TFM102 helper, or an inline ``zip(*tower_grads)`` loop); ``apply_gradients``,
-optionally grouped with the UPDATE_OPS or followed by an ``ExponentialMovingAverage`` applied
-under its control dependency; a ``tf.Session`` (plain or ``with``) with its initializer, or a
+optionally grouped with the UPDATE_OPS (one tower's, the last tower's, or every tower's: through
+``tf.group``, ``control_dependencies`` or ``with_dependencies``) or followed by an
+``ExponentialMovingAverage`` applied under its control dependency; summaries and a ``Saver``; a ``tf.Session`` (plain or ``with``) with its initializer, or a
 ``MonitoredTrainingSession`` with a ``StopAtStepHook``; one step loop that feeds and fetches.
 """
 
@@ -38,6 +39,10 @@ INITIALIZERS = frozenset(
         "tensorflow.local_variables_initializer",
     }
 )
+
+
+# Python 2's lazy range, as legacy scripts import it (None: the Python 2 builtin).
+_XRANGE = frozenset({"six.moves.xrange", None})
 
 
 class Blocked(Exception):
@@ -70,6 +75,7 @@ class Parser:
     name: str  # the parser's variable
     parse: cst.SimpleStatementLine  # `args, _ = parser.parse_known_args()`
     flags: str  # `args`
+    function: cst.FunctionDef | None = None  # `def parse_args():` that built it (dropped)
 
 
 @dataclass
@@ -77,7 +83,8 @@ class UpdateOps:
     """``if <tower test>: ops = tf.get_collection(UPDATE_OPS, scope)`` in the tower body."""
 
     name: str
-    test: str  # the source of the tower test, for the notes
+    test: str  # the source of the tower test (kind "last": the scope's name), for the notes
+    kind: str = "selected"  # or "global" (every tower's, in turn) or "last" (after the loop)
 
 
 @dataclass
@@ -85,8 +92,36 @@ class TowerFeed:
     """A per-tower feed loop: ``for i, (x, y) in enumerate(feeds): feed[x] = ...``."""
 
     index: str
-    statements: list[cst.BaseStatement]  # the body, `feed[x] = value` became `x_parts.append(value)`
+    statements: list[
+        cst.BaseStatement
+    ]  # the body, `feed[x] = value` became `x_parts.append(value)`
     replaced: list[cst.CSTNode] = field(default_factory=list)  # `feed = {}` and the loop
+
+
+@dataclass
+class Logging:
+    """What the legacy program wrote besides training: summaries and checkpoints."""
+
+    scalars: list[tuple[cst.BaseExpression, str]] = field(default_factory=list)  # (tag, tensor)
+    summary_op: str | None = None  # `summary_op = tf.summary.merge_all()`
+    writer: tuple[str, cst.BaseExpression] | None = None  # `w = tf.summary.FileWriter(dir)`
+    saver: tuple[str, cst.BaseExpression | None] | None = None  # (saver, max_to_keep)
+    queue_runners: bool = False  # `tf.train.start_queue_runners(sess=sess)` was dropped
+
+
+# The dataset a queue input function returns now (a name the training function keeps free).
+QUEUE_DATASET = "input_dataset"
+
+
+@dataclass
+class QueueInput:
+    """A module function whose queue pipeline yields batches in a fixed order:
+    ``a, b = tf.train.slice_input_producer([x, y], shuffle=False)`` then
+    ``return tf.train.batch([a, b], batch_size=n, num_threads=1)``."""
+
+    function: cst.FunctionDef
+    tensors: cst.BaseExpression  # `[x, y]`, the arrays sliced
+    batch_size: cst.BaseExpression
 
 
 @dataclass
@@ -122,7 +157,13 @@ class Program:
     session_prelude: list[cst.BaseStatement] = field(default_factory=list)
     run_fetches_list: str | None = None  # `results = sess.run([train_op] + losses)` -> 'losses'
     dataset: str | None = None  # tf.data input: the dataset the iterator read
+    queue: QueueInput | None = None  # queue input: the function that becomes a dataset
+    logging: Logging = field(default_factory=Logging)
     reductions: dict[str, str] = field(default_factory=dict)  # `total = tf.add_n(losses)`
+    reduction_calls: dict[str, cst.Call] = field(default_factory=dict)  # those add_n calls
+    # `train_tensor = with_dependencies([update], total_loss, name='train_op')`: what fetching
+    # the train op fetched, and the op's name -> ('total_loss', 'train_op')
+    train_value: tuple[str, str] | None = None
     ema: tuple[str, cst.BaseStatement] | None = None  # (name, `ema = ...MovingAverage(...)`)
     monitored: cst.BaseExpression | None = None  # StopAtStepHook's last_step
     checkpoint_dir: cst.BaseExpression | None = None
@@ -143,7 +184,9 @@ def _assign(statement: cst.CSTNode) -> tuple[list[str], cst.BaseExpression] | No
     target = small.targets[0].target
     if isinstance(target, cst.Name):
         return [target.value], small.value
-    if isinstance(target, cst.Tuple) and all(isinstance(e.value, cst.Name) for e in target.elements):
+    if isinstance(target, cst.Tuple) and all(
+        isinstance(e.value, cst.Name) for e in target.elements
+    ):
         return [e.value.value for e in target.elements], small.value  # type: ignore[union-attr]
     return None
 
@@ -178,6 +221,7 @@ class ProgramReader:
     """Classifies the statements of the function that holds the tower loop."""
 
     def __init__(self, rule: TowerRule, aggregation: dict[int, bool]) -> None:
+        self._log = Logging()
         self._tower_feeds: tuple[str, list[str]] | None = None
         self._hook_list: tuple[str, cst.BaseExpression] | None = None  # (hooks, last_step)
         self._dataset_input = False
@@ -237,6 +281,14 @@ class ProgramReader:
     ) -> tuple[Parser | None, list[cst.BaseStatement]]:
         """``def main():`` that starts by building and parsing its own argparse parser."""
         first = _assign(statements[0]) if statements else None
+        if first is not None and len(first[0]) == 1:
+            helper = self._parse_helper(first[1])
+            if helper is not None:
+                # `args = parse_args()`: that function builds the parser and parses.
+                function, built, name, method = helper
+                parse = cst.parse_statement(f"{first[0][0]} = {name}.{method}()")
+                parser = Parser(built, name, parse, first[0][0], function)  # type: ignore[arg-type]
+                return parser, statements[1:]
         if (
             first is None
             or len(first[0]) != 1
@@ -246,8 +298,10 @@ class ProgramReader:
         name = first[0][0]
         for position, statement in enumerate(statements[1:], start=1):
             small = _simple(statement)
-            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and (
-                self._is_method(small.value, name, "add_argument")
+            if (
+                isinstance(small, cst.Expr)
+                and isinstance(small.value, cst.Call)
+                and (self._is_method(small.value, name, "add_argument"))
             ):
                 continue
             assigned = _assign(statement)
@@ -264,8 +318,47 @@ class ProgramReader:
                 parser = Parser(list(statements[:position]), name, statement, assigned[0][0])
                 return parser, statements[position + 1 :]
             break
-        raise Blocked(function, f"`{name}` is not followed by add_argument calls and "
-                      "`args = parser.parse_args()` / `parse_known_args()`")
+        raise Blocked(
+            function,
+            f"`{name}` is not followed by add_argument calls and "
+            "`args = parser.parse_args()` / `parse_known_args()`",
+        )
+
+    def _parse_helper(
+        self, value: cst.BaseExpression
+    ) -> tuple[cst.FunctionDef, list[cst.BaseStatement], str, str] | None:
+        """``parse_args()`` calling a module function that builds an argparse parser and returns
+        ``parser.parse_args()`` -> (that function, the building statements, parser, method)."""
+        call = _call_of(value)
+        if call is None or call.args or not isinstance(call.func, cst.Name):
+            return None
+        function = self._helper_def(call.func.value)
+        if function is None or function.params.params:
+            return None
+        body = list(function.body.body)
+        if function.get_docstring() is not None:
+            body = body[1:]
+        first = _assign(body[0]) if body else None
+        if (
+            first is None
+            or len(first[0]) != 1
+            or (self.call_q(first[1]) != "argparse.ArgumentParser")
+        ):
+            return None
+        name = first[0][0]
+        for statement in body[1:-1]:
+            small = _simple(statement)
+            if not (
+                isinstance(small, cst.Expr)
+                and isinstance(small.value, cst.Call)
+                and self._is_method(small.value, name, "add_argument")
+            ):
+                return None
+        last = _simple(body[-1])
+        returned = _call_of(last.value) if isinstance(last, cst.Return) else None
+        if returned is None or returned.args or not self._is_method(returned, name, "parse_args"):
+            return None
+        return function, body[:-1], name, "parse_args"
 
     def _module_body_parent(self, function: cst.FunctionDef) -> cst.CSTNode:
         return self.rule.context.module
@@ -299,6 +392,7 @@ class ProgramReader:
         lists: set[str] = set()
         split_counts: list[tuple[cst.CSTNode, cst.BaseExpression | None]] = []
         dataset: str | None = None
+        queue: QueueInput | None = None
         index = 0
         tower_statement = None
         while index < len(graph):
@@ -315,14 +409,27 @@ class ProgramReader:
                     raise Blocked(statement, "more than one input (placeholders or iterators)")
                 dataset = self._iterator_dataset(assigned[1])
                 placeholders.extend(Placeholder(n, None, None) for n in assigned[0])
+            elif assigned and self._queue_input(statement, assigned[1]) is not None:
+                # `images, labels = input_batches(x, y, n)`: a queue pipeline, read as a dataset
+                if placeholders or dataset is not None:
+                    raise Blocked(statement, "more than one input (placeholders or iterators)")
+                queue = self._queue_input(statement, assigned[1])
+                dataset = QUEUE_DATASET
+                placeholders.extend(Placeholder(n, None, None) for n in assigned[0])
+                setup.append(
+                    cst.parse_statement(f"{QUEUE_DATASET} = __value__").visit(_Put(assigned[1]))
+                )
             elif assigned and name == "tensorflow.split":
                 source = get_arg(assigned[1], 0, "value")  # type: ignore[arg-type]
                 if not isinstance(source, cst.Name) or source.value not in {
                     p.name for p in placeholders
                 }:
-                    raise Blocked(statement, "the split input is not a placeholder or a "
-                                  "one-shot tf.data iterator's output: only those inputs are "
-                                  "converted so far (queues: later)")
+                    raise Blocked(
+                        statement,
+                        "the split input is not a placeholder or a "
+                        "one-shot tf.data iterator's output: only those inputs are "
+                        "converted so far (queues: later)",
+                    )
                 if len(assigned[0]) != 1:
                     raise Blocked(statement, "tf.split unpacked into names")
                 splits[assigned[0][0]] = source.value
@@ -335,14 +442,34 @@ class ProgramReader:
                 setup.append(statement)
             index += 1
         if tower_statement is None:
-            raise Blocked(loop, "the tower loop is nested in a statement the conversion cannot read")
+            raise Blocked(
+                loop, "the tower loop is nested in a statement the conversion cannot read"
+            )
         per_tower = any(
             isinstance(n, cst.Call) and self.call_q(n) == "tensorflow.placeholder"
             for n in walk(loop)
         )
         if not placeholders and not per_tower:
-            raise Blocked(loop, "the input is neither a tf.placeholder fed with feed_dict nor a "
-                          "one-shot tf.data iterator: queue input is not converted yet")
+            for node in walk(loop):
+                if (
+                    isinstance(node, cst.Call)
+                    and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in ("dequeue", "dequeue_many")
+                ):
+                    raise Blocked(
+                        node,
+                        f"each tower dequeues its own batch "
+                        f"(`{self.rule.src(node, 40)}`): the towers took batches from "
+                        "the queue in no fixed order, so which replica gets which batch "
+                        "cannot be reproduced, and verify compares each step's input "
+                        "(not converted; an ordered queue split with tf.split is)",
+                    )
+            raise Blocked(
+                loop,
+                "the input is neither a tf.placeholder fed with feed_dict, a "
+                "one-shot tf.data iterator, nor an ordered queue (slice_input_producer "
+                "+ tf.train.batch) split with tf.split",
+            )
         if placeholders and per_tower:
             raise Blocked(loop, "placeholders both for the global batch and per tower")
         if tower_statement is not loop and not self._is_reuse_scope(tower_statement, loop):
@@ -351,8 +478,9 @@ class ProgramReader:
         for statement, count in split_counts:
             # Replica i gets the i-th of num_replicas equal slices: only that split matches.
             if count is None or not count.deep_equals(tower["count"]):
-                raise Blocked(statement, "tf.split into a number of pieces other than the "
-                              "tower count")
+                raise Blocked(
+                    statement, "tf.split into a number of pieces other than the tower count"
+                )
         if per_tower:
             placeholders = tower["placeholders"]
         consumed = {tower["list"], *tower["collected"], *tower["dropped_setup"]}
@@ -365,8 +493,10 @@ class ProgramReader:
             assigned = _assign(statement)
             if assigned is not None and set(assigned[0]) & consumed:
                 if not set(assigned[0]) <= consumed:
-                    raise Blocked(statement, "a statement creates both lists the conversion "
-                                  "replaces and lists it keeps")
+                    raise Blocked(
+                        statement,
+                        "a statement creates both lists the conversion replaces and lists it keeps",
+                    )
                 continue
             kept_setup.append(statement)
         setup = kept_setup
@@ -378,19 +508,103 @@ class ProgramReader:
                     and isinstance(node.func.value, cst.Name)
                     and node.func.value.value in lists
                 ):
-                    raise Blocked(statement, f"the towers also collect `{node.func.value.value}`"
-                                  " (only the gradient list is converted so far)")
+                    raise Blocked(
+                        statement,
+                        f"the towers also collect `{node.func.value.value}`"
+                        " (only the gradient list is converted so far)",
+                    )
         rest = graph[index + 1 :]
         program = self._read_tail(
             function, loop, python_setup, setup, placeholders, splits, tower, rest
         )
         program.per_tower_inputs = per_tower
         program.dataset = dataset
+        program.queue = queue
         if dataset is not None and program.feed_values:
             raise Blocked(program.run_statement, "tf.data input and a feed_dict")
         program.collected = tower["collected"]
-        program.update_ops = tower["update_ops"]
         return program
+
+    def _queue_input(self, statement: cst.CSTNode, value: cst.BaseExpression) -> QueueInput | None:
+        """A call of a module function that builds an ordered queue pipeline (see QueueInput);
+        a queue that shuffles or batches on several threads blocks: tf.data cannot give the
+        same batches in the same order, and verify compares the inputs step by step."""
+        call = _call_of(value)
+        if call is None or not isinstance(call.func, cst.Name):
+            return None
+        function = self._helper_def(call.func.value)
+        if function is None:
+            return None
+        body = list(function.body.body)
+        if function.get_docstring() is not None:
+            body = body[1:]
+        calls = {
+            self.call_q(n): n
+            for s in body
+            for n in walk(s)
+            if isinstance(n, cst.Call) and (self.call_q(n) or "").startswith("tensorflow.train.")
+        }
+        if not calls:
+            return None
+        shuffled = {"tensorflow.train.shuffle_batch", "tensorflow.train.shuffle_batch_join"}
+        if shuffled & set(calls):
+            raise Blocked(
+                statement,
+                f"queue input through `{call.func.value}` shuffles "
+                "(tf.train.shuffle_batch): tf.data cannot reproduce the queue's "
+                "order, and verify compares each step's input (not converted)",
+            )
+        producer = calls.get("tensorflow.train.slice_input_producer")
+        batch = calls.get("tensorflow.train.batch")
+        first = _assign(body[0]) if len(body) == 2 else None
+        last = _simple(body[-1])
+        if (
+            producer is None
+            or batch is None
+            or set(calls) != {"tensorflow.train.slice_input_producer", "tensorflow.train.batch"}
+            or first is None
+            or first[1] is not producer
+            or not isinstance(last, cst.Return)
+            or last.value is not batch
+        ):
+            raise Blocked(
+                statement,
+                f"queue input through `{call.func.value}` other than "
+                "`a, b = tf.train.slice_input_producer([x, y], shuffle=False)` + "
+                "`return tf.train.batch([a, b], batch_size=n, num_threads=1)`",
+            )
+        shuffle = get_arg(producer, 2, "shuffle")
+        threads = get_arg(batch, 2, "num_threads")
+        producer_keywords = {a.keyword.value for a in producer.args if a.keyword is not None}
+        batch_keywords = {a.keyword.value for a in batch.args if a.keyword is not None}
+        if not (isinstance(shuffle, cst.Name) and shuffle.value == "False") or (
+            producer_keywords - {"shuffle", "capacity"}
+        ):
+            raise Blocked(
+                statement,
+                "slice_input_producer that shuffles (its default) or "
+                "limits epochs: tf.data cannot reproduce the queue's order, and verify "
+                "compares each step's input (not converted)",
+            )
+        if (
+            threads is not None and not (isinstance(threads, cst.Integer) and threads.value == "1")
+        ) or batch_keywords - {"batch_size", "num_threads", "capacity"}:
+            raise Blocked(
+                statement,
+                "tf.train.batch on several threads (or with other "
+                "options): its batches' order is not fixed (not converted)",
+            )
+        tensors = get_arg(producer, 0, "tensor_list")
+        batch_size = get_arg(batch, 1, "batch_size")
+        listed = get_arg(batch, 0, "tensors")
+        if (
+            not isinstance(tensors, cst.List)
+            or batch_size is None
+            or not isinstance(listed, cst.List)
+            or [getattr(e.value, "value", None) for e in listed.elements] != first[0]
+        ):
+            raise Blocked(statement, "tf.train.batch of something other than the producer's slices")
+        return QueueInput(function, tensors, batch_size)
 
     def _iterator_dataset(self, value: cst.BaseExpression) -> str | None:
         """``ds.make_one_shot_iterator().get_next()`` (or the compat.v1 function) -> 'ds'."""
@@ -427,9 +641,11 @@ class ProgramReader:
         if self.call_q(call.args[0].value) != "tensorflow.get_variable_scope":
             return False
         rest = call.args[1:]
-        return call.args[0].keyword is None and all(
-            a.keyword is not None and a.keyword.value == "reuse" for a in rest
-        ) and len(rest) <= 1
+        return (
+            call.args[0].keyword is None
+            and all(a.keyword is not None and a.keyword.value == "reuse" for a in rest)
+            and len(rest) <= 1
+        )
 
     def _is_reuse_scope(self, statement: cst.CSTNode, loop: cst.For) -> bool:
         """``with tf.variable_scope(tf.get_variable_scope()):`` directly around the loop."""
@@ -454,18 +670,18 @@ class ProgramReader:
         dtype = get_arg(call, 0, "dtype")
         shape = get_arg(call, 1, "shape")
         if len(assigned[0]) != 1 or dtype is None or shape is None:
-            raise Blocked(statement, "a placeholder without a dtype and a full shape")
-        if isinstance(shape, cst.List | cst.Tuple):
-            for element in shape.elements:
-                if isinstance(element.value, cst.Name) and element.value.value == "None":
-                    raise Blocked(statement, "a placeholder with an unknown (None) dimension")
+            raise Blocked(statement, "a placeholder without a dtype and a shape")
+        # A `None` dimension is fine: the dataset's TensorSpec keeps it open, and tf.split of a
+        # batch whose size the towers did not fix is the strategy's split of the global batch.
         return Placeholder(assigned[0][0], dtype, shape)
 
     def _check_setup(self, statement: cst.CSTNode, placeholders: list[Placeholder]) -> None:
         used = free_names(statement) & {p.name for p in placeholders}
         if used:
-            raise Blocked(statement, f"graph code reads the placeholder `{sorted(used)[0]}` "
-                          "outside the towers")
+            raise Blocked(
+                statement,
+                f"graph code reads the placeholder `{sorted(used)[0]}` outside the towers",
+            )
         for node in walk(statement):
             if isinstance(node, cst.Call) and self.call_q(node) in SESSIONS:
                 raise Blocked(statement, "a Session opened before the towers are built")
@@ -487,6 +703,7 @@ class ProgramReader:
             index, count, devices = self._enumerated_devices(loop, setup)
             dropped_setup.append(devices)
         withs: list[cst.WithItem] = []
+        scopes: list[cst.With] = []  # `with tf.variable_scope('net', reuse=i > 0):`, put back
         body: list[cst.BaseStatement] = list(loop.body.body)  # type: ignore[arg-type]
         # Peel `with tf.device(...)`, `with tf.name_scope(...) as scope` wrappers.
         while len(body) == 1 and isinstance(body[0], cst.With):
@@ -499,9 +716,20 @@ class ProgramReader:
                     continue
                 if name == "tensorflow.variable_scope" and self._reuse_current_scope(item.item):
                     continue  # `variable_scope(get_variable_scope(), reuse=...)`: the store shares
+                if name == "tensorflow.variable_scope" and item.asname is None:
+                    # A named scope around the whole tower: its variables' names start with it,
+                    # and the tower body stays inside it (the store shares the variables).
+                    scopes.append(
+                        body[0].with_changes(
+                            items=[item.with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+                        )
+                    )
+                    continue
 
-                raise Blocked(body[0], f"an unsupported `with {self.rule.src(item.item, 40)}` "
-                              "around the tower")
+                raise Blocked(
+                    body[0],
+                    f"an unsupported `with {self.rule.src(item.item, 40)}` around the tower",
+                )
             body = list(body[0].body.body)  # type: ignore[union-attr]
         kept: list[cst.BaseStatement] = []
         grads = None
@@ -526,8 +754,7 @@ class ProgramReader:
                 target, value = appended
                 names = {p.name for p in placeholders}
                 if isinstance(value, cst.Tuple | cst.List) and all(
-                    isinstance(e.value, cst.Name) and e.value.value in names
-                    for e in value.elements
+                    isinstance(e.value, cst.Name) and e.value.value in names for e in value.elements
                 ):
                     feeds = (target, [e.value.value for e in value.elements])  # type: ignore[union-attr]
                     continue
@@ -565,8 +792,10 @@ class ProgramReader:
                     raise Blocked(statement, "a nested tf.device inside the tower body")
             kept.append(statement)
         if grads is None:
-            raise Blocked(loop, "the tower body does not append `opt.compute_gradients(loss)` "
-                          "to a per-tower list")
+            raise Blocked(
+                loop,
+                "the tower body does not append `opt.compute_gradients(loss)` to a per-tower list",
+            )
         list_name, grads_call, _ = grads
         loss = get_arg(grads_call, 0, "loss")
         if loss is None or len(grads_call.args) != 1:
@@ -580,13 +809,19 @@ class ProgramReader:
         for statement in kept:
             for node in walk(statement):
                 if isinstance(node, cst.Name) and node.value in splits:
-                    raise Blocked(statement, f"`{node.value}` is used other than as "
-                                  f"`{node.value}[{index}]`")
+                    raise Blocked(
+                        statement, f"`{node.value}` is used other than as `{node.value}[{index}]`"
+                    )
+        for scope in reversed(scopes):
+            kept = [scope.with_changes(body=scope.body.with_changes(body=kept))]
         if placeholders:
             fed = feeds[1] if feeds is not None else []
             if sorted(fed) != sorted(p.name for p in placeholders):
-                raise Blocked(loop, "the per-tower placeholders are not all collected with "
-                              "`feeds.append((x, y))` for the feed loop")
+                raise Blocked(
+                    loop,
+                    "the per-tower placeholders are not all collected with "
+                    "`feeds.append((x, y))` for the feed loop",
+                )
             placeholders = [next(p for p in placeholders if p.name == n) for n in fed]
         return {
             "index": index,
@@ -618,8 +853,12 @@ class ProgramReader:
             and len(small.value.args) == 1
         ):
             value = small.value.args[0].value
-            if _call_of(value) is not None and isinstance(value.func, cst.Attribute) and (  # type: ignore[union-attr]
-                value.func.attr.value == "compute_gradients"  # type: ignore[union-attr]
+            if (
+                _call_of(value) is not None
+                and isinstance(value.func, cst.Attribute)
+                and (  # type: ignore[union-attr]
+                    value.func.attr.value == "compute_gradients"  # type: ignore[union-attr]
+                )
             ):
                 return None  # the gradients: read below
             return func.value.value, value
@@ -644,7 +883,9 @@ class ProgramReader:
         test = self.rule.context.module.code_for_node(statement.test)
         return UpdateOps(assigned[0][0], re.sub(r"([([])\s+", r"\1", " ".join(test.split())))
 
-    def _enumerated_devices(self, loop: cst.For, setup: list) -> tuple[str, cst.BaseExpression, str]:
+    def _enumerated_devices(
+        self, loop: cst.For, setup: list
+    ) -> tuple[str, cst.BaseExpression, str]:
         target = loop.target
         call = _call_of(loop.iter)
         if not (
@@ -657,8 +898,11 @@ class ProgramReader:
             and len(call.args) == 1
             and isinstance(call.args[0].value, cst.Name)
         ):
-            raise Blocked(loop, "the tower loop is not `for i in range(n)` or "
-                          "`for i, device in enumerate(devices)`")
+            raise Blocked(
+                loop,
+                "the tower loop is not `for i in range(n)` or "
+                "`for i, device in enumerate(devices)`",
+            )
         index, device = (e.value.value for e in target.elements)  # type: ignore[union-attr]
         devices = call.args[0].value.value  # type: ignore[union-attr]
         for statement in setup:
@@ -670,19 +914,27 @@ class ProgramReader:
                 count = self._range_count(comp.for_in.iter)
                 if count is not None and comp.for_in.inner_for_in is None and not comp.for_in.ifs:
                     uses = [
-                        n for n in walk(self.rule.enclosing_def(loop))  # type: ignore[arg-type]
+                        n
+                        for n in walk(self.rule.enclosing_def(loop))  # type: ignore[arg-type]
                         if isinstance(n, cst.Name) and n.value in (devices, device)
                     ]
                     if len(uses) != 4:  # both bound once, each used once (enumerate, tf.device)
-                        raise Blocked(loop, f"`{devices}` / `{device}` are used for more than "
-                                      "placing the towers")
+                        raise Blocked(
+                            loop,
+                            f"`{devices}` / `{device}` are used for more than placing the towers",
+                        )
                     return index, count, devices
-        raise Blocked(loop, f"`{devices}` is not a list of device strings built over "
-                      "`range(num_towers)`")
+        raise Blocked(
+            loop, f"`{devices}` is not a list of device strings built over `range(num_towers)`"
+        )
 
     def _range_count(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         call = _call_of(node)
-        if call is None or not isinstance(call.func, cst.Name) or call.func.value != "range":
+        if call is None or not isinstance(call.func, cst.Name):
+            return None
+        if call.func.value != "range" and not (
+            call.func.value == "xrange" and self.q(call.func) in _XRANGE
+        ):
             return None
         if len(call.args) == 1:
             return call.args[0].value
@@ -719,9 +971,35 @@ class ProgramReader:
         grouped = False
         update_ops: UpdateOps | None = tower["update_ops"]
         reductions: dict[str, str] = {}
+        reduction_calls: dict[str, cst.Call] = {}
         ema: tuple[str, cst.BaseStatement] | None = None
+        consumed = False  # the selected UPDATE_OPS run with the train op
+        appended = False  # slim: the update appended to them
+        train_value: tuple[str, str] | None = None  # (tensor, op name) with_dependencies returns
+        scope_names = [
+            item.asname.name.value
+            for item in tower["withs"]
+            if item.asname is not None and isinstance(item.asname.name, cst.Name)
+        ]
         for position, statement in enumerate(rest):
             assigned = _assign(statement)
+            collected_ops = self._collected_update_ops(statement, scope_names)
+            if collected_ops is not None and session is None:
+                if update_ops is not None:
+                    raise Blocked(statement, "UPDATE_OPS are selected twice")
+                update_ops = collected_ops
+                continue
+            if (
+                update_ops is not None
+                and not consumed
+                and train_op is None
+                and aggregate is not None
+                and self._under_update_ops(statement, update_ops.name) is not None
+            ):
+                # `with tf.control_dependencies(update_ops): train_op = opt.apply_gradients(...)`
+                statement = self._under_update_ops(statement, update_ops.name)
+                assigned = _assign(statement)
+                consumed = True
             if (
                 assigned is not None
                 and len(assigned[0]) == 1
@@ -732,6 +1010,7 @@ class ProgramReader:
             ):
                 # `total_loss = tf.add_n(clone_losses)`: the SUM over the replicas.
                 reductions[assigned[0][0]] = get_arg(assigned[1], 0, "inputs").value  # type: ignore[arg-type, union-attr]
+                reduction_calls[assigned[0][0]] = assigned[1]  # type: ignore[assignment]
                 continue
             if aggregate is None and not inline and self._inline_start(rest, position, tower_list):
                 inline = [statement, rest[position + 1]]
@@ -741,22 +1020,31 @@ class ProgramReader:
                 continue  # the aggregation loop itself
             if aggregate is None:
                 if assigned is None or len(assigned[0]) != 1:
-                    raise Blocked(statement, "expected the towers' gradients to be aggregated "
-                                  "right after the tower loop")
+                    raise Blocked(
+                        statement,
+                        "expected the towers' gradients to be aggregated "
+                        "right after the tower loop",
+                    )
                 call = _call_of(assigned[1])
                 if (
                     call is None
                     or not isinstance(call.func, cst.Name)
                     or free_names(call) != {call.func.value, tower_list}
                 ):
-                    raise Blocked(statement, "expected the towers' gradients to be aggregated "
-                                  "here (`grads = average_gradients(tower_grads)` or `grads = []` "
-                                  "+ `for gv in zip(*tower_grads): ...`); other graph code between "
-                                  "the tower loop and the aggregation is not converted yet")
+                    raise Blocked(
+                        statement,
+                        "expected the towers' gradients to be aggregated "
+                        "here (`grads = average_gradients(tower_grads)` or `grads = []` "
+                        "+ `for gv in zip(*tower_grads): ...`); other graph code between "
+                        "the tower loop and the aggregation is not converted yet",
+                    )
                 helper = self._helper_def(call.func.value)
                 if helper is None or id(helper) not in self.aggregation:
-                    raise Blocked(statement, f"`{call.func.value}` is not an aggregation helper "
-                                  "TFM102 recognises (averaged or summed)")
+                    raise Blocked(
+                        statement,
+                        f"`{call.func.value}` is not an aggregation helper "
+                        "TFM102 recognises (averaged or summed)",
+                    )
                 aggregate = (assigned[0][0], self.aggregation[id(helper)])
                 continue
             if train_op is None:
@@ -768,8 +1056,10 @@ class ProgramReader:
                     or not isinstance(call.func, cst.Attribute)
                     or call.func.attr.value != "apply_gradients"
                 ):
-                    raise Blocked(statement, "expected `train_op = opt.apply_gradients(grads...)`"
-                                  " after the aggregation")
+                    raise Blocked(
+                        statement,
+                        "expected `train_op = opt.apply_gradients(grads...)` after the aggregation",
+                    )
                 train_op = assigned[0][0]
                 apply.append(statement)
                 continue
@@ -789,7 +1079,7 @@ class ProgramReader:
                 continue
             if (
                 update_ops is not None
-                and not grouped
+                and not consumed
                 and assigned is not None
                 and len(assigned[0]) == 1
                 and self.call_q(call) == "tensorflow.group"
@@ -797,10 +1087,40 @@ class ProgramReader:
             ):
                 # `train_op = tf.group(apply_op, *update_ops)`: the replicas update their batch
                 # statistics themselves now (see the notes).
-                train_op, grouped = assigned[0][0], True
+                train_op, consumed = assigned[0][0], True
+                continue
+            if (
+                update_ops is not None
+                and not consumed
+                and not appended
+                and self._is_method_statement(statement, update_ops.name, "append", train_op)
+            ):
+                # slim: `update_ops.append(grad_updates)` then `update_op = tf.group(*update_ops)`
+                appended = True
+                continue
+            if (
+                appended
+                and not consumed
+                and assigned is not None
+                and len(assigned[0]) == 1
+                and self.call_q(call) == "tensorflow.group"
+                and len(call.args) == 1  # type: ignore[union-attr]
+                and call.args[0].star == "*"  # type: ignore[union-attr]
+                and isinstance(call.args[0].value, cst.Name)  # type: ignore[union-attr]
+                and call.args[0].value.value == update_ops.name  # type: ignore[union-attr]
+            ):
+                train_op, consumed = assigned[0][0], True
+                continue
+            dependent = self._with_dependencies(assigned, train_op)
+            if dependent is not None and train_value is None:
+                # `train_tensor = with_dependencies([update_op], total_loss)`: running it runs
+                # the update; its value is total_loss.
+                train_op, train_value = assigned[0][0], dependent  # type: ignore[index]
                 continue
             if statement is not rest[-1] and self._hooks(statement, rest[position + 1]):
                 continue
+            if train_op is not None and session is None and self._logging(statement, assigned):
+                continue  # summaries and the Saver: the eager loop writes them its own way
             session = self._session(statement)
             if session is not None:
                 statements = rest[position:]
@@ -810,29 +1130,70 @@ class ProgramReader:
                     statements = [statement, *statement.body.body]  # type: ignore[union-attr]
                 step_loop = self._read_session(statements, session, train_op)
                 break
-            raise Blocked(statement, "graph code between apply_gradients and the Session is not "
-                          "converted yet")
+            if ema is not None and self._ema_apply_call(statement, ema[0]):
+                raise Blocked(
+                    statement,
+                    f"`{ema[0]}.apply(...)` does not run after the update "
+                    f"(no `with tf.control_dependencies([{train_op}]):`): TF1 ran it in "
+                    "no fixed order against the update, so its shadows read the "
+                    "weights before or after it (not converted)",
+                )
+            for node in walk(statement):
+                name = self.call_q(node) if isinstance(node, cst.Call) else None
+                if name is not None and name.startswith("tensorflow.contrib.memory_stats."):
+                    raise Blocked(
+                        node,
+                        f"`{self.rule.src(node, 50)}` is fetched in the loop: "
+                        "a graph op reporting GPU memory, which the eager loop cannot "
+                        "fetch (TFM109 names the TF2 call; not converted)",
+                    )
+            shown = (
+                statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else statement
+            )
+            raise Blocked(
+                statement,
+                f"`{self.rule.src(shown, 50)}`: graph code between "
+                "apply_gradients and the Session that is not an EMA, a summary, a "
+                "Saver or the UPDATE_OPS plumbing (not converted yet)",
+            )
         if session is None or step_loop is None:
             raise Blocked(loop, "no `tf.Session` training loop found after the towers")
         if ema is not None and not grouped:
-            raise Blocked(ema[1], f"`{ema[0]}` is not applied as `with tf.control_dependencies("
-                          f"[{train_op}]): train_op = {ema[0]}.apply(tf.trainable_variables())`")
-        if update_ops is not None and not grouped:
-            raise Blocked(rest[0] if rest else loop, f"the selected UPDATE_OPS `{update_ops.name}` "
-                          "are not run through `tf.group(train_op, *update_ops)`")
+            raise Blocked(
+                ema[1],
+                f"`{ema[0]}` is not applied as `with tf.control_dependencies("
+                f"[{train_op}]): train_op = {ema[0]}.apply(tf.trainable_variables())`",
+            )
+        if update_ops is not None and not consumed:
+            raise Blocked(
+                rest[0] if rest else loop,
+                f"the selected UPDATE_OPS `{update_ops.name}` "
+                "are not run through `tf.group(train_op, *update_ops)`",
+            )
         feed_statements, feed_values, run_statement, fetches = step_loop[1:5]
+        fetches = self._summary_fetches(fetches, run_statement)
+        if train_value is not None:
+            # Fetching the with_dependencies tensor fetched its value after the update.
+            fetches = [Fetch(None, train_op)] + [
+                Fetch(f.target, train_value[0]) if f.tensor == train_op else f
+                for f in fetches
+                if f.tensor != train_op or f.target is not None
+            ]
         tower_names = bound_names(cst.IndentedBlock(body=tower["body"])) | {tower["index"]}
         setup_names = set().union(set(), *(bound_names(s) for s in setup))
         for fetch in fetches:
             if fetch.tensor == train_op or fetch.tensor in tower["collected"]:
                 continue
-            if fetch.tensor in reductions:
+            if fetch.tensor in reductions or fetch.tensor == self._log.summary_op:
                 continue
             if fetch.tensor in setup_names and self._monitored is not None:
                 continue  # e.g. the learning rate: read in the step, before the update
             if fetch.tensor not in tower_names:
-                raise Blocked(run_statement, f"the loop fetches `{fetch.tensor}`, which is not "
-                              "a tower tensor (only tower tensors are converted so far)")
+                raise Blocked(
+                    run_statement,
+                    f"the loop fetches `{fetch.tensor}`, which is not "
+                    "a tower tensor (only tower tensors are converted so far)",
+                )
         for placeholder in placeholders:
             if placeholder.dtype is not None and placeholder.name not in feed_values:
                 raise Blocked(run_statement, f"the placeholder `{placeholder.name}` is not fed")
@@ -864,10 +1225,170 @@ class ProgramReader:
             session_prelude=step_loop[6],
             run_fetches_list=step_loop[7],
             reductions=reductions,
+            reduction_calls=reduction_calls,
+            train_value=train_value,
+            update_ops=update_ops,
             ema=ema,
+            logging=self._log,
             monitored=self._monitored[0] if self._monitored else None,
             checkpoint_dir=self._monitored[1] if self._monitored else None,
         )
+
+    def _logging(
+        self, statement: cst.CSTNode, assigned: tuple[list[str], cst.BaseExpression] | None
+    ) -> bool:
+        """``tf.summary.scalar('tag', t)``, ``s = tf.summary.merge_all()``, ``saver =
+        tf.train.Saver(tf.global_variables(), max_to_keep=n)`` between the update and the
+        Session: recorded for the eager loop."""
+        small = _simple(statement)
+        call = _call_of(small.value) if isinstance(small, cst.Expr) else None
+        if call is not None and self.call_q(call) == "tensorflow.summary.scalar":
+            tag, tensor = get_arg(call, 0, "name"), get_arg(call, 1, "tensor")
+            if len(call.args) != 2 or not isinstance(tensor, cst.Name) or tag is None:
+                raise Blocked(statement, "a summary other than tf.summary.scalar(tag, tensor)")
+            self._log.scalars.append((tag, tensor.value))
+            return True
+        if assigned is None or len(assigned[0]) != 1:
+            return False
+        name = self.call_q(assigned[1])
+        call = _call_of(assigned[1])
+        if name == "tensorflow.summary.merge_all" and call is not None and not call.args:
+            self._log.summary_op = assigned[0][0]
+            return True
+        if name == "tensorflow.train.Saver" and call is not None:
+            var_list = get_arg(call, 0, "var_list")
+            keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+            if (
+                (
+                    var_list is not None
+                    and self.call_q(var_list)
+                    not in ("tensorflow.global_variables", "tensorflow.all_variables")
+                )
+                or keywords - {"var_list", "max_to_keep"}
+                or len(call.args) > 2
+            ):
+                raise Blocked(
+                    statement,
+                    "a Saver of other than all variables (or with options other than max_to_keep)",
+                )
+            self._log.saver = (assigned[0][0], get_arg(call, None, "max_to_keep"))
+            return True
+        return False
+
+    def _session_logging(self, statement: cst.CSTNode, session: str) -> bool:
+        """``tf.train.start_queue_runners(sess=sess)`` and ``w = tf.summary.FileWriter(dir,
+        sess.graph)`` in the session block: no queue runners in TF2, a summary writer instead."""
+        small = _simple(statement)
+        call = _call_of(small.value) if isinstance(small, cst.Expr) else None
+        if call is not None and self.call_q(call) == "tensorflow.train.start_queue_runners":
+            if free_names(call) - {session} - {"tf", "tensorflow"}:
+                raise Blocked(statement, "queue runners with a Coordinator (not converted yet)")
+            self._log.queue_runners = True
+            return True
+        assigned = _assign(statement)
+        if (
+            assigned is not None
+            and len(assigned[0]) == 1
+            and self.call_q(assigned[1]) == "tensorflow.summary.FileWriter"
+        ):
+            logdir = get_arg(assigned[1], 0, "logdir")  # type: ignore[arg-type]
+            if logdir is None or session in free_names(logdir):
+                raise Blocked(statement, "a FileWriter without a log directory")
+            self._log.writer = (assigned[0][0], logdir)
+            return True
+        return False
+
+    def _summary_fetches(self, fetches: list[Fetch], run_statement: cst.CSTNode) -> list[Fetch]:
+        """The merged summary fetched in the loop: its scalars become fetches of their own."""
+        log = self._log
+        if log.summary_op is None or not any(f.tensor == log.summary_op for f in fetches):
+            if log.scalars and log.writer is not None:
+                raise Blocked(
+                    run_statement,
+                    "summaries written without fetching "
+                    "tf.summary.merge_all() in the training step",
+                )
+            return fetches
+        if log.writer is None:
+            raise Blocked(run_statement, "a merged summary fetched without a FileWriter")
+        fetched = {f.tensor for f in fetches}
+        return fetches + [Fetch(None, t) for _, t in log.scalars if t not in fetched]
+
+    def _is_method_statement(
+        self, statement: cst.CSTNode, receiver: str, method: str, argument: str | None
+    ) -> bool:
+        """``receiver.method(argument)`` as a statement."""
+        small = _simple(statement)
+        return (
+            isinstance(small, cst.Expr)
+            and isinstance(small.value, cst.Call)
+            and self._is_method(small.value, receiver, method)
+            and len(small.value.args) == 1
+            and isinstance(small.value.args[0].value, cst.Name)
+            and small.value.args[0].value.value == argument
+        )
+
+    def _with_dependencies(
+        self, assigned: tuple[list[str], cst.BaseExpression] | None, train_op: str | None
+    ) -> tuple[str, str] | None:
+        """``t = with_dependencies([train_op], value, name='n')`` -> ('value', 'n')."""
+        call = _call_of(assigned[1]) if assigned else None
+        if assigned is None or call is None or len(assigned[0]) != 1 or train_op is None:
+            return None
+        if not (self.q(call.func) or "").endswith(".with_dependencies"):
+            return None
+        deps = get_arg(call, 0, "dependencies")
+        value = get_arg(call, 1, "output_tensor")
+        name = get_arg(call, 2, "name")
+        if not (
+            isinstance(deps, cst.List)
+            and [getattr(e.value, "value", None) for e in deps.elements] == [train_op]
+            and isinstance(value, cst.Name)
+            and (name is None or isinstance(name, cst.SimpleString))
+        ):
+            return None
+        op_name = name.evaluated_value if isinstance(name, cst.SimpleString) else None
+        return value.value, op_name or "control_dependency"  # type: ignore[return-value]
+
+    def _collected_update_ops(
+        self, statement: cst.CSTNode, scope_names: list[str]
+    ) -> UpdateOps | None:
+        """``ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)`` after the tower loop (every
+        tower's), or ``(..., scope)`` with the tower loop's last name scope (the last tower's)."""
+        assigned = _assign(statement)
+        call = _call_of(assigned[1]) if assigned else None
+        if (
+            assigned is None
+            or call is None
+            or len(assigned[0]) != 1
+            or self.call_q(call) != "tensorflow.get_collection"
+            or not call.args
+            or self.q(call.args[0].value) != "tensorflow.GraphKeys.UPDATE_OPS"
+        ):
+            return None
+        scope = get_arg(call, 1, "scope")
+        if scope is None:
+            return UpdateOps(assigned[0][0], "", "global")
+        if isinstance(scope, cst.Name) and scope.value in scope_names:
+            return UpdateOps(assigned[0][0], scope.value, "last")
+        raise Blocked(statement, "UPDATE_OPS of a scope other than the towers' name scope")
+
+    def _under_update_ops(self, statement: cst.CSTNode, update_ops: str) -> cst.CSTNode | None:
+        """``with tf.control_dependencies(update_ops): <one statement>`` -> that statement."""
+        if not isinstance(statement, cst.With) or len(statement.items) != 1:
+            return None
+        deps = _call_of(statement.items[0].item)
+        body = statement.body.body
+        if (
+            deps is None
+            or self.call_q(deps) != "tensorflow.control_dependencies"
+            or len(deps.args) != 1
+            or not isinstance(deps.args[0].value, cst.Name)
+            or deps.args[0].value.value != update_ops
+            or len(body) != 1
+        ):
+            return None
+        return body[0]
 
     def _inline_start(self, rest: list, position: int, tower_list: str) -> bool:
         """``grads = []`` then ``for gv in zip(*tower_grads): ... grads.append(...)``, one of
@@ -913,17 +1434,30 @@ class ProgramReader:
             and self.call_q(deps) == "tensorflow.control_dependencies"
             and len(deps.args) == 1
             and isinstance(deps.args[0].value, cst.List)
-            and [getattr(e.value, "value", None) for e in deps.args[0].value.elements]
-            == [train_op]
+            and [getattr(e.value, "value", None) for e in deps.args[0].value.elements] == [train_op]
             and assigned is not None
             and len(assigned[0]) == 1
             and call is not None
             and self._is_method(call, ema, "apply")
             and len(call.args) == 1
-            and self.call_q(call.args[0].value) == "tensorflow.trainable_variables"
+            and self._ema_variables(call.args[0].value)
         ):
             return False
         return True
+
+    def _ema_apply_call(self, statement: cst.CSTNode, ema: str) -> bool:
+        """``x = ema.apply(...)`` at the top level (not under the update's dependency)."""
+        assigned = _assign(statement)
+        call = _call_of(assigned[1]) if assigned else None
+        return call is not None and self._is_method(call, ema, "apply")
+
+    def _ema_variables(self, value: cst.BaseExpression) -> bool:
+        """``tf.trainable_variables()``, optionally ``+ tf.moving_average_variables()``."""
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+            return self.call_q(value.left) == "tensorflow.trainable_variables" and (
+                self.call_q(value.right) == "tensorflow.moving_average_variables"
+            )
+        return self.call_q(value) == "tensorflow.trainable_variables"
 
     def _hooks(self, statement: cst.CSTNode, following: cst.CSTNode) -> bool:
         """``hooks = [tf.train.StopAtStepHook(last_step=n)]`` for the MonitoredTrainingSession."""
@@ -973,8 +1507,11 @@ class ProgramReader:
                 or keywords - {"checkpoint_dir", "hooks"}
                 or len(keywords) != len(call.args)  # type: ignore[attr-defined]
             ):
-                raise Blocked(statement, "a MonitoredTrainingSession other than "
-                              "(checkpoint_dir=..., hooks=[tf.train.StopAtStepHook(last_step=n)])")
+                raise Blocked(
+                    statement,
+                    "a MonitoredTrainingSession other than "
+                    "(checkpoint_dir=..., hooks=[tf.train.StopAtStepHook(last_step=n)])",
+                )
             self._monitored = (self._hook_list[1], get_arg(call, None, "checkpoint_dir"))  # type: ignore[arg-type]
             return statement.items[0].asname.name.value
         if (
@@ -993,14 +1530,20 @@ class ProgramReader:
             # MonitoredTrainingSession initialises by itself: a fake initializer slot.
             statements = [statements[0], None, *statements[1:]]
         if len(statements) < 3:
-            raise Blocked(statements[0], "the session block is not `sess = tf.Session(...)`, "
-                          "`sess.run(initializer)`, one step loop")
-        prelude = list(statements[2:-1])
+            raise Blocked(
+                statements[0],
+                "the session block is not `sess = tf.Session(...)`, "
+                "`sess.run(initializer)`, one step loop",
+            )
+        prelude = [s for s in statements[2:-1] if not self._session_logging(s, session)]
         for statement in prelude:
             # Plain Python the loop needs (`global_batch = ...`): no session, no graph.
             if session in free_names(statement) or _assign(statement) is None:
-                raise Blocked(statement, "the session block holds more than the initializer, "
-                              "plain assignments and one step loop")
+                raise Blocked(
+                    statement,
+                    "the session block holds more than the initializer, "
+                    "plain assignments and one step loop",
+                )
         statements = [statements[0], statements[1], statements[-1]]
         init = _simple(statements[1]) if statements[1] is not None else None
         if self._monitored is None and not (
@@ -1049,13 +1592,24 @@ class ProgramReader:
             if not isinstance(feed, cst.Name):
                 raise Blocked(run_call, "feed_dict is not a dict built in the loop")
             feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)
-            return (step_loop, feed_statements, feed_values, run_statement, fetches, tower_feed,
-                    prelude, listed[1])
-        if not isinstance(fetched, cst.List | cst.Tuple) or not all(
+            return (
+                step_loop,
+                feed_statements,
+                feed_values,
+                run_statement,
+                fetches,
+                tower_feed,
+                prelude,
+                listed[1],
+            )
+        if isinstance(fetched, cst.Name) and len(assigned[0]) == 1:
+            names = [fetched.value]  # `loss_value = sess.run(train_tensor, ...)`
+        elif not isinstance(fetched, cst.List | cst.Tuple) or not all(
             isinstance(e.value, cst.Name) for e in fetched.elements
         ):
             raise Blocked(run_call, "sess.run fetches something other than a list of names")
-        names = [e.value.value for e in fetched.elements]  # type: ignore[union-attr]
+        else:
+            names = [e.value.value for e in fetched.elements]  # type: ignore[union-attr]
         if len(names) != len(assigned[0]):
             raise Blocked(run_call, "sess.run's fetches and targets differ in length")
         if train_op not in names:
@@ -1066,16 +1620,27 @@ class ProgramReader:
         ]
         if self._monitored is not None:
             if feed is not None:
-                raise Blocked(run_call, "a MonitoredTrainingSession loop with feed_dict input "
-                              "(only tf.data input is converted with it so far)")
+                raise Blocked(
+                    run_call,
+                    "a MonitoredTrainingSession loop with feed_dict input "
+                    "(only tf.data input is converted with it so far)",
+                )
             return step_loop, [], {}, run_statement, fetches, None, prelude, None  # tf.data input
         if feed is None and self._dataset_input:
             return step_loop, [], {}, run_statement, fetches, None, prelude, None
         if not isinstance(feed, cst.Name):
             raise Blocked(run_call, "feed_dict is not a dict built in the loop")
         feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)
-        return (step_loop, feed_statements, feed_values, run_statement, fetches, tower_feed,
-                prelude, None)
+        return (
+            step_loop,
+            feed_statements,
+            feed_values,
+            run_statement,
+            fetches,
+            tower_feed,
+            prelude,
+            None,
+        )
 
     def _listed_fetch(
         self, fetched: cst.BaseExpression | None, targets: list[str]
@@ -1149,8 +1714,11 @@ class ProgramReader:
                 set().union(*(bound_names(s) for s in feed_statements)) | {feed}
             )
             if shared:
-                raise Blocked(statement, f"the loop also uses `{sorted(shared)[0]}`, which only "
-                              "exists to feed the graph")
+                raise Blocked(
+                    statement,
+                    f"the loop also uses `{sorted(shared)[0]}`, which only "
+                    "exists to feed the graph",
+                )
         return feed_statements, values, tower_feed
 
     def _tower_feed(self, statement: cst.CSTNode, feed: str) -> TowerFeed:
@@ -1175,8 +1743,10 @@ class ProgramReader:
             == names
             and statement.orelse is None  # type: ignore[union-attr]
         ):
-            raise Blocked(statement, f"`{feed}` is not filled by `for i, ({', '.join(names)}) in "
-                          f"enumerate({feeds}):`")
+            raise Blocked(
+                statement,
+                f"`{feed}` is not filled by `for i, ({', '.join(names)}) in enumerate({feeds}):`",
+            )
         index = target.elements[0].value.value
         kept: list[cst.BaseStatement] = []
         done: set[str] = set()
@@ -1197,13 +1767,17 @@ class ProgramReader:
                     and key.value.value in names
                 ):
                     parts = f"{key.value.value}_parts"
-                    kept.append(cst.parse_statement(f"{parts}.append(__value__)").visit(
-                        _Put(small.value)))
+                    kept.append(
+                        cst.parse_statement(f"{parts}.append(__value__)").visit(_Put(small.value))
+                    )
                     done.add(key.value.value)
                     continue
             if set(names) & free_names(inner) or feed in free_names(inner):
-                raise Blocked(inner, "the feed loop uses the placeholders other than as "
-                              f"`{feed}[placeholder] = value`")
+                raise Blocked(
+                    inner,
+                    "the feed loop uses the placeholders other than as "
+                    f"`{feed}[placeholder] = value`",
+                )
             kept.append(inner)
         if done != set(names):
             raise Blocked(statement, "the feed loop does not feed every placeholder")

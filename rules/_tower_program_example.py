@@ -4,7 +4,7 @@ Not a rule module. The converted text is what the rule writes today; regenerate 
 when the output changes on purpose (tests/test_rule_examples.py compares it exactly).
 """
 
-LEGACY = '''\
+LEGACY = """\
 import argparse
 
 import numpy as np
@@ -53,7 +53,7 @@ if __name__ == '__main__':
     parser.add_argument('--num_gpus', type=int, default=2)
     parser.add_argument('--steps', type=int, default=10)
     train(parser.parse_args())
-'''
+"""
 
 CONVERTED = '''\
 import argparse
@@ -165,6 +165,8 @@ def build_program(strategy, flags):
         "variables": dict(tf1_variables.variables),
         "train_step": train_step,
         "batches": batches,
+        # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
+        "checkpoint": tf.train.Checkpoint(variables=dict(tf1_variables.variables), optimizer=opt),
     }
 
 
@@ -172,6 +174,8 @@ def make_parser():
     parser = argparse.ArgumentParser()
     parser.add_argument('--num_gpus', type=int, default=2)
     parser.add_argument('--steps', type=int, default=10)
+    parser.add_argument(
+        "--restore_from", help="start from a checkpoint folder (tfmigrate convert-checkpoint)")
     return parser
 
 
@@ -184,6 +188,10 @@ def tfmigrate_program(strategy, argv):
 def train(flags):
     strategy = tf.distribute.MirroredStrategy()
     program = build_program(strategy, flags)
+    if flags.restore_from:
+        with strategy.scope():  # optimizer slots restored now are created mirrored
+            program["checkpoint"].restore(
+                tf.train.latest_checkpoint(flags.restore_from)).assert_existing_objects_matched()
     train_step = program["train_step"]
     batches = iter(program["batches"])
     for step in range(flags.steps):

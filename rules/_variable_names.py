@@ -17,11 +17,6 @@ import libcst as cst
 
 from tfmigrate.rules._towers import get_arg, walk
 
-# Layer functions whose variables are `<scope>/<suffix>`; the scope comes from `name`/`scope`.
-_LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "tensorflow.layers.dense": ("name", ("kernel", "bias")),
-}
-
 
 class Unknown(Exception):
     pass
@@ -52,6 +47,23 @@ def _batch_norm(call: cst.Call) -> list[str]:
     return [*names, "moving_mean", "moving_variance"]
 
 
+def _dense(call: cst.Call) -> list[str]:
+    return ["kernel", "bias"] if _flag(call, "use_bias", True) else ["kernel"]
+
+
+def _batch_normalization(call: cst.Call) -> list[str]:
+    # tf.layers.batch_normalization defaults: center=True, scale=True.
+    names = ["gamma"] if _flag(call, "scale", True) else []
+    names += ["beta"] if _flag(call, "center", True) else []
+    return [*names, "moving_mean", "moving_variance"]
+
+
+# tf.layers functions: variables `<name>/<suffix>` (the scope from `name=`).
+_LAYERS: dict[str, Callable[[cst.Call], list[str]]] = {
+    "tensorflow.layers.dense": _dense,
+    "tensorflow.layers.batch_normalization": _batch_normalization,
+}
+
 # tf.contrib.layers / slim layers (tf_slim today): variables `<scope>/<name>`, scope by keyword.
 _SLIM: dict[str, Callable[[cst.Call], list[str]]] = {
     "fully_connected": _fully_connected,
@@ -70,12 +82,12 @@ class VariableNames:
     def __init__(
         self, module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
     ) -> None:
-        self.functions = {
-            s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)
-        }
+        self.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
         self.qualify = qualify
         # arg_scope can change any slim layer's defaults (and so which variables it makes).
-        self.arg_scoped = any(isinstance(n, cst.Name) and n.value == "arg_scope" for n in walk(module))
+        self.arg_scoped = any(
+            isinstance(n, cst.Name) and n.value == "arg_scope" for n in walk(module)
+        )
         self.names: list[str] = []
         self.non_trainable: set[str] = set()
         self.templates: dict[str, tuple[list[str], cst.FunctionDef]] = {}
@@ -174,7 +186,10 @@ class VariableNames:
                 self.non_trainable.add("/".join([*scopes, variable]))
             elif trainable is not None and not isinstance(trainable, cst.Name):
                 raise Unknown
-        elif name in ("tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"):
+        elif name in (
+            "tensorflow.train.get_or_create_global_step",
+            "tensorflow.train.create_global_step",
+        ):
             if scopes or node.args:
                 raise Unknown
             self._add([], "global_step")
@@ -183,10 +198,11 @@ class VariableNames:
             template_scopes, function = self.templates[node.func.value]
             self._call(function, node, template_scopes, env)
         elif name in _LAYERS:
-            keyword, suffixes = _LAYERS[name]
-            scope = self._string(get_arg(node, None, keyword), env)
-            for suffix in suffixes:
+            scope = self._string(get_arg(node, None, "name"), env)
+            for suffix in _LAYERS[name](node):
                 self._add(scopes, f"{scope}/{suffix}")
+                if suffix.startswith("moving_"):
+                    self.non_trainable.add("/".join([*scopes, scope, suffix]))
         elif name is not None and _slim_layer(name) in _SLIM:
             if self.arg_scoped:
                 raise Unknown
@@ -195,6 +211,8 @@ class VariableNames:
                 self._add(scopes, f"{scope}/{suffix}")
                 if suffix.startswith("moving_"):
                     self.non_trainable.add("/".join([*scopes, scope, suffix]))
+        elif name is not None and name.endswith(("_regularizer", "_initializer")):
+            return  # makes a function (for get_variable), no variable
         elif name is not None and name.startswith(("tensorflow.contrib.", "tensorflow.layers.")):
             raise Unknown  # creates variables under names this reader does not model yet
         elif name == "tensorflow.make_template":

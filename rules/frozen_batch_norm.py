@@ -56,7 +56,13 @@ class FrozenBatchNorm(Rule):
     """
 
     code = "TFM104"
-    triggers = ('trainable',)
+    # A batch-norm function or arg_scope over one, or a normalizer_params dict.
+    triggers = (
+        *sorted(BATCH_NORM_FUNCTIONS),
+        "tensorflow.contrib.framework.arg_scope",
+        "tensorflow.contrib.slim.arg_scope",
+        "normalizer_params",
+    )
     name = "frozen-batch-norm"
     summary = "batch norm with trainable=False: gamma/beta never learn"
     fix_safety = FixSafety.UNSAFE

@@ -64,9 +64,11 @@ class Keras2Arguments(Rule):
     """
 
     code = "TFM112"
-    triggers = ("lr=", "decay=", "nb_epoch", "_generator")
+    triggers = (*(m.rstrip(".") for m in _OPTIMIZER_MODULES), "nb_epoch", "_generator")
     name = "keras2-arguments"
-    summary = "Keras 2 argument/method names Keras 3 renamed or dropped (lr=, decay=, fit_generator)"
+    summary = (
+        "Keras 2 argument/method names Keras 3 renamed or dropped (lr=, decay=, fit_generator)"
+    )
     fix_safety = FixSafety.SAFE
 
     valid = (

@@ -6,8 +6,10 @@ import libcst as cst
 
 from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.rules import _keras_fit_protocol as protocol
 from tfmigrate.rules._distribution import keyword
 from tfmigrate.rules.session_device_config import tf_imports, tf_module
+from tfmigrate.verify.manifest import SAME_NAMES
 
 # Where Keras 2 / tf.keras 1.x kept it (canonical spellings; `tensorflow.python.keras` and
 # `keras.backend.tensorflow_backend` are folded by the name resolver).
@@ -168,6 +170,41 @@ class _Shift(cst.CSTTransformer):
         return updated_node.with_changes(last_line=cst.SimpleWhitespace(spaces))
 
 
+def _small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
+
+
+def _is_call_line(statement: cst.CSTNode) -> bool:
+    """`print(...)`, `logger.info(...)`: a message, not part of the program's state."""
+    small = _small(statement)
+    return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+
+
+def _is_pass(statement: cst.CSTNode) -> bool:
+    return isinstance(_small(statement), cst.Pass)
+
+
+def _is_assign(statement: cst.CSTNode, target: str, value: str) -> bool:
+    small = _small(statement)
+    return (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and dotted(small.targets[0].target) == target
+        and dotted(small.value) == value
+    )
+
+
+class _ReplaceNode(cst.CSTTransformer):
+    def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
+        super().__init__()
+        self.old, self.new = old, new
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        return self.new if original_node is self.old else updated_node
+
+
 class KerasMultiGpuModel(Rule):
     """
     ## What it does
@@ -227,7 +264,13 @@ class KerasMultiGpuModel(Rule):
     per-replica loss differs from the whole-batch loss, see above). `MirroredStrategy()`
     uses every visible GPU: batch statistics per slice stay the same only with as many GPUs
     as `gpus=` said. `if gpus > 1: p = multi_gpu_model(m) else: p = m` becomes the one
-    strategy (on one device it is one replica, the else branch). Not fixed (reported only): a
+    strategy (on one device it is one replica, the else branch); so does Keras 2's fallback
+    `try: p = multi_gpu_model(m) except: p = m` (or `pass`; `print` lines in it go too). A script
+    that trains with `fit` also gains `tfmigrate_program(strategy, argv)`, the entry point of
+    `tfmigrate verify` (its module-level training code moves under `if __name__ ==
+    "__main__":`, defs and classes stay where they were), and its manifest entry tells verify to
+    match variables by name, to compare `loss`, and which differences to expect (batch-norm
+    moving statistics; everything, for a whole-batch loss). Not fixed (reported only): a
     wrapper assigned in several places, in a loop or another kind of branch, a template not
     built in the same block, or no `compile` after the wrapper.
     """
@@ -269,19 +312,21 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
             parallel_model.fit(x, y, batch_size=256, callbacks=[checkpoint])
             model.save('model.keras')
             """,
-            fixed="""
-            import tensorflow as tf
-            from keras.utils import multi_gpu_model
+            # A script: its training code goes under a main guard and it gains verify's entry.
+            fixed="import tensorflow as tf\nfrom keras.utils import multi_gpu_model\n\n"
+            + protocol.PROTOCOL
+            + """
 
-            x, y = load_data()
-            strategy = tf.distribute.MirroredStrategy()
-            with strategy.scope():
-                # Weights on the CPU, one replica per GPU.
-                model = build_model()
-                model.compile(optimizer='adam', loss='binary_crossentropy')
-            model.fit(x, y, batch_size=256, callbacks=[checkpoint])
-            model.save('model.keras')
-            """,
+if __name__ == "__main__":
+    x, y = load_data()
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        # Weights on the CPU, one replica per GPU.
+        model = build_model()
+        model.compile(optimizer='adam', loss='binary_crossentropy')
+    model.fit(x, y, batch_size=256, callbacks=[checkpoint])
+    model.save('model.keras')
+""",
             message="MirroredStrategy",
         ),
         # The wrapper reuses the template's name; the optimizer is built before; custom loss.
@@ -337,22 +382,94 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
         Example(
             """
             import tensorflow as tf
-            model = build_model()
-            if gpus > 1:
-                parallel_model = tf.contrib.keras.utils.multi_gpu_model(model, gpus=gpus)
-            else:
-                parallel_model = model
-            parallel_model.compile('adam', loss='mse')
-            parallel_model.fit(x, y, batch_size=64)
+
+            def train(x, y, gpus):
+                model = build_model()
+                if gpus > 1:
+                    parallel_model = tf.contrib.keras.utils.multi_gpu_model(model, gpus=gpus)
+                else:
+                    parallel_model = model
+                parallel_model.compile('adam', loss='mse')
+                parallel_model.fit(x, y, batch_size=64)
             """,
             fixed="""
             import tensorflow as tf
-            strategy = tf.distribute.MirroredStrategy()
-            with strategy.scope():
-                model = build_model()
-                model.compile('adam', loss='mse')
-            model.fit(x, y, batch_size=64)
+
+            def train(x, y, gpus):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build_model()
+                    model.compile('adam', loss='mse')
+                model.fit(x, y, batch_size=64)
             """,
+        ),
+        # Keras 2's single-GPU fallback as a `try`: the strategy covers both cases.
+        Example(
+            """
+            from keras.utils import multi_gpu_model
+
+            def train(x, y, gpus):
+                model = build_model()
+                try:
+                    model = multi_gpu_model(model, gpus=gpus)
+                except:
+                    pass
+                model.compile(optimizer='adam', loss='mse')
+                model.fit(x, y, batch_size=64)
+            """,
+            fixed="""
+            from keras.utils import multi_gpu_model
+            import tensorflow as tf
+
+            def train(x, y, gpus):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build_model()
+                    model.compile(optimizer='adam', loss='mse')
+                model.fit(x, y, batch_size=64)
+            """,
+        ),
+        Example(
+            """
+            from keras.utils import multi_gpu_model
+
+            def train(x, y):
+                model = build_model()
+                try:
+                    parallel_model = multi_gpu_model(model, cpu_merge=False)
+                    print("Training using multiple GPUs..")
+                except ValueError:
+                    parallel_model = model
+                    print("Training using single GPU or CPU..")
+                parallel_model.compile(loss='categorical_crossentropy', optimizer='adam')
+                parallel_model.fit(x, y, batch_size=64)
+                return model
+            """,
+            fixed="""
+            from keras.utils import multi_gpu_model
+            import tensorflow as tf
+
+            def train(x, y):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build_model()
+                    model.compile(loss='categorical_crossentropy', optimizer='adam')
+                model.fit(x, y, batch_size=64)
+                return model
+            """,
+        ),
+        # A `try` that does more than fall back: a person decides.
+        Example(
+            """
+            from keras.utils import multi_gpu_model
+            def train(model):
+                try:
+                    parallel_model = multi_gpu_model(model, gpus=2)
+                except ValueError:
+                    parallel_model = build_smaller_model()
+                parallel_model.compile('adam', 'mse')
+            """,
+            message="not fixed",
         ),
         # One wrapper per loop iteration: a person decides.
         Example(
@@ -392,24 +509,71 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
             self.report(node, f"{message} (not fixed: {reason})")
             return
         safety, note = self._loss_safety(plan.compile_call)
+        notes = [
+            "TFM107: multi_gpu_model replaced by MirroredStrategy over every visible GPU; fit "
+            "keeps the global batch size",
+            f"TFM107: {note}",
+        ]
+        manifest: dict[str, object] = {
+            "keras_multi_gpu_model": {"model": plan.template or plan.parallel, "notes": notes}
+        }
+        target: cst.CSTNode = plan.block
+        replacement: cst.CSTNode = self._rewrite(plan)
+        program = self._with_protocol(plan, replacement)
+        if program is not None:
+            target, replacement = self.context.module, program
+            manifest.update(self._verify_entry(plan, safety, note, notes))
         self.report(
             node,
             f"{message}; {note}",
-            replacement=self._rewrite(plan),
-            target=plan.block,
+            replacement=replacement,
+            target=target,
             safety=safety,
             imports=tf_imports(self),
-            manifest={
-                "keras_multi_gpu_model": {
-                    "model": plan.template or plan.parallel,
-                    "notes": [
-                        "TFM107: multi_gpu_model replaced by MirroredStrategy over every "
-                        "visible GPU; fit keeps the global batch size",
-                        f"TFM107: {note}",
-                    ],
-                }
-            },
+            manifest=manifest,
         )
+
+    # -- verify protocol ----------------------------------------------------------------------
+    def _with_protocol(self, plan: _Plan, block: cst.CSTNode) -> cst.Module | None:
+        """The whole module with the rewritten block and `tfmigrate_program`, when the program
+        trains with `fit` and runs as a script; else None (the block alone is rewritten)."""
+        module = self.context.module
+        if protocol.defines(module, protocol.ENTRY_POINT) or not protocol.calls_fit(module):
+            return None  # the fit may be in another function (`main` calls `build`)
+        if isinstance(block, cst.Module):
+            guarded = protocol.guard_module_code(block)
+            return protocol.add_protocol(guarded) if guarded is not None else None
+        if protocol.main_guard(module) is None:
+            return None  # a library function: nothing to run it
+        assert isinstance(block, cst.BaseSuite)
+        return protocol.add_protocol(module.visit(_ReplaceNode(plan.block, block)))
+
+    def _verify_entry(
+        self, plan: _Plan, safety: FixSafety, note: str, notes: list[str]
+    ) -> dict[str, object]:
+        """What verify reads from the manifest for the converted program."""
+        notes.append(
+            "TFM107: tfmigrate_program() runs the script up to its fit under verify's strategy and "
+            "steps fit's own train function; weights keep their Keras 2 names (layer/weight), "
+            "so variables are matched by name"
+        )
+        announced = [
+            {
+                "match": ["*/moving_mean", "*/moving_variance"],
+                "code": "TFM107",
+                "reason": "multi_gpu_model updated the template's batch-norm statistics once per "
+                "GPU slice, one after another; Keras 3 updates each replica's copy from its own "
+                "slice and keeps replica 0's",
+            }
+        ]
+        if safety is FixSafety.UNSAFE:
+            announced.append({"match": ["*"], "code": "TFM107", "reason": note})
+        return {
+            "variables": dict(SAME_NAMES),
+            "fetches": {"loss": "loss"},
+            "announced": announced,
+            "notes": notes,
+        }
 
     # -- analysis -----------------------------------------------------------------------------
     def _plan(self, call: cst.Call) -> tuple[_Plan | None, str]:
@@ -436,6 +600,11 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
             # `if gpus > 1: p = multi_gpu_model(m) else: p = m`: MirroredStrategy over one
             # device is that else branch, so the whole `if` goes.
             line, block, wrappers = branch, self.parent(branch), 2
+        fallback = self._single_device_try(block, line, parallel, template)
+        if fallback is not None:
+            # `try: p = multi_gpu_model(m) except: p = m` (or `pass`): the same, as a `try`.
+            statement, wrappers = fallback
+            line, block = statement, self.parent(statement)
         owner = block if isinstance(block, cst.Module) else self.parent(block)
         if not isinstance(block, cst.Module | cst.IndentedBlock) or not isinstance(
             owner, cst.Module | cst.FunctionDef
@@ -498,6 +667,30 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
         ):
             return None
         return statement
+
+    def _single_device_try(
+        self, block: cst.CSTNode | None, line: cst.CSTNode, parallel: str, template: str | None
+    ) -> tuple[cst.Try, int] | None:
+        """The `try` whose body is the wrapper line (and prints) and whose handlers fall back to
+        the template (`pass`, `parallel = template`, prints), with how often it binds
+        ``parallel``; None for any other shape."""
+        statement = self.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if template is None or not isinstance(statement, cst.Try) or statement.body is not block:
+            return None
+        if statement.orelse is not None or statement.finalbody is not None:
+            return None
+        if not all(s is line or _is_call_line(s) for s in block.body):
+            return None
+        binds = 1
+        for handler in statement.handlers:
+            for item in handler.body.body:
+                if _is_call_line(item) or _is_pass(item):
+                    continue
+                if _is_assign(item, parallel, template):
+                    binds = 2 if parallel != template else binds
+                    continue
+                return None
+        return statement, binds
 
     def _template_binding(
         self, statements: list[cst.BaseStatement], name: str, devices: bool = True
@@ -614,9 +807,7 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
                 moved.append(item)
         if carried and plan.last + 1 < len(body):
             after = body[plan.last + 1]
-            body[plan.last + 1] = after.with_changes(
-                leading_lines=[*carried, *after.leading_lines]
-            )
+            body[plan.last + 1] = after.with_changes(leading_lines=[*carried, *after.leading_lines])
         head = moved[0]
         opening = list(body[plan.first].leading_lines)
         if body[plan.first] is not head and self._device_block(body[plan.first]) is None:

@@ -67,7 +67,8 @@ class ParameterServerPlacement(TowerRule):
     """
 
     code = "TFM111"
-    triggers = ('replica_device_setter', 'VariableDeviceChooser', 'type', 'node_def', 'cpu', 'CPU', '/job:')
+    # A setter, a factory under tf.device, or a comparison with a string naming a variable op.
+    triggers = (*_SETTERS, "tensorflow.device", *(f"'{op}'" for op in sorted(_VARIABLE_OPS)))
     name = "parameter-server-placement"
     summary = "variables pinned to the CPU or a parameter server by hand"
     fix_safety = FixSafety.MANUAL

@@ -67,7 +67,8 @@ class RestoreOutsideStrategyScope(Rule):
     """
 
     code = "TFM201"
-    triggers = ('load_model', 'Checkpoint', 'save_weights', 'save(', 'multi_gpu_model')
+    # A tf.distribute strategy, or a multi_gpu_model wrapper that is saved.
+    triggers = ("tensorflow.distribute", "multi_gpu_model")
     name = "restore-outside-strategy-scope"
     summary = "model/optimizer restored outside strategy.scope(), or a wrapper model saved"
     fix_safety = FixSafety.SAFE

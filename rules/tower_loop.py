@@ -59,7 +59,7 @@ class TowerLoop(TowerRule):
     """
 
     code = "TFM101"
-    triggers = ('device',)
+    triggers = ("tensorflow.device",)  # tower loops are found from tf.device calls
     name = "tower-loop"
     summary = "TF1 tower loop: the model is built once per device by hand"
     fix_safety = FixSafety.MANUAL

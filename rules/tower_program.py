@@ -6,8 +6,9 @@ import libcst as cst
 
 from tfmigrate.names import NameResolver
 from tfmigrate.rule import Example, FixSafety, RuleContext
+from tfmigrate.rules import _multi_worker_emit as multi_worker
 from tfmigrate.rules import _tower_program_example as example
-from tfmigrate.rules._tower_emit import STORE, Emitter, _indent
+from tfmigrate.rules._tower_emit import Emitter, _indent, store_source
 from tfmigrate.rules._tower_program import Blocked, Program, ProgramReader, _assign
 from tfmigrate.rules._towers import (
     TowerRule,
@@ -27,7 +28,8 @@ _RESERVED_LOCAL = frozenset(
     {
         "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
         "fed_batches", "build", "fetches", "tf1_variables", "variables", "legacy_name",
-        "checkpoint", "manager",
+        "checkpoint", "manager", "average", "summary_tag", "summary_value", "scalar_metadata",
+        "input_dataset",
     }
 )  # fmt: skip
 
@@ -54,13 +56,23 @@ class TowerProgramToMirroredStrategy(TowerRule):
       a cross-tower `tf.add_n` -> the SUM over replicas);
     - an `ExponentialMovingAverage` applied after the update keeps its TF1 semantics, its
       shadows listed for verify; `tf.contrib.slim`/`tf.contrib.layers` come from `tf_slim`,
-      `tf.compat.v1.layers` from `tf_keras`; one tower's batch-norm UPDATE_OPS are dropped and
-      the difference in the moving statistics is announced to verify;
+      `tf.compat.v1.layers` from `tf_keras`; batch-norm UPDATE_OPS (one tower's, the last
+      tower's after the loop, or every tower's) are dropped and the difference in the moving
+      statistics is written into the program and announced to verify;
+    - regularization losses are added where the legacy added them (slim: the first clone's loss
+      only); an ordered queue input becomes a `tf.data` pipeline of the same batches; a
+      `tf.train.Saver` in the loop becomes a `CheckpointManager`, summaries a TF2 summary writer;
+    - `--batch-norm sync` (option `batch-norm`) is refused for TF1 batch norm, which has no
+      cross-replica mode on `tf.compat.v1`;
     - the TF1 model code is kept: its `get_variable` calls go through a small `TF1Variables`
       store (emitted into the program) that creates every variable once, mirrored, under its
       legacy name, and hands the same variable to every replica;
     - the program gains `tfmigrate_program(strategy, argv)` (tfmigrate's verify protocol) and
-      the manifest entry verify needs: the variable mapping, the semantic notes.
+      the manifest entry verify needs: the variable mapping, the semantic notes;
+    - with the option `strategy = "multi-worker"` (`rewrite --strategy multi-worker`) the program
+      targets `MultiWorkerMirroredStrategy` instead: the cluster from `TF_CONFIG`, each worker
+      keeping its replicas' slices of the global batch, every worker saving checkpoints (the
+      chief into the real folder).
 
     ## Why is this bad?
     TF 2 has no sessions, placeholders or graph collections, and building the model once per
@@ -103,6 +115,7 @@ class TowerProgramToMirroredStrategy(TowerRule):
     """
 
     code = "TFM303"
+    triggers = ("tensorflow.device",)  # the conversion starts from a tower loop's tf.device
     name = "tower-program-to-mirrored-strategy"
     summary = "whole TF1 tower training program: converted to a MirroredStrategy program"
     fix_safety = FixSafety.SAFE
@@ -141,22 +154,27 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             return
         loop = towers[0].replicator
         if not isinstance(loop, cst.For) or towers[0].tower_fn is not None:
-            self.report(loop, "not converted: only a `for` tower loop building the towers "
-                        "inline is converted so far")
+            self.report(
+                loop,
+                "not converted: only a `for` tower loop building the towers "
+                "inline is converted so far",
+            )
             return
         try:
             analysed = _analyse(self, loop)
         except Blocked as blocked:
-            self.report(blocked.node, f"not converted: {blocked.reason}; the program is left "
-                        "as it was")
+            self.report(
+                blocked.node, f"not converted: {blocked.reason}; the program is left as it was"
+            )
             return
         try:
             module, manifest, summary = _convert(self.context, analysed)
         except Blocked as blocked:
             self.report(loop, f"not converted: {blocked.reason}; the program is left as it was")
             return
-        self.report(loop, summary, replacement=module, target=self.context.module,
-                    manifest=manifest)
+        self.report(
+            loop, summary, replacement=module, target=self.context.module, manifest=manifest
+        )
 
 
 def _aggregations(rule: TowerRule) -> dict[int, bool]:
@@ -178,35 +196,97 @@ def _analyse(rule: TowerRule, loop: cst.For) -> tuple[Program, cst.If, cst.Call]
     clash = sorted(identifiers(program.function) & reserved)
     if clash:
         raise Blocked(program.function, f"the training function already uses `{clash[0]}`")
-    _check_regularizers(rule)
+    _check_regularizers(rule, program)
+    _check_batch_norm_mode(rule)
     main, call = _main_block(module, program.function, program.parser is not None)
     return program, main, call
 
 
-_REGULARIZER_KEYWORDS = frozenset(
-    {"regularizer", "weights_regularizer", "biases_regularizer", "kernel_regularizer",
-     "bias_regularizer", "activity_regularizer", "beta_regularizer", "gamma_regularizer"}
-)  # fmt: skip
+BATCH_NORM_OPTION = "batch-norm"  # faithful (default) | sync
 
 
-def _check_regularizers(rule: TowerRule) -> None:
-    """TF1 adds a variable's regularization loss to REGULARIZATION_LOSSES when it creates it;
-    the store creates each variable once, in the build trace, so the train step would find that
-    collection empty -- a different loss. Not converted until the store re-adds them."""
+def _check_batch_norm_mode(rule: TowerRule) -> None:
+    """``--batch-norm sync`` asks for statistics over the global batch. The conversion keeps the
+    TF1 batch norm (slim / contrib / tf.layers on tf.compat.v1), which normalizes each replica's
+    own sub-batch and has no cross-replica mode: such a program is refused, not converted to
+    something else than was asked."""
+    mode = rule.context.options.get(BATCH_NORM_OPTION, "faithful")
+    if mode not in ("faithful", "sync"):
+        raise Blocked(rule.context.module, f"unknown batch-norm option {mode!r} (faithful, sync)")
+    if mode != "sync":
+        return
     for node in walk(rule.context.module):
-        if isinstance(node, cst.Arg) and node.keyword is not None and (
-            node.keyword.value in _REGULARIZER_KEYWORDS
+        if isinstance(node, cst.Attribute | cst.Name) and not isinstance(
+            rule.parent(node), cst.Attribute
+        ):
+            name = rule.qualify(node) or ""
+            if name.startswith(("tensorflow.", "tf_slim")) and name.endswith(
+                (".batch_norm", ".batch_normalization", ".BatchNormalization")
+            ):
+                raise Blocked(
+                    node,
+                    f"--batch-norm sync: `{rule.src(node, 40)}` is TF1 batch norm, "
+                    "kept on tf.compat.v1, where it normalizes each replica's own "
+                    "sub-batch and has no cross-replica mode; convert with "
+                    "--batch-norm faithful (per-replica statistics, as the towers had)",
+                )
+
+
+# Keras-style layers (tf.layers) add these losses their own way, not through get_variable.
+_LAYER_REGULARIZERS = frozenset(
+    {"kernel_regularizer", "bias_regularizer", "activity_regularizer", "beta_regularizer",
+     "gamma_regularizer"}
+)  # fmt: skip
+# Reads of REGULARIZATION_LOSSES the store answers (see TF1Variables.regularization_losses).
+REGULARIZATION_READS = frozenset(
+    {"tensorflow.losses.get_regularization_losses", "tensorflow.losses.get_regularization_loss"}
+)
+
+
+def _check_regularizers(rule: TowerRule, program: Program) -> None:
+    """TF1 adds a variable's regularization loss to REGULARIZATION_LOSSES when get_variable
+    creates it; the store creates each variable once, outside the train step, so it keeps the
+    regularizers and the towers' reads of that collection are answered by the store, in the
+    reading replica. Only reads inside the tower loop can reach the store."""
+    tower = {id(n) for n in walk(program.tower_loop)}
+    for node in walk(rule.context.module):
+        if (
+            isinstance(node, cst.Arg)
+            and node.keyword is not None
+            and (node.keyword.value in _LAYER_REGULARIZERS)
         ):
             if not (isinstance(node.value, cst.Name) and node.value.value == "None"):
-                raise Blocked(node, f"`{node.keyword.value}=`: regularization losses are "
-                              "collected when variables are created, which the migrated "
-                              "program does once, outside the train step (not converted yet)")
-        if isinstance(node, cst.Attribute) and node.attr.value in (
-            "REGULARIZATION_LOSSES", "get_regularization_losses", "get_regularization_loss"
+                raise Blocked(
+                    node,
+                    f"`{node.keyword.value}=`: a layer regularizer (added by "
+                    "the layer, not by get_variable) is not converted yet",
+                )
+        if isinstance(node, cst.Call) and _regularization_read(rule, node):
+            if id(node) not in tower:
+                raise Blocked(
+                    node,
+                    "REGULARIZATION_LOSSES read outside the tower loop: only "
+                    "the towers' reads are answered by the migrated variable store",
+                )
+            if node.args and rule.qualify(node.func) in REGULARIZATION_READS:
+                raise Blocked(node, "REGULARIZATION_LOSSES read with a scope filter")
+        if (
+            isinstance(node, cst.Attribute)
+            and node.attr.value == "REGULARIZATION_LOSSES"
+            and (id(node) not in tower)
         ):
-            raise Blocked(node, f"`{node.attr.value}`: regularization losses are collected when "
-                          "variables are created, which the migrated program does once, outside "
-                          "the train step (not converted yet)")
+            raise Blocked(node, "REGULARIZATION_LOSSES used outside the tower loop")
+
+
+def _regularization_read(rule: TowerRule, call: cst.Call) -> bool:
+    name = rule.qualify(call.func)
+    if name in REGULARIZATION_READS:
+        return True
+    return (
+        name == "tensorflow.get_collection"
+        and len(call.args) == 1
+        and rule.qualify(call.args[0].value) == "tensorflow.GraphKeys.REGULARIZATION_LOSSES"
+    )
 
 
 def _main_block(
@@ -246,8 +326,9 @@ def _main_block(
             ):
                 return statement, call
             call_text = "()" if own_parser else "(parser.parse_args())"
-            raise Blocked(statement, f"the main block does not end with "
-                          f"`{function.name.value}{call_text}`")
+            raise Blocked(
+                statement, f"the main block does not end with `{function.name.value}{call_text}`"
+            )
     raise Blocked(function, "no `if __name__ == '__main__':` block calling the training function")
 
 
@@ -279,7 +360,9 @@ def _convert(
 ) -> tuple[cst.Module, dict[str, object], str]:
     module = _renamed(context)
     inner_context = RuleContext(
-        PurePosixPath(context.path), NameResolver.for_module(module), module,
+        PurePosixPath(context.path),
+        NameResolver.for_module(module),
+        module,
         {**context.options, "_tfm303_inner": True},
     )
     reader_rule = TowerProgramToMirroredStrategy(inner_context)
@@ -332,12 +415,13 @@ if __name__ == "__main__":
             loop_prelude = (
                 "    # MonitoredTrainingSession(checkpoint_dir=...): resume from the latest\n"
                 "    # checkpoint there, save one when the loop ends.\n"
-                '    checkpoint = tf.train.Checkpoint(variables=program["variables"])\n'
+                '    checkpoint = program["checkpoint"]\n'
                 f"    manager = tf.train.CheckpointManager(checkpoint, {folder}, max_to_keep=5)\n"
                 "    manager.restore_or_initialize()\n"
             )
             loop_end = f"    manager.save(checkpoint_number=int({step}.numpy()))\n"
         loop_comment = f"  # StopAtStepHook(last_step={last})"
+    loop_prelude += _logging_prelude(emitter, module)
     if program.dataset is not None:
         # No feeding generator: what the session block set up before its loop goes here.
         loop_prelude += f"    {emitter.slot(program.session_prelude)}\n"
@@ -345,14 +429,17 @@ if __name__ == "__main__":
         made = set().union(set(), *(bound_names(s) for s in program.session_prelude))
         used = set().union(set(), *(free_names(s) for s in emitter.loop_body_sources()))
         if made & used:
-            raise Blocked(program.step_loop, f"the loop uses `{sorted(made & used)[0]}`, which "
-                          "the session block set up for feeding the graph too")
+            raise Blocked(
+                program.step_loop,
+                f"the loop uses `{sorted(made & used)[0]}`, which "
+                "the session block set up for feeding the graph too",
+            )
     docstring = function.get_docstring(clean=False)
     doc_line = f'    """{docstring}"""\n' if docstring is not None else ""
     unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
     signature = module.code_for_node(function.params)
     text = (
-        STORE.strip("\n")
+        store_source(emitter.uses_moving_averages(), emitter.uses_regularization())
         + "\n\n\n"
         + emitter.build_function(params, keys, needs).strip("\n")
         + f"""
@@ -360,6 +447,8 @@ if __name__ == "__main__":
 
 def make_parser():
     {parser_slot}
+    {parser_name}.add_argument(
+        "--restore_from", help="start from a checkpoint folder (tfmigrate convert-checkpoint)")
     return {parser_name}
 
 
@@ -372,6 +461,10 @@ def tfmigrate_program(strategy, argv):
 def {function.name.value}({signature}):
 {doc_line}{parse_line}    strategy = tf.distribute.MirroredStrategy()
     program = build_program(strategy, {param})
+    if {param}.restore_from:
+        with strategy.scope():  # optimizer slots restored now are created mirrored
+            program["checkpoint"].restore(
+                tf.train.latest_checkpoint({param}.restore_from)).assert_existing_objects_matched()
     train_step = program["train_step"]
     batches = iter(program["batches"])
 {unpack}{loop_prelude}    {loop_header}:{loop_comment}
@@ -379,6 +472,9 @@ def {function.name.value}({signature}):
 {loop_end}{main_text}"""
     )
     generated = _parse_generated(text, unit, emitter)
+    multi_worker_notes: list[str] = []
+    if context.options.get(multi_worker.OPTION) == multi_worker.MULTI_WORKER:
+        generated, multi_worker_notes = multi_worker.to_multi_worker(generated)
 
     helper = program.helper
     if helper is not None:
@@ -387,9 +483,20 @@ def {function.name.value}({signature}):
         )
         if uses > 2:  # its def and the aggregation call: anything more is another use
             helper = None
+    parse_helper = program.parser.function if program.parser is not None else None
+    if parse_helper is not None and _names_used(module).get(parse_helper.name.value, 0) > 2:
+        # its def and `args = parse_args()`: anything more is another use
+        parse_helper = None
     body: list[cst.BaseStatement] = []
     for statement in module.body:
-        if statement is helper or (statement is main and program.parser is None):
+        if (
+            statement is helper
+            or statement is parse_helper
+            or (statement is main and program.parser is None)
+        ):
+            continue
+        if program.queue is not None and statement is program.queue.function:
+            body.append(_queue_function(program, unit))
             continue
         if statement is function:
             two_lines = [cst.EmptyLine(), cst.EmptyLine()]
@@ -399,11 +506,109 @@ def {function.name.value}({signature}):
         body.append(statement)
     new_module = _contrib_to_tf_slim(module.with_changes(body=body), program)
     new_module = _v1_layers_to_tf_keras(new_module)
-    manifest, summary = _manifest(module, program, keys, reader_rule)
+    new_module = _drop_dead_imports(module, new_module)
+    manifest, summary = _manifest(emitter, keys, reader_rule)
+    manifest["notes"] = [*manifest["notes"], *multi_worker_notes]  # type: ignore[misc]
     return new_module, manifest, summary
 
 
+def _names_used(module: cst.Module) -> dict[str, int]:
+    """How often each variable name occurs (attribute names like `parser.parse_args` aside)."""
+    attributes = {id(n.attr) for n in walk(module) if isinstance(n, cst.Attribute)}
+    counts: dict[str, int] = {}
+    for node in walk(module):
+        if isinstance(node, cst.Name) and id(node) not in attributes:
+            counts[node.value] = counts.get(node.value, 0) + 1
+    return counts
+
+
+def _drop_dead_imports(old: cst.Module, new: cst.Module) -> cst.Module:
+    """``from ... import name`` that only the replaced graph code used (`control_flow_ops` for
+    with_dependencies) goes with it; imports the legacy module did not use stay as they were."""
+    before, after = _names_used(old), _names_used(new)
+    body: list[cst.BaseStatement] = []
+    for statement in new.body:
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.ImportFrom) and isinstance(small.names, list | tuple):
+            kept = [
+                alias
+                for alias in small.names
+                if not isinstance(alias.name, cst.Name)
+                or alias.asname is not None
+                or after.get(alias.name.value, 0) > 1
+                or before.get(alias.name.value, 0) <= 1
+            ]
+            if not kept:
+                continue
+            if len(kept) != len(small.names):
+                kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                statement = statement.with_changes(body=[small.with_changes(names=kept)])
+        body.append(statement)
+    return new.with_changes(body=body)
+
+
+def _logging_prelude(emitter: Emitter, module: cst.Module) -> str:
+    """Before the eager loop: the summary writer and the checkpoint manager it uses."""
+    log, code = emitter.p.logging, emitter.expr
+    text = ""
+    if log.writer is not None:
+        text += (
+            "    # tf.summary.FileWriter -> a TF2 summary writer; the loop writes the scalars\n"
+            "    # (tagged for TensorBoard's scalars dashboard, as tf.summary.scalar does).\n"
+            f"    {log.writer[0]} = tf.summary.create_file_writer({code(log.writer[1])})\n"
+            "    scalar_metadata = tf.compat.v1.SummaryMetadata(\n"
+            '        plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"))\n'
+        )
+    path = emitter.saved_path()
+    if path is not None:
+        if "os" not in identifiers(module):
+            raise Blocked(
+                emitter.p.step_loop, "the Saver's path needs `os`, which the module does not import"
+            )
+        keep = code(log.saver[1]) if log.saver and log.saver[1] is not None else "5"
+        text += (
+            "    # tf.train.Saver -> a CheckpointManager writing the same file names\n"
+            "    # (<path>-<step>); object-based checkpoints, not readable by the legacy Saver.\n"
+            '    checkpoint = program["checkpoint"]\n'
+            f"    manager = tf.train.CheckpointManager(\n"
+            f"        checkpoint, os.path.dirname({code(path)}), max_to_keep={keep},\n"
+            f"        checkpoint_name=os.path.basename({code(path)}))\n"
+        )
+    return text
+
+
+def _queue_function(program: Program, unit: str) -> cst.FunctionDef:
+    """The queue input function, returning the same batches from tf.data."""
+    queue = program.queue
+    assert queue is not None
+    code = cst.Module([]).code_for_node
+    tensors = queue.tensors
+    assert isinstance(tensors, cst.List)
+    sliced = ", ".join(code(e.value) for e in tensors.elements)
+    if len(tensors.elements) == 1:
+        sliced += ","
+    body = _indent(
+        "# TFM303: slice_input_producer(shuffle=False) + tf.train.batch on one thread -> the\n"
+        "# same batches in the same order from tf.data (TF2 has no queue runners).\n"
+        f"dataset = tf.data.Dataset.from_tensor_slices(({sliced}))\n"
+        f"return dataset.repeat().batch({code(queue.batch_size)})\n",
+        unit,
+    )
+    statements = list(cst.parse_module(body).body)
+    docstring = queue.function.body.body[0] if queue.function.get_docstring() else None
+    if docstring is not None:
+        statements.insert(0, docstring)
+    return queue.function.with_changes(body=queue.function.body.with_changes(body=statements))
+
+
 def _input_note(program: Program) -> str:
+    if program.queue is not None:
+        return (
+            f"TFM303: queue input (`{program.queue.function.name.value}`: slice_input_producer "
+            "in order + tf.train.batch on one thread) + tf.split -> that function returns a "
+            "tf.data dataset of the same batches in the same order, distributed so that "
+            "replica i gets the i-th slice, as tower i got the i-th split"
+        )
     if program.dataset is not None:
         return (
             f"TFM303: the one-shot iterator over `{program.dataset}` + tf.split -> "
@@ -484,8 +689,11 @@ def _contrib_to_tf_slim(module: cst.Module, program: Program) -> cst.Module:
         isinstance(node, cst.Attribute) and renamed.code_for_node(node) == f"{tf}.contrib"
         for node in walk(renamed)
     ):
-        raise Blocked(program.tower_loop, "tf.contrib APIs other than slim / contrib.layers "
-                      "(tf_slim has no replacement for them)")
+        raise Blocked(
+            program.tower_loop,
+            "tf.contrib APIs other than slim / contrib.layers "
+            "(tf_slim has no replacement for them)",
+        )
     body = list(renamed.body)
     patch = cst.parse_module(_indent(_TF_SLIM_PATCH, module.default_indent)).body
     comment = [cst.EmptyLine(comment=cst.Comment(line)) for line in _TF_SLIM_COMMENT]
@@ -547,7 +755,9 @@ def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
         return module
     body = list(renamed.body)
     imports = [
-        cst.parse_statement(f"from tf_keras.src.legacy_tf_layers import {name} as tf1_{name}_layers")
+        cst.parse_statement(
+            f"from tf_keras.src.legacy_tf_layers import {name} as tf1_{name}_layers"
+        )
         for name in sorted(layers.used)
     ]
     comment = cst.EmptyLine(
@@ -594,8 +804,9 @@ def _parse_generated(text: str, unit: str, emitter: Emitter) -> cst.Module:
 
 
 def _manifest(
-    module: cst.Module, program: Program, keys: dict[str, str], rule: TowerRule
+    emitter: Emitter, keys: dict[str, str], rule: TowerRule
 ) -> tuple[dict[str, object], str]:
+    module, program = emitter.module, emitter.p
     reader = VariableNames(module, rule.qualify)
     names = reader.run([*program.graph_setup, *program.tower_body])
     if names is not None and program.ema is not None:
@@ -603,7 +814,9 @@ def _manifest(
         ema_call = _assign(program.ema[1])[1]  # type: ignore[index]
         ema_name = get_arg(ema_call, 3, "name")  # type: ignore[arg-type]
         if ema_name is None or isinstance(ema_name, cst.SimpleString):
-            suffix = ema_name.evaluated_value if ema_name is not None else "ExponentialMovingAverage"
+            suffix = (
+                ema_name.evaluated_value if ema_name is not None else "ExponentialMovingAverage"
+            )
             names += [f"{n}/{suffix}" for n in names if n not in reader.non_trainable]
         else:
             names = None
@@ -645,9 +858,11 @@ def _manifest(
                 f"SUM over the replicas as `{key}`"
             )
             continue
-        if any(f.tensor == tensor for f in program.fetches) and tensor not in {
-            *program.collected.values()
-        } and not any(tensor in bound_names(s) for s in program.tower_body):
+        if (
+            any(f.tensor == tensor for f in program.fetches)
+            and tensor not in {*program.collected.values()}
+            and not any(tensor in bound_names(s) for s in program.tower_body)
+        ):
             notes.append(
                 f"TFM303: the loop fetched `{tensor}` (no tower's); the step reads it before "
                 f"the update and train_step returns it as `{key}`"
@@ -670,22 +885,12 @@ def _manifest(
     manifest: dict[str, object] = {"notes": notes}
     statistics = [n for n in names or [] if n.endswith(("/moving_mean", "/moving_variance"))]
     if program.update_ops is not None or statistics:
-        legacy = (
-            f"the legacy step ran the batch-norm UPDATE_OPS only of the towers selected by "
-            f"`{program.update_ops.test}`"
-            if program.update_ops is not None
-            else "the legacy step never ran the batch-norm UPDATE_OPS"
-        )
-        reason = (
-            f"{legacy}; under MirroredStrategy every step updates the moving statistics (a "
-            "tf.function runs every stateful op) with the MEAN of the replicas' batch "
-            "statistics (assign_moving_average all-reduces them): moving_mean/moving_variance "
-            "differ from the legacy values; weights and training losses do not depend on them"
-        )
+        reason = emitter.statistics_reason()
         notes.append(f"TFM303: {reason}")
-        manifest["announced"] = [
-            {"match": ["*/moving_mean", "*/moving_variance"], "code": "TFM303", "reason": reason}
-        ]
+        match = ["*/moving_mean", "*/moving_variance"]
+        if program.ema is not None:
+            match += ["*/moving_mean/*", "*/moving_variance/*"]  # their EMA shadows
+        manifest["announced"] = [{"match": match, "code": "TFM303", "reason": reason}]
     if names is not None:
         manifest["variables"] = {name: name for name in names}
     else:
@@ -693,7 +898,11 @@ def _manifest(
             "TFM303: the legacy variable names could not be listed statically: give verify a "
             "--mapping (the migrated names equal the legacy ones)"
         )
-    source = "tf.data iterator -> distributed dataset" if program.dataset else "feed_dict -> tf.data"
+    source = (
+        "tf.data iterator -> distributed dataset" if program.dataset else "feed_dict -> tf.data"
+    )
+    if program.queue is not None:
+        source = "queue input -> tf.data"
     summary = (
         f"converted the tower program `{program.function.name.value}` to MirroredStrategy "
         f"({'averaged' if program.averaged else 'summed'} gradients, {source}, "

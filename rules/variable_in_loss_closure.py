@@ -65,7 +65,7 @@ class VariableInLossClosure(Rule):
     """
 
     code = "TFM203"
-    triggers = ('Variable', 'variable')
+    triggers = tuple(sorted(VARIABLE_FACTORIES))
     name = "variable-in-loss-closure"
     summary = "tf.Variable for constant data in a loss under a strategy: use tf.constant"
     fix_safety = FixSafety.SAFE
@@ -220,9 +220,7 @@ def adaptive_loss(y_true, y_pred, scale):
             imports=imports,
         )
 
-    def _constant(
-        self, call: cst.Call, name: str
-    ) -> tuple[cst.Call | None, tuple[Import, ...]]:
+    def _constant(self, call: cst.Call, name: str) -> tuple[cst.Call | None, tuple[Import, ...]]:
         first = call.args[0]
         if name == "keras.Variable" and (
             isinstance(first.value, cst.Lambda)
@@ -248,7 +246,9 @@ def adaptive_loss(y_true, y_pred, scale):
 
 def _returns_loss_closure(fn: cst.FunctionDef) -> bool:
     inner = {
-        s.name.value for s in fn.body.body if isinstance(s, cst.FunctionDef) and _is_loss_function(s)
+        s.name.value
+        for s in fn.body.body
+        if isinstance(s, cst.FunctionDef) and _is_loss_function(s)
     }
     for node in walk(fn.body):
         if isinstance(node, cst.Return) and isinstance(node.value, cst.Name):

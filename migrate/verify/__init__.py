@@ -8,6 +8,8 @@ Modules (only the boot modules, run as subprocesses, import TensorFlow):
   tf1_compat     the TF1 world on TF 2.21: tensorflow -> compat.v1, tf.contrib shims, keras -> tf_keras
   migrated_boot  migrated runtime: drives the protocol (protocol.py) under MirroredStrategy
   roundtrip_boot reload without a strategy for --roundtrip
+  workers        --workers W: the migrated side as W MultiWorkerMirroredStrategy processes
+  multi_worker_runtime  inside a worker: its strategy, replicas' values gathered
   record         what a side writes (record.json, init/final/trace .npz)
   fingerprint    split-invariant input fingerprints
   tower_names    tower scopes in TF1 names

@@ -21,7 +21,15 @@ def verify(
         list[str] | None,
         typer.Argument(help="Arguments for both scripts, after `--`.", show_default=False, metavar="[-- ARGS]"),
     ] = None,
-    replicas: Annotated[int, typer.Option("--replicas", "-n", min=1, help="Towers / replicas.")] = 2,
+    replicas: Annotated[
+        int | None,
+        typer.Option("--replicas", "-n", min=1, show_default=False,
+                     help="Towers / replicas [default: 2; with --workers on cpu: 1 per worker]."),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=0, help="Run the migrated side as W MultiWorkerMirroredStrategy worker processes "
+                                      "on localhost; the legacy side gets W x replicas towers (0: off).")
+    ] = 0,
     steps: Annotated[int, typer.Option("--steps", "-k", min=1, help="Training steps to compare.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed for Python, numpy and TF on both sides.")] = 0,
     report: Annotated[
@@ -66,18 +74,19 @@ def verify(
         p.resolve() if p is not None else None for p in (report, manifest, mapping, legacy_cache)
     )
     opts = VerifyOptions(
-        legacy=legacy, migrated=migrated, replicas=replicas, steps=steps, seed=seed, device=device,
+        legacy=legacy, migrated=migrated, replicas=replicas or (1 if workers else 2), steps=steps, seed=seed, device=device,
         timeout=timeout, report_dir=report, manifest=manifest, mapping=mapping,
         tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
                               weights_rtol=weights_rtol),
         script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
-        roundtrip=roundtrip,
+        roundtrip=roundtrip, workers=workers,
     )
-    problem = _argument_problem(opts)
+    problem = _argument_problem(opts) or _workers_problem(opts)
     if problem:
         outcome = Outcome(could_not_run(problem), opts)
     else:
-        with console.status(f"training both sides for {steps} steps on {replicas} {device} replicas..."):
+        where = f"{workers} workers" if workers else f"{opts.replicas} {device} replicas"
+        with console.status(f"training both sides for {steps} steps on {where}..."):
             outcome = run_verify(opts)
     print_terminal(outcome, console)
     if report is not None:
@@ -96,4 +105,15 @@ def _argument_problem(opts: VerifyOptions) -> str | None:
     for label, path in (("--manifest", opts.manifest), ("--mapping", opts.mapping)):
         if path is not None and not path.is_file():
             return f"{label} {path} does not exist"
+    return None
+
+
+def _workers_problem(opts: VerifyOptions) -> str | None:
+    if not opts.workers:
+        return None
+    if opts.device == "cpu" and opts.replicas != 1:
+        return ("--workers on cpu: MultiWorkerMirroredStrategy gives each worker exactly one CPU device, "
+                f"so --replicas must be 1 (the legacy side gets {opts.workers} towers), not {opts.replicas}")
+    if opts.roundtrip:
+        return "--roundtrip is not supported with --workers yet (every worker would save into one folder)"
     return None

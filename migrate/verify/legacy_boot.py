@@ -11,7 +11,9 @@ Runs an unmodified TF1 tower script on TF 2.21 (see tf1_compat) and instruments 
   outputs of in-graph dequeue/iterator ops the step consumed), the wall time;
 - before step 1: every global variable (init.npz, written at once so the migrated side can start);
 - after every step: the traced variables; after step K: every global variable, then a private
-  exception unwinds the user's loop.
+  exception unwinds the user's loop;
+- with ``--restore-checkpoint``, every global variable starts from a TF1 checkpoint (by name, as a
+  Saver restores); with ``--save-checkpoint``, the variables after step K are saved as one.
 Writes a record (record.py) and exits 0 even when the user code crashed: the record says so.
 """
 
@@ -68,6 +70,9 @@ class StopTraining(BaseException):
 class LegacyRecorder:
     def __init__(self, out: Path, steps: int, towers: int, trace: list[str] | None, device: str = "cpu") -> None:
         self.out, self.max_steps, self.towers, self.device = out, steps, towers, device
+        self.restore_from: str | None = None  # TF1 checkpoint prefix the variables start from
+        self.restore_ema: str | None = None  # load `<var>/<restore_ema>` shadows into the variables
+        self.save_to: str | None = None  # TF1 checkpoint prefix written after step K
         self.trace_request = trace
         self.record = RunRecord(side="legacy")
         self.train_op_names: set[str] = set()
@@ -417,6 +422,8 @@ class LegacyRecorder:
         trainable = {v.op.name for v in sess.graph.get_collection("trainable_variables")}
         averaged = {v.op.name for v in sess.graph.get_collection("moving_average_variables")}
         slots = self._slot_names()
+        if self.restore_from:
+            self._restore(sess, variables)
         values = self._read(sess, variables)
         for v in variables:
             name = v.op.name
@@ -470,8 +477,46 @@ class LegacyRecorder:
         if self.finalized:
             return
         self.finalized = True
-        save_arrays(self.out / FINAL_NPZ, self._read(sess, self._global_variables(sess)))
+        final = self._read(sess, self._global_variables(sess))
+        save_arrays(self.out / FINAL_NPZ, final)
         self.flush_trace()
+        if self.save_to:
+            self._save(final)
+
+    def _restore(self, sess: Any, variables: list[Any]) -> None:
+        """Name-based, as tf.train.Saver restores (shadows into their variables as
+        ExponentialMovingAverage.variables_to_restore does); adds no op to the user's graph."""
+        from tensorflow.python.training import checkpoint_utils
+
+        reader = checkpoint_utils.load_checkpoint(self.restore_from)
+        have = reader.get_variable_to_shape_map()
+        missing = []
+        for v in variables:
+            name = source = v.op.name
+            shadow = f"{name}/{self.restore_ema}"
+            if self.restore_ema and not name.endswith("/" + self.restore_ema) and shadow in have:
+                source = shadow
+            if source not in have:
+                missing.append(name)
+                continue
+            v.load(reader.get_tensor(source), sess)
+        if missing:
+            raise _RuntimeProblem(f"checkpoint {self.restore_from} lacks the legacy variables {missing}")
+
+    def _save(self, values: dict[str, np.ndarray]) -> None:
+        """A TF1 checkpoint of every global variable, as a Saver in the script writes it (V2 bundle +
+        'checkpoint' state file), without a session: no op is added to the user's graph."""
+        from tensorflow.python.checkpoint import checkpoint_management
+        from tensorflow.python.eager import context
+        from tensorflow.python.ops import gen_io_ops
+
+        prefix = os.path.abspath(self.save_to)
+        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        names = sorted(values)
+        with context.eager_mode():
+            gen_io_ops.save_v2(prefix, names, [""] * len(names), [values[n] for n in names])
+        checkpoint_management.update_checkpoint_state_internal(
+            os.path.dirname(prefix), prefix, [prefix], save_relative_paths=True)
 
     def flush_trace(self) -> None:
         if self.trace_values:
@@ -597,12 +642,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", type=Path, help="JSON list of legacy variable names to trace per step")
+    parser.add_argument("--restore-checkpoint", help="TF1 checkpoint prefix every variable starts from")
+    parser.add_argument("--restore-ema", help="with --restore-checkpoint: load these EMA shadows into the weights")
+    parser.add_argument("--save-checkpoint", help="save a TF1 checkpoint here after the last step")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     ns.out.mkdir(parents=True, exist_ok=True)
     trace = json.loads(ns.trace.read_text()) if ns.trace else None
     recorder = LegacyRecorder(ns.out, ns.steps, ns.towers, trace, ns.device)
+    recorder.restore_from, recorder.restore_ema = ns.restore_checkpoint, ns.restore_ema
+    recorder.save_to = ns.save_checkpoint
     record = recorder.record
 
     random.seed(ns.seed)

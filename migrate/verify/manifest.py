@@ -8,6 +8,11 @@ Per migrated script (key: POSIX path relative to the manifest's folder) verify u
 
 Unknown keys are ignored (the manifest carries more for other tools). A mapping file given with
 ``--mapping`` holds either the same object for one script or just ``{legacy: migrated}``.
+
+``"variables": {"*": "*"}`` maps by name: every legacy variable to the migrated variable of the
+same name (Keras 2 and Keras 3 both name a functional model's weights ``layer/weight``, which a
+rewriter cannot list without running the model code). The migrated side resolves it once both
+sides' variables exist and writes the resolved mapping for the comparison.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "tfmigrate.json"
+SAME_NAMES = {"*": "*"}
+RESOLVED_MAPPING = "mapping.json"  # in the migrated side's out folder: what by-name matching found
 
 
 class ManifestError(Exception):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tfmigrate.verify import fingerprint, protocol
+from tfmigrate.verify.manifest import RESOLVED_MAPPING, SAME_NAMES
 from tfmigrate.verify.record import (
     CRASHED,
     ERROR,
@@ -124,22 +125,28 @@ class MigratedRunner:
                 "mapped": name in mapped,
             }
 
+    def replica_values(self, value: Any) -> list[np.ndarray]:
+        """Every replica's part of a distributed value, in replica order (here: this process's)."""
+        return local_values(self.strategy, value)
+
     def read(self, names: list[str]) -> dict[str, np.ndarray]:
         return {n: local_values(self.strategy, tf_variable(self.variables[n]))[0] for n in names}
 
     def run(self, steps: int, trace_names: list[str]) -> None:
         iterator = iter(self.batches)
         for index in range(1, steps + 1):
+            # Timed like the legacy Session.run, which feeds its batch or runs its input pipeline:
+            # taking the next distributed batch is part of the step.
+            start = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
                 self.record.notes.append(f"the migrated program's batches ended after {index - 1} steps")
                 break
-            inputs, samples = self.fingerprint(batch)
-            start = time.perf_counter()
             out = self.train_step(batch)
             fetches = self.fetches(out)  # converting to numpy waits for the step to finish
             seconds = time.perf_counter() - start
+            inputs, samples = self.fingerprint(batch)
             self.record.steps.append(Step(step=index, seconds=seconds, fetches=fetches, inputs=inputs,
                                           samples=samples))
             for name, value in self.read(trace_names).items():
@@ -151,7 +158,7 @@ class MigratedRunner:
         result = []
         for key, value in out.items():
             if is_distributed(self.tf, value):
-                for i, v in enumerate(local_values(self.strategy, value)):
+                for i, v in enumerate(self.replica_values(value)):
                     if v.size == 1:
                         result.append(Fetch(name=f"{key}[{i}]", base=key, tower=i, value=float(v.reshape(()))))
             else:
@@ -163,7 +170,7 @@ class MigratedRunner:
     def fingerprint(self, batch: Any) -> tuple[list[str] | None, int | None]:
         streams = []
         for leaf in self.tf.nest.flatten(batch):
-            parts = local_values(self.strategy, leaf) if is_distributed(self.tf, leaf) else [np.asarray(leaf)]
+            parts = self.replica_values(leaf) if is_distributed(self.tf, leaf) else [np.asarray(leaf)]
             if parts and all(fingerprint.is_data(p) for p in parts):
                 streams.append(parts)
         if not streams:
@@ -180,6 +187,24 @@ class MigratedRunner:
                 self.record.replica_spread[name] = spread
         if self.trace:
             save_arrays(self.out / TRACE_NPZ, {n: np.stack(v) for n, v in self.trace.items()})
+
+
+def resolve_by_name(init: dict[str, np.ndarray], variables: dict[str, Any]) -> dict[str, str]:
+    """The manifest's by-name mapping: every legacy variable the program has under the same name,
+    else the one program variable whose name differs only by leading scopes (Keras 3 puts a
+    Sequential model's name in front: `sequential/conv2d/kernel` for tf_keras's `conv2d/kernel`)."""
+    mapping = {name: name for name in init if name in variables}
+    for name in init:
+        if name not in mapping:
+            found = [k for k in variables if k.endswith("/" + name) or name.endswith("/" + k)]
+            if len(found) == 1 and found[0] not in mapping.values():
+                mapping[name] = found[0]
+    if not mapping:
+        raise SetupProblem(
+            "the manifest maps variables by name, but no migrated variable has a legacy variable's "
+            f"name (legacy: {sorted(init)[:5]}..., migrated: {sorted(variables)[:5]}...); give "
+            "verify an explicit mapping (--mapping)")
+    return mapping
 
 
 def roundtrip_parts(program: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
@@ -228,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mapping", type=Path, required=True, help="JSON {legacy name: migrated name}")
     parser.add_argument("--wait", type=float, default=600.0)
     parser.add_argument("--roundtrip", type=Path, help="save here and record in-strategy predictions")
+    parser.add_argument("--restore", type=Path, help="start from this converted checkpoint folder instead")
+    parser.add_argument("--strategy", choices=("mirrored", "multi-worker"), default="mirrored",
+                        help="multi-worker: one worker of a cluster described by TF_CONFIG")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -242,10 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     devices: list[str] = []
     stage = "setup"
     try:
-        devices = configure_devices(tf, ns.replicas, ns.device)
+        runner_class = MigratedRunner
+        if ns.strategy == "multi-worker":
+            from tfmigrate.verify import multi_worker_runtime
+
+            strategy, devices = multi_worker_runtime.make_strategy(tf, ns.device)
+            runner_class = multi_worker_runtime.WorkerRunner
+        else:
+            devices = configure_devices(tf, ns.replicas, ns.device)
+            strategy = tf.distribute.MirroredStrategy(devices=devices)
         tf.random.set_seed(ns.seed)
         tf.config.experimental.enable_op_determinism()
-        strategy = tf.distribute.MirroredStrategy(devices=devices)
         script = ns.script.resolve()
         sys.argv = [str(script), *script_args]
         sys.path.insert(0, str(script.parent))
@@ -258,12 +293,21 @@ def main(argv: list[str] | None = None) -> int:
             )
         program = entry(strategy, list(script_args))
         stage = "setup"
-        runner = MigratedRunner(tf, strategy, program, ns.out)
+        runner = runner_class(tf, strategy, program, ns.out)
         record = runner.record
         mapping: dict[str, str] = json.loads(ns.mapping.read_text())
-        runner.describe_variables(set(mapping.values()))
         wait_for(ns.init, ns.wait)
-        runner.load_initial(load_arrays(ns.init), mapping)
+        init = load_arrays(ns.init)
+        if mapping == SAME_NAMES:
+            mapping = resolve_by_name(init, runner.variables)
+            (ns.out / RESOLVED_MAPPING).write_text(json.dumps(mapping, indent=2))
+        runner.describe_variables(set(mapping.values()))
+        if ns.restore is not None:  # convert-checkpoint's check: the converted folder, as users restore it
+            from tfmigrate.checkpoint.layout import restore_program
+
+            restore_program(tf, strategy, program, ns.restore)
+        else:
+            runner.load_initial(init, mapping)
         save_arrays(ns.out / INIT_NPZ, runner.read(list(runner.variables)))
         stage = "user"
         traced_file = ns.init.parent / TRACED_JSON

@@ -19,6 +19,7 @@ STATUS_STYLE = {cmp.PASS: "green", cmp.FAIL: "bold red", cmp.EXPECTED: "yellow",
 VERDICT_TEXT = {
     cmp.EQUIVALENT: ("EQUIVALENT", "green"),
     cmp.DIVERGED: ("DIVERGED", "red"),
+    cmp.ANNOUNCED: ("DIFFERS AS ANNOUNCED", "yellow"),
     cmp.COULD_NOT_RUN: ("COULD NOT RUN", "red"),
 }
 
@@ -29,7 +30,7 @@ def _num(x: float | None) -> str:
 
 def _side_summary(outcome: Outcome) -> dict[str, dict[str, Any]]:
     sides: dict[str, dict[str, Any]] = {}
-    for run in (outcome.legacy, outcome.migrated, outcome.roundtrip):
+    for run in (outcome.legacy, outcome.migrated, *outcome.workers, outcome.roundtrip):
         if run is None:
             continue
         rec = run.record
@@ -60,6 +61,7 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
         "legacy": str(o.legacy),
         "migrated": str(o.migrated),
         "replicas": o.replicas,
+        "workers": o.workers,  # 0: one process; else replicas is per worker
         "steps": o.steps,
         "steps_compared": outcome.comparison.steps_compared,
         "seed": o.seed,

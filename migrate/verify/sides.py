@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfmigrate.verify.manifest import SAME_NAMES
 from tfmigrate.verify.record import INIT_NPZ, RECORD_JSON, RunRecord
 
 LEGACY_ENV = {
@@ -53,6 +54,15 @@ class RunPlan:
     script_args: tuple[str, ...] = ()
     legacy_done: Path | None = None  # a reusable earlier legacy run (its out folder): run only migrated
     roundtrip: bool = False
+    workers: int = 0  # >0: the migrated side runs as this many MultiWorkerMirroredStrategy workers
+    # boot flags of one side only (convert-checkpoint's check: start both from checkpoints)
+    legacy_flags: tuple[str, ...] = ()
+    migrated_flags: tuple[str, ...] = ()
+
+    @property
+    def towers(self) -> int:
+        """Legacy towers: as many as the migrated side has replicas in all."""
+        return self.replicas * max(self.workers, 1)
 
     @property
     def roundtrip_dir(self) -> Path:
@@ -70,11 +80,13 @@ def _env(extra: dict[str, str], seed: int, device: str, drop: tuple[str, ...] = 
     return env
 
 
-def _start(cmd: list[str], cwd: Path, env: dict[str, str], log_prefix: Path) -> subprocess.Popen:
+def _start(cmd: list[str], cwd: Path, env: dict[str, str], log_prefix: Path,
+           new_session: bool = False) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
     stdout = open(log_prefix.with_suffix(".stdout"), "w")  # noqa: SIM115  closed after wait
     stderr = open(log_prefix.with_suffix(".stderr"), "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                            start_new_session=new_session)  # new_session: killable as a process group
     proc._tfmigrate_logs = (stdout, stderr)  # type: ignore[attr-defined]
     return proc
 
@@ -97,7 +109,17 @@ def _finish(side: str, proc: subprocess.Popen, out: Path, log_prefix: Path, time
     )
 
 
-def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
+@dataclass
+class SideCommands:
+    legacy: list[str]
+    migrated: list[str]
+    tail: list[str]  # ["--", *script arguments], for both
+    legacy_out: Path  # the legacy record's folder (an earlier run's with plan.legacy_done)
+    migrated_out: Path
+
+
+def side_commands(plan: RunPlan) -> SideCommands:
+    """Prepare the scratch folder and build both sides' boot commands."""
     work = plan.workdir
     work.mkdir(parents=True, exist_ok=True)
     legacy_out, migrated_out = work / "legacy" / "out", work / "migrated" / "out"
@@ -110,8 +132,8 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
     tail = ["--", *plan.script_args]
     common = ["--steps", str(plan.steps), "--seed", str(plan.seed)]
     legacy_cmd = [sys.executable, "-m", "tfmigrate.verify.legacy_boot", "--script", str(plan.legacy.resolve()),
-                  "--out", str(legacy_out), "--towers", str(plan.replicas), "--device", plan.device, *common]
-    if plan.mapping:
+                  "--out", str(legacy_out), "--towers", str(plan.towers), "--device", plan.device, *common]
+    if plan.mapping and plan.mapping != SAME_NAMES:  # by name: the legacy side traces its weights
         legacy_cmd += ["--trace", str(trace_file)]
     migrated_cmd = [sys.executable, "-m", "tfmigrate.verify.migrated_boot", "--script",
                     str(plan.migrated.resolve()), "--out", str(migrated_out), "--replicas", str(plan.replicas),
@@ -119,8 +141,18 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
                     str(mapping_file), "--wait", str(plan.timeout), *common]
     if plan.roundtrip:
         migrated_cmd += ["--roundtrip", str(plan.roundtrip_dir)]
+    legacy_cmd += plan.legacy_flags
+    migrated_cmd += plan.migrated_flags
     legacy_out = plan.legacy_done or legacy_out
     migrated_cmd[migrated_cmd.index("--init") + 1] = str(legacy_out / INIT_NPZ)
+    return SideCommands(legacy_cmd, migrated_cmd, tail, legacy_out, migrated_out)
+
+
+def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
+    work = plan.workdir
+    cmds = side_commands(plan)
+    legacy_cmd, migrated_cmd, tail = cmds.legacy, cmds.migrated, cmds.tail
+    legacy_out, migrated_out = cmds.legacy_out, cmds.migrated_out
     legacy_proc = None
     if plan.legacy_done is None:
         legacy_proc = _start(legacy_cmd + tail, work / "legacy" / "cwd",

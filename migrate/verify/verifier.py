@@ -16,6 +16,8 @@ from pathlib import Path
 from tfmigrate.verify import compare as cmp
 from tfmigrate.verify import protocol
 from tfmigrate.verify.manifest import (
+    RESOLVED_MAPPING,
+    SAME_NAMES,
     ManifestError,
     ScriptManifest,
     find_manifest,
@@ -52,6 +54,7 @@ class VerifyOptions:
     legacy_rev: str | None = None
     legacy_cache: Path | None = None  # reuse legacy runs across verify calls (same inputs → same run)
     roundtrip: bool = False
+    workers: int = 0  # >0: the migrated side runs as W MultiWorkerMirroredStrategy workers (workers.py)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Outcome:
     manifest: ScriptManifest | None = None
     crash: SideRun | None = None  # the side whose user code crashed, for the traceback
     roundtrip: SideRun | None = None
+    workers: list[SideRun] = field(default_factory=list)  # --workers: the workers after the chief
 
 
 def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
@@ -97,7 +101,7 @@ def legacy_cache_key(legacy: Path, opts: VerifyOptions, mapping: dict[str, str])
     for path in [*sorted(runtime.glob("*.py")), *sorted(legacy.resolve().parent.rglob("*.py"))]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
-    h.update(json.dumps([legacy.name, opts.replicas, opts.steps, opts.seed, opts.device,
+    h.update(json.dumps([legacy.name, opts.replicas * max(opts.workers, 1), opts.steps, opts.seed, opts.device,
                          list(opts.script_args), sorted(mapping)]).encode())
     return h.hexdigest()[:20]
 
@@ -153,8 +157,18 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     plan = RunPlan(legacy=legacy, migrated=opts.migrated, workdir=workdir, replicas=opts.replicas,
                    steps=opts.steps, seed=opts.seed, device=opts.device, timeout=opts.timeout,
                    mapping=manifest.variables, script_args=opts.script_args,
-                   legacy_done=_cached_legacy(cache_dir), roundtrip=opts.roundtrip)
-    legacy_run, migrated_run = run_sides(plan)
+                   legacy_done=_cached_legacy(cache_dir), roundtrip=opts.roundtrip, workers=opts.workers)
+    worker_runs: list[SideRun] = []
+    if opts.workers:
+        from tfmigrate.verify.workers import run_worker_sides
+
+        runs = run_worker_sides(plan)
+        legacy_run, migrated_run, worker_runs = runs.legacy, runs.workers[0], runs.workers[1:]
+    else:
+        legacy_run, migrated_run = run_sides(plan)
+    resolved = migrated_run.out / RESOLVED_MAPPING
+    if manifest.variables == SAME_NAMES and resolved.exists():
+        manifest.variables = json.loads(resolved.read_text())
     if cache_dir is not None and plan.legacy_done is None and _cached_legacy(legacy_run.out):
         tmp = cache_dir.with_name(cache_dir.name + f".{workdir.name}")
         shutil.copytree(legacy_run.out, tmp, dirs_exist_ok=True)
@@ -162,8 +176,8 @@ def run_verify(opts: VerifyOptions) -> Outcome:
             tmp.rename(cache_dir)  # atomic publish; a concurrent run may have won the race
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-    outcome = Outcome(cmp.could_not_run(""), opts, legacy_run, migrated_run, manifest)
-    for run in (legacy_run, migrated_run):
+    outcome = Outcome(cmp.could_not_run(""), opts, legacy_run, migrated_run, manifest, workers=worker_runs)
+    for run in _problem_first([legacy_run, migrated_run, *worker_runs]):
         problem = side_problem(run, opts.timeout)
         if problem:
             outcome.comparison = cmp.could_not_run(problem)
@@ -175,10 +189,21 @@ def run_verify(opts: VerifyOptions) -> Outcome:
                                          opts.tolerances)
         if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
             _roundtrip(plan, outcome)
+        if worker_runs and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
+            from tfmigrate.verify.workers import add_agreement, agreement_rows
+
+            rows = agreement_rows(side_data(migrated_run), {r.side: side_data(r) for r in worker_runs},
+                                  opts.tolerances, outcome.comparison.notes)
+            add_agreement(outcome.comparison, rows)
     outcome.comparison.notes = manifest.notes + _record_notes(legacy_run, migrated_run) + outcome.comparison.notes
     if opts.report_dir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return outcome
+
+
+def _problem_first(runs: list[SideRun]) -> list[SideRun]:
+    """A side whose user code crashed explains the others (stopped while waiting for it)."""
+    return sorted(runs, key=lambda r: 0 if r.record is not None and r.record.status == CRASHED else 1)
 
 
 def _roundtrip(plan: RunPlan, outcome: Outcome) -> None:

@@ -12,6 +12,8 @@ import pytest
 from verify_support import pair, plant, verify
 
 from tfmigrate.verify import compare as cmp
+from tfmigrate.verify.manifest import SAME_NAMES
+from tfmigrate.verify.migrated_boot import SetupProblem, resolve_by_name
 
 # Runs in a subprocess: the legacy runtime replaces `tensorflow` for the whole process.
 SHIM_CHECK = textwrap.dedent('''
@@ -77,3 +79,40 @@ def test_batch_size_per_replica_instead_of_global_is_named(tmp_path, legacy_cach
     assert comp.verdict == cmp.COULD_NOT_RUN and comp.exit_code == 2  # inputs differ: issue 4's contract
     assert "different inputs at step 1: legacy's step had 64 samples, migrated's 32" in comp.reason
     assert "GLOBAL batch" in comp.reason
+
+
+def test_by_name_mapping_pairs_variables_of_the_same_name_only():
+    init = {"conv2d/kernel": 0, "batch_normalization/moving_mean": 0, "SGD/iter": 0}
+    program = {"conv2d/kernel": 1, "batch_normalization/moving_mean": 1, "adam/iteration": 1}
+    assert resolve_by_name(init, program) == {
+        "conv2d/kernel": "conv2d/kernel",
+        "batch_normalization/moving_mean": "batch_normalization/moving_mean",
+    }
+    # Keras 3 puts a Sequential model's name in front of its layers' names; tf_keras does not
+    assert resolve_by_name({"dense/kernel": 0, "dense/bias": 0},
+                           {"sequential/dense/kernel": 1, "sequential/dense/bias": 1}) == {
+        "dense/kernel": "sequential/dense/kernel", "dense/bias": "sequential/dense/bias"}
+    assert resolve_by_name({"net/dense/kernel": 0}, {"dense/kernel": 1}) == {"net/dense/kernel": "dense/kernel"}
+    # ... unless that is ambiguous
+    assert resolve_by_name({"dense/kernel": 0, "d/bias": 0},
+                           {"a/dense/kernel": 1, "b/dense/kernel": 1, "d/bias": 1}) == {"d/bias": "d/bias"}
+    with pytest.raises(SetupProblem, match="--mapping"):
+        resolve_by_name({"dense/kernel": 0}, {"dense_1/kernel": 1})
+
+
+@pytest.mark.slow
+def test_rewritten_keras2_fit_is_verified_through_a_by_name_mapping(tmp_path, legacy_cache):
+    """`rewrite` writes verify's entry point into the converted script and `{"*": "*"}` into the
+    manifest; verify resolves the names once both sides have built their variables."""
+    legacy, _ = pair("keras2_fit")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "tfmigrate", "rewrite", str(legacy.parent), "--out",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    outcome = verify(legacy, out / "train.py", cache=legacy_cache)
+    assert outcome.manifest is not None and outcome.manifest.variables != SAME_NAMES
+    assert sorted(outcome.manifest.variables) == sorted(
+        f"{layer}/{kind}" for layer in ("hidden1", "hidden2", "probs") for kind in ("kernel", "bias"))
+    comp = outcome.comparison
+    assert comp.verdict == cmp.EQUIVALENT, comp.reason
+    assert all(r.status == cmp.PASS for r in comp.rows if r.category == "weight")

@@ -168,6 +168,15 @@ def test_announced_difference_is_expected_with_its_size():
     assert row.status == cmp.EXPECTED and row.max_abs == pytest.approx(0.5)
 
 
+def test_announced_difference_in_the_logged_loss_is_not_called_equivalent():
+    manifest = ScriptManifest(variables={"w": "w"},
+                              announced=[Announced(["*"], "TFM107", "whole-batch loss")])  # fmt: skip
+    result = cmp.compare(_side("legacy", [1.0, 0.8]), _side("migrated", [2.0, 1.6]), manifest,
+                         cmp.Tolerances())  # fmt: skip
+    assert result.verdict == cmp.ANNOUNCED and result.exit_code == 1
+    assert "does not show" in result.reason and "loss (tower 1)" in result.reason
+
+
 def test_unmatched_fetch_is_reported_not_failed():
     migrated = _side("migrated", [2.0, 1.0])
     for step in migrated.record.steps:

@@ -1,0 +1,217 @@
+"""A light pass over one source, before libcst: which enabled rules could report anything in it.
+
+CPython's own parser (``ast``, in C) is an order of magnitude cheaper than building a libcst tree
+and walking it with every rule. From its tree this pass collects what rules match on — the
+identifiers and string constants of the code (comments and docstrings left out), the imported
+modules, the import bindings exactly as :class:`tfmigrate.names.NameResolver` computes them, and
+the canonical qualified name of every dotted name. A rule's ``triggers`` are then checked against
+those facts instead of the raw bytes, where most of TensorFlow-era code mentions every trigger
+word somewhere in a comment or docstring.
+
+It must be conservative: it only ever rules out a rule that could not have reported. Source that
+``ast`` cannot parse (Python 2, syntax errors) gets no facts and takes the full path unchanged.
+Set ``TFMIGRATE_LIGHT_PASS=0`` to switch the pass off (the differential tests compare both).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tfmigrate.names import canonical
+
+# Module roots a rule can be about; a file importing none of them is left alone by the engine.
+TF_ROOTS = ("tensorflow", "keras", "horovod")
+# Roots whose aliases the name resolver tracks (``slim = tf.contrib.slim``); as in names.py.
+_TRACKED_ROOTS = ("tensorflow", "tf_slim", "keras", "horovod", "numpy")
+_BODY_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")  # source order
+
+
+def enabled() -> bool:
+    return os.environ.get("TFMIGRATE_LIGHT_PASS", "1") != "0"
+
+
+@dataclass(frozen=True)
+class CodeFacts:
+    """What one source's code (not its comments or docstrings) can offer a rule."""
+
+    words: str  # identifiers, string constants and resolved names, one per line
+    strings: frozenset[str]  # string constants (docstrings too: a rule may match any string)
+    names: frozenset[str]  # canonical qualified names of dotted names bound to imports
+    imported_modules: frozenset[str]
+    bindings: dict[str, str]  # local name -> qualified name, as NameResolver.bindings
+
+    def uses_any(self, roots: Iterable[str]) -> bool:
+        """Same test as ``NameResolver.uses_any``."""
+        roots = tuple(roots)
+        return any(canonical(m).startswith(roots) for m in self.imported_modules)
+
+    def has_name(self, qualified: str) -> bool:
+        """A dotted name in the code resolves to ``qualified`` or to something inside it."""
+        if qualified in self.names:
+            return True
+        prefix = qualified + "."
+        return any(name.startswith(prefix) for name in self.names)
+
+    def matches(self, trigger: str) -> bool:
+        """``trigger`` is a qualified name (``tensorflow.device``: a root module, then dots), a
+        quoted string (``'VariableV2'``: a string constant equal to it) or a word (a substring of
+        an identifier, a string constant or a resolved name)."""
+        if is_qualified(trigger):
+            return self.has_name(trigger)
+        if is_quoted(trigger):
+            return trigger[1:-1] in self.strings
+        return trigger in self.words
+
+
+def is_qualified(trigger: str) -> bool:
+    return "." in trigger and trigger.split(".", 1)[0] in _TRACKED_ROOTS
+
+
+def is_quoted(trigger: str) -> bool:
+    return len(trigger) >= 2 and trigger[0] == trigger[-1] == "'"
+
+
+def raw_needle(trigger: str) -> str:
+    """What the raw-bytes pre-check looks for: a qualified name is spelled with its last part
+    (``tf.device``, ``from tensorflow import device as d``), a quoted string without quotes (it
+    may be written with either), a word as it is."""
+    if is_qualified(trigger):
+        return trigger.rsplit(".", 1)[-1]
+    return trigger[1:-1] if is_quoted(trigger) else trigger
+
+
+def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> CodeFacts | None:
+    """The facts of ``source``, or None when ``ast`` cannot read it (the full path decides)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    bindings: dict[str, str] = dict(inherited or {})
+    imported: set[str] = set((inherited or {}).values())
+    _collect_bindings(tree.body, bindings, imported)
+
+    words: list[str] = []
+    strings: set[str] = set()
+    chains: set[str] = set()
+    docstrings: set[int] = set()
+    for node in ast.walk(tree):
+        kind = type(node)
+        if kind is ast.Name:
+            words.append(node.id)  # type: ignore[attr-defined]
+            chains.add(node.id)  # type: ignore[attr-defined]
+        elif kind is ast.Attribute:
+            words.append(node.attr)  # type: ignore[attr-defined]
+            chain = _dotted(node)
+            if chain is not None:
+                chains.add(chain)
+        elif kind is ast.Constant:
+            value = node.value  # type: ignore[attr-defined]
+            if isinstance(value, str):
+                strings.add(value)
+                if id(node) not in docstrings:
+                    words.append(value)
+            elif isinstance(value, bytes):
+                words.append(value.decode("latin-1"))
+        elif kind is ast.Expr:
+            value = node.value  # type: ignore[attr-defined]
+            if type(value) is ast.Constant and isinstance(value.value, str):
+                docstrings.add(id(value))  # a bare string statement: documentation
+        elif kind is ast.keyword:
+            if node.arg is not None:  # type: ignore[attr-defined]
+                words.append(node.arg)  # type: ignore[attr-defined]
+        elif kind is ast.arg:
+            words.append(node.arg)  # type: ignore[attr-defined]
+        elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+            words.append(node.name)  # type: ignore[attr-defined]
+        elif kind is ast.alias:
+            words.append(node.name)  # type: ignore[attr-defined]
+            if node.asname:  # type: ignore[attr-defined]
+                words.append(node.asname)  # type: ignore[attr-defined]
+        elif kind is ast.ImportFrom:
+            if node.module:  # type: ignore[attr-defined]
+                words.append(node.module)  # type: ignore[attr-defined]
+        elif kind in (ast.Global, ast.Nonlocal):
+            words.extend(node.names)  # type: ignore[attr-defined]
+
+    names: set[str] = set()
+    for chain in chains:
+        head, _, rest = chain.partition(".")
+        bound = bindings.get(head)
+        if bound is not None:
+            names.add(canonical(f"{bound}.{rest}" if rest else bound))
+    for module in imported:
+        names.add(canonical(module))
+    for bound in bindings.values():
+        names.add(canonical(bound))
+    words.extend(names)
+    words.extend(bindings.values())
+    return CodeFacts(
+        "\n".join(words), frozenset(strings), frozenset(names), frozenset(imported), bindings
+    )
+
+
+def possible_rules(facts: CodeFacts, rules: Iterable[type]) -> tuple[type, ...]:
+    """The rules that could report in a source with these facts."""
+    return tuple(
+        rule
+        for rule in rules
+        if rule.triggers is None or any(facts.matches(t) for t in rule.triggers)
+    )
+
+
+def _dotted(node: ast.expr) -> str | None:
+    parts: list[str] = []
+    while type(node) is ast.Attribute:
+        parts.append(node.attr)  # type: ignore[attr-defined]
+        node = node.value  # type: ignore[attr-defined]
+    if type(node) is not ast.Name:
+        return None
+    parts.append(node.id)  # type: ignore[attr-defined]
+    return ".".join(reversed(parts))
+
+
+def _collect_bindings(body: list[ast.stmt], bindings: dict[str, str], imported: set[str]) -> None:
+    """NameResolver's bindings, statement by statement in source order (later imports win,
+    assignment aliases keep the first binding), which is what makes the two agree."""
+    for statement in body:
+        kind = type(statement)
+        if kind is ast.Import:
+            for alias in statement.names:  # type: ignore[attr-defined]
+                imported.add(alias.name)
+                if alias.asname:
+                    bindings[alias.asname] = alias.name
+                else:
+                    head = alias.name.split(".")[0]
+                    bindings.setdefault(head, head)
+        elif kind is ast.ImportFrom:
+            module = statement.module  # type: ignore[attr-defined]
+            if statement.level or module is None:  # type: ignore[attr-defined]
+                continue  # relative imports name the user's own modules
+            imported.add(module)
+            for alias in statement.names:  # type: ignore[attr-defined]
+                if alias.name == "*":
+                    break
+                bindings[alias.asname or alias.name] = f"{module}.{alias.name}"
+        elif kind is ast.Assign:
+            targets = statement.targets  # type: ignore[attr-defined]
+            if len(targets) == 1 and type(targets[0]) is ast.Name:
+                chain = _dotted(statement.value)  # type: ignore[attr-defined]
+                if chain is not None:
+                    head, _, rest = chain.partition(".")
+                    bound = bindings.get(head)
+                    if bound is not None:
+                        resolved = f"{bound}.{rest}" if rest else bound
+                        if resolved.split(".")[0] in _TRACKED_ROOTS:
+                            bindings.setdefault(targets[0].id, resolved)
+        else:
+            for field_name in _BODY_FIELDS:
+                children = getattr(statement, field_name, None)
+                if children:
+                    if field_name in ("handlers", "cases"):
+                        for child in children:
+                            _collect_bindings(child.body, bindings, imported)
+                    else:
+                        _collect_bindings(children, bindings, imported)

@@ -1,0 +1,314 @@
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from tfmigrate.names import dotted
+from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.syntax import walk
+
+# Horovod's TensorFlow front ends; the Keras ones share the API this rule looks at.
+_HOROVOD = ("horovod.tensorflow.", "horovod.keras.", "horovod.tensorflow.keras.", "horovod._keras.")
+_SAVING = re.compile(r"checkpoint|saver|save|model_dir|train_dir", re.I)
+_DEVICE = re.compile(r"visible_device|set_visible_devices|device|gpu", re.I)
+
+
+def _horovod_api(name: str | None) -> str | None:
+    """``horovod.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback`` -> the last part."""
+    if name is None or not name.startswith(_HOROVOD):
+        return None
+    return name.rsplit(".", 1)[1]
+
+
+def _text(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+class HorovodTraining(Rule):
+    """
+    ## What it does
+    Flags TF1 (and Keras 2) Horovod training code, one finding per piece that changes in TF2:
+    `hvd.init()`, `hvd.DistributedOptimizer(...)` (or `DistributedGradientTape`), the initial
+    broadcast (`hvd.broadcast_global_variables(0)`, `BroadcastGlobalVariablesHook`,
+    `BroadcastGlobalVariablesCallback`), checkpoints written only `if hvd.rank() == 0`, GPUs
+    pinned with `hvd.local_rank()`, and learning rates scaled by `hvd.size()`.
+
+    ## Why is this bad?
+    Horovod is a separate MPI/Gloo runtime, and its TF1 API (session hooks, wrapped `tf.train`
+    optimizers) only exists for TF1 graph code. TensorFlow 2's own engine for the same job is
+    `tf.distribute.MultiWorkerMirroredStrategy` (collective all-reduce, the cluster from the
+    `TF_CONFIG` environment variable instead of `horovodrun`), and each piece has a different
+    counterpart there:
+    - `DistributedOptimizer` AVERAGES the workers' gradients (its default `op=hvd.Average`);
+      `apply_gradients` under the strategy SUMS the replicas' gradients, so each replica's loss
+      must be divided by `strategy.num_replicas_in_sync` (the global batch) to keep the average.
+      With `op=hvd.Sum` it must not.
+    - The broadcast goes away: the strategy creates every variable with the same initial value on
+      all workers.
+    - Checkpointing only on rank 0 hangs or fails under the strategy, where saving may need
+      collectives: every worker saves, the chief to the real folder, the others to temporary
+      folders (the pattern of TF's multi-worker guide).
+    - Horovod runs one process per GPU (`visible_device_list = str(hvd.local_rank())`); the
+      strategy runs one process per machine and uses all of its GPUs: the pinning must go.
+    - `hvd.size()` (processes = GPUs) becomes `strategy.num_replicas_in_sync`.
+
+    ## Example
+    ```python
+    import horovod.tensorflow as hvd
+    hvd.init()
+    config.gpu_options.visible_device_list = str(hvd.local_rank())
+    opt = hvd.DistributedOptimizer(tf.train.MomentumOptimizer(0.01 * hvd.size(), 0.9))
+    hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+    checkpoint_dir = './checkpoints' if hvd.rank() == 0 else None
+    ```
+    Use instead:
+    ```python
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()  # cluster from TF_CONFIG
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.SGD(0.01 * strategy.num_replicas_in_sync, momentum=0.9)
+    # in the replica step: loss = per_example_loss_sum / global_batch_size
+    # every worker saves: the chief to checkpoint_dir, the others to a temporary folder
+    ```
+
+    ## Fix safety
+    Manual: the conversion changes how the program is launched (one process per machine with
+    `TF_CONFIG` instead of `horovodrun`), its input pipeline and its loss scaling.
+    """
+
+    code = "TFM401"
+    triggers = ("horovod",)
+    name = "horovod-training"
+    summary = "Horovod training code: move to MultiWorkerMirroredStrategy (TF_CONFIG)"
+    fix_safety = FixSafety.MANUAL
+
+    valid = (
+        # TF2 multi-worker code.
+        """import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = build_model()
+""",
+        # Names that only look like Horovod's.
+        """import mylib as hvd
+hvd.init()
+opt = hvd.DistributedOptimizer(opt)
+""",
+        # Importing Horovod without using the training API (e.g. a version check).
+        """import horovod
+print(horovod.__version__)
+""",
+        # rank() gating a log line, not a checkpoint.
+        """import horovod.tensorflow as hvd
+if hvd.rank() == 0:
+    print('loss', loss_value)
+""",
+    )
+    invalid = (
+        Example(
+            """
+            import tensorflow as tf
+            import horovod.tensorflow as hvd
+            hvd.init()
+            """,
+            message="MultiWorkerMirroredStrategy",
+        ),
+        Example(
+            """
+            import tensorflow as tf
+            import horovod.tensorflow as hvd
+            opt = tf.train.AdamOptimizer(0.001 * hvd.size())
+            opt = hvd.DistributedOptimizer(opt)
+            """,
+            message="AVERAGES",
+        ),
+        Example(
+            """
+            import horovod.tensorflow as hvd
+            opt = hvd.DistributedOptimizer(opt, op=hvd.Sum)
+            """,
+            message="SUMS the workers' gradients, as apply_gradients does",
+        ),
+        Example(
+            """
+            import horovod.tensorflow as hvd
+            opt = tf.train.AdamOptimizer(0.001 * hvd.size())
+            """,
+            message="num_replicas_in_sync",
+        ),
+        Example(
+            """
+            from horovod import tensorflow as hvd
+            bcast = hvd.broadcast_global_variables(0)
+            """,
+            message="broadcast",
+        ),
+        Example(
+            """
+            import horovod.tensorflow as hvd
+            hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.train.StopAtStepHook(last_step=100)]
+            """,
+            message="BroadcastGlobalVariablesHook",
+        ),
+        Example(
+            """
+            import horovod.keras as hvd
+            callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+            """,
+            message="BroadcastGlobalVariablesCallback",
+        ),
+        Example(
+            """
+            import horovod.tensorflow as hvd
+            checkpoint_dir = './checkpoints' if hvd.rank() == 0 else None
+            """,
+            message="every worker saves",
+        ),
+        Example(
+            """
+            import horovod.tensorflow as hvd
+            with tf.train.MonitoredTrainingSession(
+                    checkpoint_dir=FLAGS.train_dir if hvd.rank() == 0 else None) as sess:
+                pass
+            """,
+            message="every worker saves",
+        ),
+        Example(
+            """
+            import horovod.tensorflow as hvd
+            dataset = dataset.shard(hvd.size(), hvd.rank())
+            """,
+            message="InputContext",
+        ),
+        Example(
+            """
+            import horovod.tensorflow.keras as hvd
+            if hvd.rank() == 0:
+                callbacks.append(keras.callbacks.ModelCheckpoint('./checkpoint-{epoch}.h5'))
+            """,
+            message="every worker saves",
+        ),
+        Example(
+            """
+            import tensorflow as tf
+            import horovod.tensorflow as hvd
+            config = tf.ConfigProto()
+            config.gpu_options.visible_device_list = str(hvd.local_rank())
+            """,
+            message="one process per machine",
+        ),
+    )
+
+    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(context)
+        self._reported: set[int] = set()
+
+    def _report_once(self, node: cst.CSTNode, message: str) -> None:
+        if id(node) not in self._reported:
+            self._reported.add(id(node))
+            self.report(node, message)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        api = _horovod_api(self.call_name(node))
+        if api == "init":
+            self._report_once(
+                node,
+                "Horovod: `hvd.init()` starts one process per GPU under horovodrun/MPI. TF2: "
+                "`tf.distribute.MultiWorkerMirroredStrategy()`, one process per machine, the "
+                "cluster from TF_CONFIG",
+            )
+        elif api in ("DistributedOptimizer", "DistributedGradientTape"):
+            self._distributed_optimizer(node, api)
+        elif api in (
+            "broadcast_global_variables",
+            "broadcast_variables",
+            "BroadcastGlobalVariablesHook",
+            "BroadcastGlobalVariablesCallback",
+        ):
+            self._report_once(
+                node,
+                f"Horovod `{api}`: the initial broadcast from rank 0. TF2: drop it; "
+                "MultiWorkerMirroredStrategy creates every variable with the same initial value "
+                "on all workers",
+            )
+        elif api == "size":
+            self._report_once(
+                node,
+                "`hvd.size()` counts the processes (one per GPU). TF2: "
+                "`strategy.num_replicas_in_sync` (all replicas of all workers)",
+            )
+        elif api == "rank":
+            self._rank_gate(node)
+        elif api == "local_rank":
+            self._device_pinning(node)
+
+    def _distributed_optimizer(self, node: cst.Call, api: str) -> None:
+        op = next(
+            (a.value for a in node.args if a.keyword and a.keyword.value == "op"),
+            None,
+        )
+        op_name = _horovod_api(self.qualify(op)) if op is not None else "Average"
+        if op_name == "Sum":
+            how = (
+                "SUMS the workers' gradients, as apply_gradients does under the strategy: do not "
+                "divide the replicas' losses"
+            )
+        elif op_name == "Average":
+            how = (
+                "AVERAGES the workers' gradients; apply_gradients under the strategy SUMS them: "
+                "divide each replica's loss by `strategy.num_replicas_in_sync` (the global batch)"
+            )
+        else:
+            how = (
+                f"reduces the workers' gradients with `{_text(op) if op is not None else op_name}`"
+            )
+        self._report_once(
+            node,
+            f"Horovod `{api}` {how}. TF2: a MultiWorkerMirroredStrategy step "
+            "(`strategy.run`) with a plain optimizer",
+        )
+
+    def _rank_gate(self, call: cst.Call) -> None:
+        """``if hvd.rank() == 0: save...``, ``ckpt_dir = ... if hvd.rank() == 0 else None``, or
+        ``dataset.shard(hvd.size(), hvd.rank())``."""
+        parent = self.parent(call)
+        owner = self.parent(parent) if isinstance(parent, cst.Arg) else None
+        if isinstance(owner, cst.Call) and (dotted(owner.func) or "").endswith("shard"):
+            self._report_once(
+                call,
+                "Horovod: each process reads its own shard (`shard(hvd.size(), hvd.rank())`). "
+                "TF2: the strategy distributes the input: experimental_distribute_dataset over "
+                "the global batch, or distribute_datasets_from_function with the InputContext",
+            )
+            return
+        for ancestor in self.ancestors(call):
+            if isinstance(ancestor, cst.If | cst.IfExp) and self._in_test(call, ancestor):
+                branches: list[cst.CSTNode | None] = [ancestor.body]
+                if isinstance(ancestor, cst.IfExp):
+                    # the value names what is gated: `checkpoint_dir = ... if rank == 0 else None`
+                    branches = [ancestor.orelse, self.enclosing_statement(ancestor)]
+                if any(_SAVING.search(_text(b)) for b in branches if b is not None):
+                    self._report_once(
+                        call,
+                        "Horovod: only rank 0 writes checkpoints. TF2: under "
+                        "MultiWorkerMirroredStrategy every worker saves (saving may need "
+                        "collectives): the chief to the real folder, the others to a temporary "
+                        "one they delete",
+                    )
+                return
+            if isinstance(ancestor, cst.BaseCompoundStatement | cst.FunctionDef):
+                return
+
+    def _in_test(self, call: cst.Call, branch: cst.If | cst.IfExp) -> bool:
+        return any(node is call for node in walk(branch.test))
+
+    def _device_pinning(self, call: cst.Call) -> None:
+        statement = self.enclosing_statement(call)
+        if _DEVICE.search(_text(statement)):
+            self._report_once(
+                call,
+                "Horovod pins one GPU per process with `hvd.local_rank()`. TF2: "
+                "MultiWorkerMirroredStrategy runs one process per machine and uses all of its "
+                "GPUs: drop the pinning",
+            )

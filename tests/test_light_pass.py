@@ -1,0 +1,278 @@
+"""The light pass before libcst (tfmigrate.prefilter): its facts, and that it changes no result.
+
+The differential tests run every fixture and a sample of TensorFlow's and tf_slim's own sources
+with the pass on and off (``TFMIGRATE_LIGHT_PASS=0``): findings, errors, rewritten bytes and
+manifests must be identical, in process and through the real command line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from tfmigrate import engine, prefilter
+from tfmigrate.engine import Settings, process_source
+from tfmigrate.names import NameResolver
+from tfmigrate.processing import process_file
+from tfmigrate.registry import all_rules, select_rules
+from tfmigrate.rule import Rule
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures"
+FIXTURE_SOURCES = sorted(p for p in FIXTURES.rglob("*") if p.suffix in (".py", ".ipynb"))
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _site_sample(count: int) -> list[Path]:
+    """TF-era library sources that mention most trigger words: evenly spread, small files."""
+    pool: list[Path] = []
+    for package, sub in (("tf_slim", ""), ("tensorflow", "python")):
+        root = _package_dir(package)
+        if root is not None:
+            pool += sorted(p for p in (root / sub).rglob("*.py") if p.stat().st_size < 30_000)
+    if len(pool) <= count:
+        return pool
+    step = len(pool) / count
+    return [pool[int(i * step)] for i in range(count)]
+
+
+SITE_SAMPLE = _site_sample(30)
+
+
+def _outcome(path: Path, settings: Settings) -> dict[str, object]:
+    result = process_file(path, path.name, settings)
+    return {
+        "findings": [f.to_json() for f in result.findings],
+        "error": result.error,
+        "new": result.new,
+        "manifest": result.manifest,
+    }
+
+
+# Whole tower programs (converted by TFM303, seconds each) are left to the CLI test below.
+SMALL_FIXTURES = [
+    p
+    for p in FIXTURE_SOURCES
+    if p.stat().st_size < 3_000 and not {"towers", "migrated"} & set(p.relative_to(FIXTURES).parts)
+]
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["scan", "rewrite"])
+def test_same_results_with_and_without_light_pass(fix, monkeypatch):
+    settings = Settings(rules=select_rules(), fix=fix, unsafe_fixes=fix)
+    paths = SMALL_FIXTURES + SITE_SAMPLE
+    differences = []
+    skipped = 0
+    for path in paths:
+        monkeypatch.setenv("TFMIGRATE_LIGHT_PASS", "0")
+        full = _outcome(path, settings)
+        monkeypatch.setenv("TFMIGRATE_LIGHT_PASS", "1")
+        light = _outcome(path, settings)
+        if light != full:
+            differences.append(path)
+        facts = prefilter.code_facts(path.read_bytes()) if path.suffix == ".py" else None
+        if facts is not None and not prefilter.possible_rules(facts, settings.rules):
+            skipped += 1
+    assert differences == []
+    assert any(_outcome(path, settings)["findings"] for path in SMALL_FIXTURES)
+    # The comparison means something only if the pass did rule files out.
+    if SITE_SAMPLE:
+        assert skipped >= len(SITE_SAMPLE) // 2
+
+
+@pytest.mark.slow  # every fixture, tower conversions included: about a minute
+def test_cli_scan_and_rewrite_identical_with_and_without_light_pass(tmp_path, cli):
+    tree = tmp_path / "tree"
+    shutil.copytree(FIXTURES, tree / "fixtures")
+    (tree / "site").mkdir()
+    for index, source in enumerate(SITE_SAMPLE[:12]):
+        shutil.copyfile(source, tree / "site" / f"{index}_{source.name}")
+    outputs = {}
+    for flag in ("1", "0"):
+        env = {"TFMIGRATE_LIGHT_PASS": flag}
+        scan = cli("scan", "-j", "2", "--format", "json", "--select", "TFM", tree, env=env)
+        out = tmp_path / f"out{flag}"
+        rewrite = cli("rewrite", "-j", "2", "--unsafe-fixes", "--out", out, tree, env=env)
+        assert scan.returncode == rewrite.returncode == 2, (scan, rewrite)  # broken fixtures
+        written = {
+            p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()
+        }
+        outputs[flag] = (json.loads(scan.stdout), scan.stderr, rewrite.stderr, written)
+    on, off = outputs["1"], outputs["0"]
+    assert on[0] == off[0]
+    assert on[1] == off[1] and on[2] == off[2]
+    assert on[3].keys() == off[3].keys()
+    assert [k for k in on[3] if on[3][k] != off[3][k]] == []
+    assert any(row["findings"] for row in on[0]["files"])
+    assert any(k.endswith(".py") and on[3][k] != (tree / k).read_bytes() for k in on[3])
+
+
+# -- the facts --------------------------------------------------------------------------------
+def _facts(code: str, inherited: dict[str, str] | None = None) -> prefilter.CodeFacts:
+    facts = prefilter.code_facts(textwrap.dedent(code), inherited)
+    assert facts is not None
+    return facts
+
+
+def test_comments_and_docstrings_are_not_code():
+    facts = _facts(
+        '''
+        """Builds the model on each device (see tf.train.replica_device_setter)."""
+        import tensorflow as tf
+        # grads = average_gradients(tower_grads)
+        def f():
+            """ConfigProto"""
+            return tf.constant("allow_soft_placement")
+        '''
+    )
+    assert "allow_soft_placement" in facts.words  # a string constant is code
+    assert "ConfigProto" not in facts.words
+    assert "replica_device_setter" not in facts.words
+    assert "average_gradients" not in facts.words
+    assert "ConfigProto" in facts.strings  # quoted triggers still see every string
+
+
+def test_qualified_names_follow_imports_and_aliases():
+    facts = _facts(
+        """
+        import tensorflow.compat.v1 as tf
+        import tf_slim
+        from tensorflow.python.ops import variables as vs
+        slim = tf.contrib.slim
+        from keras import optimizers as opt
+        with tf.device(d):
+            slim.conv2d(x)
+        vs.Variable(0)
+        opt.SGD(lr=0.1)
+        """
+    )
+    assert facts.has_name("tensorflow.device")
+    assert facts.matches("tensorflow.device")
+    assert facts.has_name("tensorflow.contrib.slim.conv2d")
+    assert facts.has_name("tensorflow.contrib.slim")  # tf_slim, canonical spelling
+    assert facts.has_name("keras.optimizers")
+    assert not facts.has_name("tensorflow.Variable")  # TF's own module, not tf.Variable
+    assert not facts.has_name("tensorflow.dev")  # a prefix only at a dot
+    assert facts.matches("lr") and facts.matches("SGD")
+
+
+def test_quoted_trigger_is_an_exact_string_constant():
+    facts = _facts("PS_OPS = ['Variable', 'VariableV2']\nname = 'MyVariableThing'\n")
+    assert facts.matches("'VariableV2'")
+    assert not facts.matches("'VarHandleOp'")
+    assert not _facts("x = 'MyVariableThing'\n").matches("'Variable'")
+    assert prefilter.raw_needle("'VariableV2'") == "VariableV2"
+    assert prefilter.raw_needle("tensorflow.train.replica_device_setter") == (
+        "replica_device_setter"
+    )
+    assert prefilter.raw_needle("grad") == "grad"
+
+
+def test_unparsable_source_has_no_facts():
+    assert prefilter.code_facts("print 'hello'\n") is None
+    assert prefilter.code_facts("def f(:\n") is None
+    assert prefilter.code_facts(b"x = 1\x00\n") is None
+
+
+def test_inherited_bindings_count_as_imports():
+    facts = _facts("with tf.device('/gpu:0'):\n    pass\n", {"tf": "tensorflow"})
+    assert facts.uses_any(prefilter.TF_ROOTS)
+    assert facts.has_name("tensorflow.device")
+    assert not _facts("with tf.device('/gpu:0'):\n    pass\n").uses_any(prefilter.TF_ROOTS)
+
+
+def _example_sources() -> list[str]:
+    sources = []
+    for rule in all_rules():
+        sources += list(rule.valid)
+        sources += [example.code for example in rule.invalid]
+    for path in FIXTURE_SOURCES + SITE_SAMPLE:
+        if path.suffix == ".py":
+            sources.append(path.read_bytes())
+    return sources
+
+
+def test_bindings_equal_the_name_resolver():
+    """The engine hands the light pass's bindings to the rules: they must be NameResolver's."""
+    compared = 0
+    for source in _example_sources():
+        facts = prefilter.code_facts(source)
+        if facts is None:
+            continue
+        try:
+            module = cst.parse_module(source)
+        except cst.ParserSyntaxError:
+            continue
+        resolver = NameResolver.for_module(module)
+        assert facts.bindings == resolver.bindings, source[:200]
+        assert facts.imported_modules == resolver.imported_modules, source[:200]
+        compared += 1
+    assert compared > 100
+
+
+def test_order_of_bindings_matches_source_order():
+    source = """
+    import numpy as tf
+    try:
+        import tensorflow as tf
+    except ImportError:
+        pass
+    finally:
+        layers = tf.layers
+    layers = tf.keras.layers
+    from tensorflow import keras as layers2
+    """
+    source = textwrap.dedent(source)
+    facts = _facts(source)
+    assert facts.bindings == NameResolver.for_module(cst.parse_module(source)).bindings
+    assert facts.bindings["layers"] == "tensorflow.layers"
+
+
+# -- the engine skips libcst ------------------------------------------------------------------
+class _DeviceRule(Rule):
+    code = "TFM999"
+    name = "test-device"
+    summary = "test"
+    triggers = ("tensorflow.device",)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.call_name(node) == "tensorflow.device":
+            self.report(node, "device")
+
+
+def test_no_libcst_when_no_rule_can_fire(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("libcst was reached")
+
+    monkeypatch.setattr(engine.cst, "parse_module", refuse)
+    settings = Settings(rules=(_DeviceRule,))
+    # The trigger word only in a comment, a docstring and another module's `device`.
+    source = (
+        '"""Runs under tf.device."""\nimport tensorflow as tf\n'
+        "from tensorflow.python.framework import ops\n"
+        "# with tf.device('/gpu:0'):\nwith ops.device('/cpu:0'):\n    pass\n"
+    )
+    result = process_source(source, "a.py", settings)
+    assert result.error is None and result.findings == []
+    assert result.bindings["tf"] == "tensorflow"
+    # No TF import at all, though TF words are everywhere.
+    assert process_source("device = 'tensorflow'\n", "b.py", settings).findings == []
+
+
+def test_rule_that_can_fire_still_runs():
+    settings = Settings(rules=(_DeviceRule,))
+    source = "import tensorflow as tf\nwith tf.device('/gpu:0'):\n    pass\n"
+    result = process_source(source, "a.py", settings)
+    assert [f.code for f in result.findings] == ["TFM999"]

@@ -1,0 +1,131 @@
+"""Evidence for TFM207: a whole-batch (scalar) loss given to `fit` under MirroredStrategy on 2
+logical CPU devices takes larger steps than one device on the same global batch; the two fixes
+the rule names behave as its docs say. The numbers quoted in the rule docs come from this file.
+
+TensorFlow runs in one subprocess (the logical devices must exist before TF starts); the losses
+it trains with are the sources below, and the rule is run on the same sources.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tfmigrate.engine import Settings, process_source
+from tfmigrate.rules.scalar_loss_under_strategy import ScalarLossUnderStrategy
+
+# Dice over the whole batch (the Keras 2-era segmentation loss) and one dice per sample.
+LOSSES = textwrap.dedent(
+    """
+    import keras
+    import tensorflow as tf
+
+    def dice_loss(y_true, y_pred, smooth=1.0):
+        intersection = keras.ops.sum(y_true * y_pred)
+        return 1.0 - (2.0 * intersection + smooth) / (
+            keras.ops.sum(y_true) + keras.ops.sum(y_pred) + smooth)
+
+    def per_sample_dice_loss(y_true, y_pred, smooth=1.0):
+        intersection = keras.ops.sum(y_true * y_pred, axis=-1)
+        return 1.0 - (2.0 * intersection + smooth) / (
+            keras.ops.sum(y_true, axis=-1) + keras.ops.sum(y_pred, axis=-1) + smooth)
+
+    def train(strategy, loss, divide=False):
+        with strategy.scope():
+            model = build()
+            if divide:
+                model.compile(optimizer=keras.optimizers.SGD(0.5),
+                              loss=lambda t, p: loss(t, p) / strategy.num_replicas_in_sync)
+            else:
+                model.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+        return model
+    """
+).lstrip()
+
+HARNESS = textwrap.dedent(
+    r"""
+    import json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    import numpy as np
+
+    scope = {}
+    exec(sys.stdin.read(), scope)
+    rng = np.random.RandomState(0)
+    x = rng.rand(8, 6).astype("float32")
+    y = (rng.rand(8, 4) > 0.5).astype("float32")
+    init = [rng.randn(6, 4).astype("float32") * 0.5, np.zeros(4, "float32")]
+
+    def run(strategy, loss, divide=False):
+        def build():
+            inputs = keras.Input((6,))
+            model = keras.Model(inputs, keras.layers.Dense(4, activation="sigmoid")(inputs))
+            model.set_weights(init)
+            return model
+        scope.update(build=build, LOSS=loss)
+        model = scope["train"](strategy, loss, divide)
+        history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        kernel = model.get_weights()[0]
+        return kernel, float(np.abs(kernel - init[0]).sum()), history.history["loss"][0]
+
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    one = tf.distribute.get_strategy()
+    dice, per_sample = scope["dice_loss"], scope["per_sample_dice_loss"]
+    k1, step1, loss1 = run(one, dice)
+    k2, step2, loss2 = run(mirrored, dice)
+    _, step3, loss3 = run(mirrored, dice, divide=True)
+    p1, _, ploss1 = run(one, per_sample)
+    p2, _, ploss2 = run(mirrored, per_sample)
+    print("TFM-EVIDENCE " + json.dumps({
+        "replicas": mirrored.num_replicas_in_sync,
+        "step_ratio": step2 / step1, "loss_ratio": loss2 / loss1,
+        "divided_step_ratio": step3 / step1, "divided_loss": loss3, "one_device_loss": loss1,
+        "per_sample_max_diff": float(np.abs(p1 - p2).max()),
+        "per_sample_losses": [ploss1, ploss2],
+    }))
+    """
+)
+
+
+def _scan(source: str) -> list[str]:
+    result = process_source(source, "train.py", Settings(rules=(ScalarLossUnderStrategy,)))
+    return [f.message for f in result.findings]
+
+
+def test_rule_flags_the_scalar_loss_and_not_the_per_sample_one():
+    # The harness compiles with whichever loss it passes as LOSS; scan what a user would write.
+    assert _scan(LOSSES) == []
+    whole_batch = _scan(LOSSES.replace("loss=LOSS", "loss=dice_loss"))
+    assert len(whole_batch) == 1
+    assert whole_batch[0].startswith("`dice_loss` reduces the whole batch to one number")
+    assert "strategy.num_replicas_in_sync" in whole_batch[0]
+    assert _scan(LOSSES.replace("loss=LOSS", "loss=per_sample_dice_loss")) == []
+
+
+@pytest.mark.slow
+def test_scalar_loss_steps_grow_with_the_replicas_and_the_fixes_undo_it():
+    done = subprocess.run(
+        [sys.executable, "-c", HARNESS], input=LOSSES, capture_output=True, text=True,
+        timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("TFM-EVIDENCE "))
+    evidence = json.loads(line[len("TFM-EVIDENCE ") :])
+    print(evidence)
+    assert evidence["replicas"] == 2
+    # The pitfall: larger steps, a loss logged as the replicas' sum.
+    assert evidence["step_ratio"] > 1.5
+    assert evidence["loss_ratio"] > 1.4
+    # Dividing by the replicas brings the step back near one device's, not exactly.
+    assert 0.8 < evidence["divided_step_ratio"] < 1.1
+    # A per-sample loss is averaged over the global batch: what one device computes.
+    assert evidence["per_sample_max_diff"] < 1e-6
+    assert evidence["per_sample_losses"][0] == pytest.approx(evidence["per_sample_losses"][1])
