@@ -1,7 +1,7 @@
 """Training throughput: legacy TF1 towers against their migrated TF2 programs, in one run.
 
-    .venv/bin/python bench/training.py [--steps 60] [--replicas 2] [--only cifar_average]
-        [--variant other/train.py] [-- --batch_size 256]
+    .venv/bin/python bench/training.py [--steps 60] [--replicas 2] [--rounds 1]
+        [--only cifar_average [--variant other/train.py]] [-- --batch_size 256]
 
 For every bundled tower program (fixtures/towers/*) it trains, on the same N logical CPU devices,
 with the same model and batch: the legacy program (TF1 graph on TF2's compat layer), the program
@@ -15,7 +15,8 @@ the train op (feeding its batch, or running its in-graph input pipeline); the mi
 next(iterator) over its distributed batches plus the train_step call until its fetched values
 are on the host. No side is timed while the other one runs: the legacy program first trains
 alone, then each migrated program is verified against that legacy run (verify's --legacy-cache),
-so only the migrated process is busy while it is timed.
+so only the migrated process is busy while it is timed. `--rounds R` repeats that sequence; the
+table shows medians (a shared machine's load drifts between runs).
 
 Arguments after `--` go to both programs (e.g. `-- --batch_size 256`: is a ratio an artefact of
 a tiny model?). `--variant FILE` adds another migrated version of the one `--only` program (a

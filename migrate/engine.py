@@ -176,7 +176,9 @@ def _run_rules(
     bindings = dict(resolver.bindings)
     if not resolver.uses_any(prefilter.TF_ROOTS):
         return [], [], bindings
-    context = RuleContext(PurePosixPath(path), resolver, module, settings.options)
+    context = RuleContext(
+        PurePosixPath(path), resolver, module, settings.options, fixing=settings.fix
+    )
     rules = [rule_class(context) for rule_class in settings.rules]
     try:
         cst.visit_batched(module, rules)

@@ -130,6 +130,8 @@ class RuleContext:
     resolver: NameResolver
     module: cst.Module
     options: dict[str, object] = field(default_factory=dict)
+    # False in `scan`: nobody applies fixes, so a rule may skip building costly replacements.
+    fixing: bool = True
     _parents: dict[int, cst.CSTNode] | None = field(default=None, repr=False)
     _positions: Mapping[cst.CSTNode, CodeRange] | None = field(default=None, repr=False)
     _shared: dict[str, object] = field(default_factory=dict, repr=False)

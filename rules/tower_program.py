@@ -129,7 +129,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
 """,
     )
     invalid = (
-        Example(example.LEGACY, fixed=example.CONVERTED, message="converted the tower program"),
+        Example(example.LEGACY, fixed=example.CONVERTED, message="the tower program `train`"),
         Example(
             """
             import tensorflow as tf
@@ -165,6 +165,18 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         except Blocked as blocked:
             self.report(
                 blocked.node, f"not converted: {blocked.reason}; the program is left as it was"
+            )
+            return
+        if not self.context.fixing:
+            # scan: building the whole new program costs most of a scan's time; say what
+            # rewrite will do (and anything that still blocks it, rewrite names then).
+            program = analysed[0]
+            self.report(
+                loop,
+                f"convertible: `rewrite` converts the tower program `{program.function.name.value}`"
+                f" to MirroredStrategy ({'averaged' if program.averaged else 'summed'} gradients)",
+                replacement=original_node,
+                target=original_node,
             )
             return
         try:
