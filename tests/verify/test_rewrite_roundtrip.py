@@ -6,24 +6,25 @@ import subprocess
 import sys
 
 import pytest
-from verify_support import PAIRS, pair, verify
+from verify_support import pair, verify
 
 from tfmigrate.verify import compare as cmp
 
-# Tower programs that exist only in their legacy form (no hand-migrated pair to compare with).
-REWRITE_ONLY = ("global_updates", "slim_clones", "queue_saver")
+# The tower programs' rewrites are verified, with their specific rows, by
+# tests/test_tower_conversion.py::test_converted_fixture_verifies; here: the Keras fit program.
+REWRITTEN = ("keras2_fit",)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", PAIRS + REWRITE_ONLY)
+@pytest.mark.parametrize("name", REWRITTEN)
 def test_rewritten_fixture_is_equivalent(tmp_path, legacy_cache, name):
     legacy, _ = pair(name)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "tfmigrate", "rewrite", str(legacy.parent), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
     migrated = out / "train.py"
-    if done.returncode >= 2 or not migrated.exists() or "def tfmigrate_program" not in migrated.read_text():
-        pytest.skip(f"the rewriter does not convert {name} to a verify-protocol program (yet)")
+    assert "def tfmigrate_program" in migrated.read_text()
     outcome = verify(legacy, migrated, cache=legacy_cache)
     comp = outcome.comparison
     assert comp.verdict == cmp.EQUIVALENT, comp.reason
