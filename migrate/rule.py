@@ -178,6 +178,9 @@ class Rule(cst.BatchableCSTVisitor):
     fix_safety: ClassVar[FixSafety] = FixSafety.MANUAL
     # Opt-in rules run only when selected (--select, or `select` in the config).
     default_enabled: ClassVar[bool] = True
+    # Options (`[tool.tfmigrate.options]`, or CLI flags) that take one of a few values: checked
+    # before any file is read, so a typo is an error instead of a silent default.
+    option_choices: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     # What the rule cannot fire without (None: always run), any one of: a word, found in the
     # code's identifiers or string constants (not comments or docstrings); a qualified name
     # (``tensorflow.device``), some dotted name in the code resolving to it or inside it; a

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +11,7 @@ from tfmigrate.config import FileConfig, find_pyproject, load_config
 from tfmigrate.discovery import Discovered, Walker
 from tfmigrate.engine import Settings
 from tfmigrate.processing import FileResult
-from tfmigrate.registry import select_rules, unknown_selectors
+from tfmigrate.registry import all_rules, select_rules, unknown_selectors
 from tfmigrate.runner import run_files
 
 
@@ -80,7 +80,22 @@ def configure(options: RunOptions) -> tuple[Settings, FileConfig]:
         unsafe_fixes=options.unsafe_fixes or config.unsafe_fixes,
         options={**config.options, **options.options},
     )
+    problem = invalid_option(settings.options)
+    if problem:
+        raise UsageError(problem)
     return settings, config
+
+
+def invalid_option(options: Mapping[str, object]) -> str | None:
+    """The first option whose value no rule declaring it accepts."""
+    for rule in all_rules():
+        for key, choices in rule.option_choices.items():
+            if key in options and options[key] not in choices:
+                return (
+                    f"option {key} = {options[key]!r} ({rule.code}): expected one of "
+                    f"{', '.join(choices)}"
+                )
+    return None
 
 
 def discover(

@@ -116,6 +116,7 @@ class TowerProgramToMirroredStrategy(TowerRule):
 
     code = "TFM303"
     triggers = ("tensorflow.device",)  # the conversion starts from a tower loop's tf.device
+    option_choices = {"strategy": ("mirrored", "multi-worker"), "batch-norm": ("faithful", "sync")}
     name = "tower-program-to-mirrored-strategy"
     summary = "whole TF1 tower training program: converted to a MirroredStrategy program"
     fix_safety = FixSafety.SAFE

@@ -118,6 +118,18 @@ def test_pyproject_config(cli, tree):
     assert result.returncode == 2 and "must be a list" in result.stderr
 
 
+def test_misspelled_option_value_is_an_error_not_a_silent_default(cli, tree):
+    typo = '[tool.tfmigrate.options]\nstrategy = "multiworker"\n'
+    root = tree({"pyproject.toml": typo, "model.py": FROZEN_BN}, name="typo")
+    before = (root / "model.py").read_text()
+    result = cli("rewrite", "--write", "--allow-dirty", ".", cwd=root)
+    assert result.returncode == 2
+    assert "option strategy = 'multiworker' (TFM303): expected one of mirrored, multi-worker" in result.stderr
+    assert (root / "model.py").read_text() == before
+    fine = tree({"pyproject.toml": typo.replace("multiworker", "multi-worker"), "m.py": PLAIN}, name="ok")
+    assert cli("scan", ".", cwd=fine).returncode == 0
+
+
 def test_default_excludes_and_gitignore(cli, tree):
     root = tree(
         {
