@@ -869,19 +869,11 @@ class ProgramReader:
         if not isinstance(statement, cst.If) or statement.orelse is not None:
             return None
         body = statement.body.body
-        assigned = _assign(body[0]) if len(body) == 1 else None
-        call = _call_of(assigned[1]) if assigned else None
-        if (
-            assigned is None
-            or call is None
-            or len(assigned[0]) != 1
-            or self.call_q(call) != "tensorflow.get_collection"
-            or not call.args
-            or self.q(call.args[0].value) != "tensorflow.GraphKeys.UPDATE_OPS"
-        ):
+        collected = self._update_ops_assignment(body[0]) if len(body) == 1 else None
+        if collected is None:
             return None
         test = self.rule.context.module.code_for_node(statement.test)
-        return UpdateOps(assigned[0][0], re.sub(r"([([])\s+", r"\1", " ".join(test.split())))
+        return UpdateOps(collected[0], re.sub(r"([([])\s+", r"\1", " ".join(test.split())))
 
     def _enumerated_devices(
         self, loop: cst.For, setup: list
@@ -1350,11 +1342,8 @@ class ProgramReader:
         op_name = name.evaluated_value if isinstance(name, cst.SimpleString) else None
         return value.value, op_name or "control_dependency"  # type: ignore[return-value]
 
-    def _collected_update_ops(
-        self, statement: cst.CSTNode, scope_names: list[str]
-    ) -> UpdateOps | None:
-        """``ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)`` after the tower loop (every
-        tower's), or ``(..., scope)`` with the tower loop's last name scope (the last tower's)."""
+    def _update_ops_assignment(self, statement: cst.CSTNode) -> tuple[str, cst.Call] | None:
+        """``ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS, ...)`` -> (ops, the call)."""
         assigned = _assign(statement)
         call = _call_of(assigned[1]) if assigned else None
         if (
@@ -1366,11 +1355,22 @@ class ProgramReader:
             or self.q(call.args[0].value) != "tensorflow.GraphKeys.UPDATE_OPS"
         ):
             return None
+        return assigned[0][0], call
+
+    def _collected_update_ops(
+        self, statement: cst.CSTNode, scope_names: list[str]
+    ) -> UpdateOps | None:
+        """``ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)`` after the tower loop (every
+        tower's), or ``(..., scope)`` with the tower loop's last name scope (the last tower's)."""
+        collected = self._update_ops_assignment(statement)
+        if collected is None:
+            return None
+        call = collected[1]
         scope = get_arg(call, 1, "scope")
         if scope is None:
-            return UpdateOps(assigned[0][0], "", "global")
+            return UpdateOps(collected[0], "", "global")
         if isinstance(scope, cst.Name) and scope.value in scope_names:
-            return UpdateOps(assigned[0][0], scope.value, "last")
+            return UpdateOps(collected[0], scope.value, "last")
         raise Blocked(statement, "UPDATE_OPS of a scope other than the towers' name scope")
 
     def _under_update_ops(self, statement: cst.CSTNode, update_ops: str) -> cst.CSTNode | None:
