@@ -4,8 +4,12 @@ import re
 
 import libcst as cst
 
-from tfmigrate.names import dotted
-from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.names import NameResolver, dotted
+from tfmigrate.rule import Example, FixSafety, Rule, RuleContext
+from tfmigrate.rules import _horovod_program_example as example
+from tfmigrate.rules._horovod_emit import emit
+from tfmigrate.rules._horovod_program import Reader
+from tfmigrate.rules._tower_program import Blocked
 from tfmigrate.syntax import walk
 
 # Horovod's TensorFlow front ends; the Keras ones share the API this rule looks at.
@@ -33,6 +37,22 @@ class HorovodTraining(Rule):
     broadcast (`hvd.broadcast_global_variables(0)`, `BroadcastGlobalVariablesHook`,
     `BroadcastGlobalVariablesCallback`), checkpoints written only `if hvd.rank() == 0`, GPUs
     pinned with `hvd.local_rank()`, and learning rates scaled by `hvd.size()`.
+
+    With `--unsafe-fixes` it converts the common Horovod TF1 training script -- `hvd.init()` in a
+    module-level training function, a `tf.data` input sharded by `hvd.rank()` and read through a
+    one-shot iterator, the model and loss, `hvd.DistributedOptimizer(opt)` +
+    `opt.minimize(loss, global_step=...)`, a `MonitoredTrainingSession` with
+    `StopAtStepHook` (and `BroadcastGlobalVariablesHook`), checkpoints from rank 0, or a plain
+    `tf.Session` that runs the initializer and `hvd.broadcast_global_variables(0)` before its
+    `for` loop -- into a
+    `tf.distribute.MultiWorkerMirroredStrategy` program that follows tfmigrate's verify
+    protocol: the TF1 model code is kept (its variables mirrored under their legacy names, as
+    TFM303 does), `hvd.size()` becomes `strategy.num_replicas_in_sync`, each worker builds the
+    dataset of each of its replicas with the statements Horovod process `rank` ran
+    (`distribute_datasets_from_function`), the averaging of `DistributedOptimizer` becomes the
+    loss divided by `num_replicas_in_sync`, the broadcast, GPU pinning and session config go,
+    and every worker saves checkpoints (the chief into the real folder). A script of another
+    shape is left as it is; the `hvd.init()` finding names the line that blocked it and why.
 
     ## Why is this bad?
     Horovod is a separate MPI/Gloo runtime, and its TF1 API (session hooks, wrapped `tf.train`
@@ -73,15 +93,19 @@ class HorovodTraining(Rule):
     ```
 
     ## Fix safety
-    Manual: the conversion changes how the program is launched (one process per machine with
-    `TF_CONFIG` instead of `horovodrun`), its input pipeline and its loss scaling.
+    Unsafe: the conversion changes how the program is launched (one process per machine with
+    `TF_CONFIG` instead of `horovodrun`, every worker running the same script), and where a
+    Horovod process had one GPU a worker now drives all of its machine's GPUs. What each replica
+    computes is kept -- `tfmigrate verify TOWERS CONVERTED --workers W` checks it against the
+    equivalent tower program (tower i = rank i) -- and the manifest's notes say what went away.
+    The other findings (one per Horovod piece) are explanations only.
     """
 
     code = "TFM401"
     triggers = ("horovod",)
     name = "horovod-training"
     summary = "Horovod training code: move to MultiWorkerMirroredStrategy (TF_CONFIG)"
-    fix_safety = FixSafety.MANUAL
+    fix_safety = FixSafety.UNSAFE
 
     valid = (
         # TF2 multi-worker code.
@@ -107,12 +131,35 @@ if hvd.rank() == 0:
     )
     invalid = (
         Example(
+            example.LEGACY, fixed=example.CONVERTED, message="convertible: `rewrite --unsafe-fixes`"
+        ),
+        Example(
             """
             import tensorflow as tf
             import horovod.tensorflow as hvd
             hvd.init()
             """,
             message="MultiWorkerMirroredStrategy",
+        ),
+        Example(
+            """
+            import argparse
+            import tensorflow as tf
+            import horovod.tensorflow as hvd
+
+            def train(flags):
+                hvd.init()
+                dataset = make_dataset().shard(hvd.size(), hvd.rank()).batch(32)
+                images, labels = dataset.make_one_shot_iterator().get_next()
+                loss = model_loss(images, labels)
+                opt = hvd.DistributedOptimizer(tf.train.AdamOptimizer(0.001))
+                grads = opt.compute_gradients(loss)
+
+            if __name__ == '__main__':
+                parser = argparse.ArgumentParser()
+                train(parser.parse_args())
+            """,
+            message="the script is not converted (line 11): `compute_gradients`",
         ),
         Example(
             """
@@ -203,6 +250,51 @@ if hvd.rank() == 0:
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)
         self._reported: set[int] = set()
+        self._init: cst.Call | None = None
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        init = self._init
+        if init is None:
+            return
+        start = (
+            "Horovod: `hvd.init()` starts one process per GPU under horovodrun/MPI. TF2: "
+            "`tf.distribute.MultiWorkerMirroredStrategy()`, one process per machine, the "
+            "cluster from TF_CONFIG"
+        )
+        try:
+            program = Reader(original_node, self.qualify).read()
+            # writing the program is cheap and finds what blocks it there too (scan says so)
+            emit(original_node, program, self.qualify)
+        except Blocked as blocked:
+            node = init if blocked.node is original_node else blocked.node
+            where = "" if node is init else f" (line {self.position(node).start.line})"
+            self.report(init, f"{start}; the script is not converted{where}: {blocked.reason}")
+            return
+        name = program.function.name.value
+        if not self.context.fixing:
+            self.report(
+                init,
+                f"{start}; convertible: `rewrite --unsafe-fixes` converts the training function "
+                f"`{name}` to a MultiWorkerMirroredStrategy program",
+                replacement=original_node,
+                target=original_node,
+            )
+            return
+        try:
+            module, manifest = _convert(self.context)
+        except Blocked as blocked:
+            self.report(init, f"{start}; the script is not converted: {blocked.reason}")
+            return
+        self.report(
+            init,
+            f"{start}; converted the training function `{name}` to a MultiWorkerMirroredStrategy "
+            "program (gradients "
+            f"{'averaged' if program.averaged else 'summed'} over all workers' replicas, input "
+            f"per rank{', checkpoints from every worker' if program.checkpoint_dir else ''})",
+            replacement=module,
+            target=self.context.module,
+            manifest=manifest,
+        )
 
     def _report_once(self, node: cst.CSTNode, message: str) -> None:
         if id(node) not in self._reported:
@@ -212,12 +304,8 @@ if hvd.rank() == 0:
     def visit_Call(self, node: cst.Call) -> None:
         api = _horovod_api(self.call_name(node))
         if api == "init":
-            self._report_once(
-                node,
-                "Horovod: `hvd.init()` starts one process per GPU under horovodrun/MPI. TF2: "
-                "`tf.distribute.MultiWorkerMirroredStrategy()`, one process per machine, the "
-                "cluster from TF_CONFIG",
-            )
+            if self._init is None:
+                self._init = node  # reported in leave_Module, with the conversion's outcome
         elif api in ("DistributedOptimizer", "DistributedGradientTape"):
             self._distributed_optimizer(node, api)
         elif api in (
@@ -312,3 +400,17 @@ if hvd.rank() == 0:
                 "MultiWorkerMirroredStrategy runs one process per machine and uses all of its "
                 "GPUs: drop the pinning",
             )
+
+
+def _convert(context: RuleContext) -> tuple[cst.Module, dict[str, object]]:
+    """The converted module and its manifest entry: TF1 names on tf.compat.v1 first (as TFM303
+    does), then the program read again and written for MultiWorkerMirroredStrategy."""
+    from tfmigrate.rules import tower_program
+    from tfmigrate.rules._horovod_emit import convert
+
+    renamed = tower_program._renamed(context)
+    program = Reader(renamed, NameResolver.for_module(renamed).qualify).read()
+    converted, notes = convert(renamed, program, NameResolver.for_module(renamed).qualify)
+    converted = tower_program._v1_layers_to_tf_keras(converted)
+    # every legacy variable maps to the store's variable of the same (legacy) name
+    return converted, {"variables": {"*": "*"}, "notes": notes}

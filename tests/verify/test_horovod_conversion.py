@@ -1,0 +1,232 @@
+"""TFM401 converts a Horovod TF1 script to a MultiWorkerMirroredStrategy program. Horovod does not
+build against TF 2, so the converted program is verified with 2 workers against the equivalent
+tower program (tower i does what Horovod process i did: its shard of the rows, gradients
+averaged, learning rate scaled by the towers)."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+from test_workers import leftovers, run_verify_cli
+from verify_support import FIXTURES
+
+from tfmigrate.engine import Settings, process_source
+from tfmigrate.rules.horovod_training import HorovodTraining
+from tfmigrate.verify.workers import WORKERS_JSON
+
+HOROVOD = FIXTURES / "horovod_tf1"
+TOWERS = FIXTURES / "towers" / "horovod_average" / "train.py"
+STEPS = 4
+
+
+def _convert(text: str) -> tuple[str | None, str]:
+    """(converted code or None, the hvd.init() finding's message)."""
+    result = process_source(
+        text, "train.py", Settings(rules=(HorovodTraining,), fix=True, unsafe_fixes=True)
+    )
+    assert result.error is None, result.error
+    message = next(f.message for f in result.findings if "hvd.init()" in f.message)
+    return result.new_code, message
+
+
+def _variant(old: str, new: str) -> str:
+    text = (HOROVOD / "train.py").read_text()
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+def test_scan_offers_the_conversion_and_rewrite_applies_it_only_when_unsafe(cli, tmp_path):
+    scan = cli("scan", HOROVOD)
+    assert scan.returncode == 1
+    assert "convertible: `rewrite --unsafe-fixes` converts the training function `main`" in (
+        scan.stdout
+    )
+    assert cli("rewrite", "--out", tmp_path / "safe", HOROVOD).returncode == 1
+    assert "import horovod" in (tmp_path / "safe" / "train.py").read_text()
+
+    out = tmp_path / "converted"
+    result = cli("rewrite", "--unsafe-fixes", "--out", out, HOROVOD)
+    assert result.returncode == 1, result  # the per-piece notes stay as findings
+    text = (out / "train.py").read_text()
+    tree = ast.parse(text)
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "hvd"]
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+                and "horovod" in ast.unparse(n)]  # fmt: skip
+    for piece in (
+        "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
+        # rank r's shard, built by the worker that holds replica r
+        "dataset = dataset.shard(strategy.num_replicas_in_sync, rank)",
+        "strategy.distribute_datasets_from_function(worker_input)",
+        # DistributedOptimizer averaged; apply_gradients sums
+        "opt.minimize(loss / strategy.num_replicas_in_sync, global_step=global_step, "
+        "var_list=tf1_variables.trainable)",
+        "MomentumOptimizer(flags.learning_rate * strategy.num_replicas_in_sync, 0.9)",
+        "while int(global_step.numpy()) < flags.max_steps // strategy.num_replicas_in_sync:",
+        "manager = WorkerCheckpoints(strategy, checkpoint, flags.train_dir, max_to_keep=5)",
+        "if step % 100 == 0 and first_rank(strategy) == 0:",
+        "def tfmigrate_program(strategy, argv):",
+    ):
+        assert piece in text, piece
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
+    assert entry["variables"] == {"*": "*"}
+    notes = " ".join(entry["notes"])
+    assert "AVERAGED" in notes and "BroadcastGlobalVariablesHook" in notes
+    assert "visible_device_list" in notes  # what went away is said
+
+
+def test_sum_reduction_keeps_the_loss_unscaled():
+    converted, _ = _convert(
+        _variant("hvd.DistributedOptimizer(opt)", "hvd.DistributedOptimizer(opt, op=hvd.Sum)")
+    )
+    assert converted is not None
+    assert "opt.minimize(loss, global_step=global_step, var_list=" in converted
+    assert "SUMMED" in converted
+
+
+def test_per_rank_numpy_data_moves_into_the_rank_input():
+    converted, _ = _convert(
+        _variant(
+            "features_np, labels_np = make_data()", "features_np, labels_np = make_data(hvd.rank())"
+        )
+    )
+    assert converted is not None
+    rank_input = converted.split("def rank_input(rank):", 1)[1].split("def worker_input", 1)[0]
+    assert "features_np, labels_np = make_data(rank)" in rank_input
+
+
+def test_session_config_set_up_right_after_init_goes_too():
+    config = (
+        "  config = tf.ConfigProto()\n"
+        "  config.gpu_options.allow_growth = True\n"
+        "  config.gpu_options.visible_device_list = str(hvd.local_rank())\n"
+    )
+    text = _variant(config, "").replace("  hvd.init()\n", "  hvd.init()\n" + config, 1)
+    converted, message = _convert(text)
+    assert converted is not None, message
+    assert "local_rank" not in converted.split("def main(flags):", 1)[0]
+    assert "# `config.gpu_options.visible_device_list = str(hvd.local_rank())`" in converted
+
+
+PLAIN_SESSION = """
+import argparse
+
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+
+def main(flags):
+    hvd.init()
+    dataset = make_dataset().shard(hvd.size(), hvd.rank()).repeat().batch(16)
+    features, labels = dataset.make_one_shot_iterator().get_next()
+    loss = tf.losses.sparse_softmax_cross_entropy(labels=labels, logits=model(features))
+    opt = hvd.DistributedOptimizer(tf.train.GradientDescentOptimizer(0.1 * hvd.size()))
+    train_op = opt.minimize(loss)
+    init = tf.global_variables_initializer()
+    bcast = hvd.broadcast_global_variables(0)
+    with tf.Session() as sess:
+        sess.run(init)
+        sess.run(bcast)
+        for step in range(flags.steps // hvd.size()):
+            _, loss_value = sess.run([train_op, loss])
+            if hvd.rank() == 0:
+                print(step, loss_value)
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--steps', type=int, default=20)
+    main(parser.parse_args())
+"""
+
+
+def test_plain_session_with_broadcast_after_init_keeps_its_loop():
+    converted, message = _convert(PLAIN_SESSION)
+    assert converted is not None, message
+    main = converted.split("def main(flags):", 1)[1]
+    assert "for step in range(flags.steps // strategy.num_replicas_in_sync):" in main
+    assert "# `sess.run(bcast)` goes: every worker starts from the same initial values" in main
+    assert "# `sess.run(init)` goes: the variables are created initialised" in main
+    assert "opt.minimize(loss / strategy.num_replicas_in_sync, var_list=" in converted
+    assert "global_step" not in converted and "checkpoints from every worker" not in message
+    ast.parse(converted)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "reason"),
+    [
+        (
+            "hvd.DistributedOptimizer(opt)",
+            "hvd.DistributedOptimizer(opt, op=hvd.Adasum)",
+            45,
+            "`op=hvd.Adasum`: only hvd.Average and hvd.Sum are converted",
+        ),
+        (
+            "      hvd.BroadcastGlobalVariablesHook(0),\n",
+            "      hvd.BroadcastGlobalVariablesHook(0),\n      tf.train.NanTensorHook(loss),\n",
+            50,
+            "a session hook that is not converted",
+        ),
+        (
+            "config=config,\n",
+            "config=config, save_checkpoint_steps=100,\n",
+            56,
+            "MonitoredTrainingSession argument `save_checkpoint_steps=100` is not converted",
+        ),
+        (
+            "      _, step, loss_value = sess.run([train_op, global_step, loss])\n",
+            "      _, step, loss_value = sess.run([train_op, global_step, loss])\n"
+            "      sess.run(loss)\n",
+            60,
+            "a second `sess.run` in the loop is not converted",
+        ),
+    ],
+    ids=["adasum", "unknown-hook", "session-argument", "second-run"],
+)
+def test_unconvertible_shapes_are_left_alone_naming_line_and_reason(old, new, line, reason):
+    converted, message = _convert(_variant(old, new))
+    assert converted is None
+    assert f"the script is not converted (line {line}): {reason}" in message
+
+
+@pytest.mark.slow
+def test_converted_horovod_script_verifies_against_its_tower_program_with_two_workers(
+    cli, tmp_path, legacy_cache
+):
+    out = tmp_path / "converted"
+    rewrite = cli("rewrite", "--unsafe-fixes", "--out", out, HOROVOD)
+    assert rewrite.returncode == 1 and (out / "train.py").exists(), rewrite
+    report = tmp_path / "report"
+    try:
+        result = run_verify_cli(
+            TOWERS,
+            out / "train.py",
+            "--workers",
+            "2",
+            "--steps",
+            STEPS,
+            "--timeout",
+            "300",
+            "--report",
+            report,
+            "--legacy-cache",
+            legacy_cache,
+        )
+    finally:
+        if list(report.glob(f"runs/*/{WORKERS_JSON}")):
+            assert not leftovers(report), "verify left processes or ports behind"
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "EQUIVALENT" in result.stdout
+    data = json.loads((report / "report.json").read_text())
+    rows = {row["quantity"]: row for row in data["rows"]}
+    # same rows per rank/tower (input fingerprints), the same loss and weights every step
+    assert rows["loss (tower 1)"]["status"] == "pass"
+    assert rows["loss (tower 1)"]["steps_compared"] == STEPS
+    weights = [row for row in data["rows"] if row["category"] == "weight"]
+    assert {row["quantity"] for row in weights} == {
+        "hidden/kernel", "hidden/bias", "logits/kernel", "logits/bias"
+    }  # fmt: skip
+    assert all(row["status"] == "pass" for row in weights)
+    assert rows["worker 1 agrees with the chief"]["status"] == "pass"
+    assert data["workers"] == 2
