@@ -4,6 +4,10 @@ A program that trains with `model.fit` gets `tfmigrate_program(strategy, argv)`:
 script itself (as `__main__`) up to its `fit`, with `strategy` standing in for
 `tf.distribute.MirroredStrategy()`, and hands verify the compiled model and one `fit` step per
 global batch. The script's own code stays the one description of the program; nothing is copied.
+`fit` may take arrays, a `tf.data.Dataset`, a Python generator of global batches (Keras 2's
+`fit_generator(gen, steps_per_epoch=...)` after TFM112: `steps_per_epoch * epochs` batches of one
+generator) or a `keras.utils.PyDataset`/`Sequence` (read as Keras 3's fit reads it, including
+the `on_epoch_end` it calls before the first step); the batches are replayed in order.
 Module-level training code goes under `if __name__ == "__main__":` first, so that importing the
 script (as verify does) does not train.
 """
@@ -29,6 +33,7 @@ class {STOP}(Exception):
 def {ENTRY_POINT}(strategy, argv):
     """tfmigrate's verify protocol: this script up to its `fit`, with `strategy` as its
     MirroredStrategy; then one `fit` step per global batch (the batches of `shuffle=False`)."""
+    import itertools
     import runpy
     import sys
 
@@ -39,8 +44,31 @@ def {ENTRY_POINT}(strategy, argv):
 
     def stop_at_fit(model, x=None, y=None, batch_size=None, epochs=1, **kwargs):
         found.update(model=model, x=x, y=y, batch_size=batch_size or 32, epochs=epochs,
-                     split=kwargs.get("validation_split") or 0.0)
+                     split=kwargs.get("validation_split") or 0.0,
+                     steps=kwargs.get("steps_per_epoch"))
         raise {STOP}
+
+    def batches_of(source, steps, epochs):
+        # A generator yields global batches and goes on across epochs (steps_per_epoch each); a
+        # keras.utils.PyDataset (Sequence) gives batch i as source[i] and starts again each epoch
+        if hasattr(source, "__next__"):
+            return itertools.islice(source, steps * epochs if steps else None)
+        def each_epoch():
+            # as Keras 3's fit: it reads the first two batches for their shapes and ends an
+            # epoch (on_epoch_end, where a Sequence may reshuffle) before the first step
+            for index in range(min(2, len(source))):
+                source[index]
+            source.on_epoch_end()
+            for _ in range(epochs):
+                source.on_epoch_begin()
+                for index in range(steps or len(source)):
+                    yield source[index]
+                source.on_epoch_end()
+        return each_epoch()
+
+    def spec_of(value):
+        value = tf.convert_to_tensor(value)
+        return tf.TensorSpec((None, *value.shape[1:]), value.dtype)
 
     saved = tf.distribute.MirroredStrategy, keras.Model.fit, sys.argv
     tf.distribute.MirroredStrategy = lambda *args, **kwargs: strategy
@@ -54,8 +82,17 @@ def {ENTRY_POINT}(strategy, argv):
     if not found:
         raise RuntimeError("the script ended without calling Model.fit")
     model, x, y = found["model"], found["x"], found["y"]
+    probe = None
     if isinstance(x, tf.data.Dataset):
         dataset = x.repeat(found["epochs"])
+    elif hasattr(x, "__next__") or isinstance(x, keras.utils.PyDataset):
+        items = batches_of(x, found["steps"], found["epochs"])
+        first = next(items)
+        first = tuple(first) if isinstance(first, list) else first
+        signature = tf.nest.map_structure(spec_of, first)
+        rest = itertools.chain([first], (tuple(b) if isinstance(b, list) else b for b in items))
+        dataset = tf.data.Dataset.from_generator(lambda: rest, output_signature=signature)
+        probe = tf.data.Dataset.from_tensors(first)  # the generator is read once, by training
     elif isinstance(x, (list, tuple)) or hasattr(x, "shape"):
         data = x if y is None else (x, y)
         if found["split"]:  # fit trains on the first (1 - validation_split) of the samples
@@ -65,10 +102,11 @@ def {ENTRY_POINT}(strategy, argv):
         dataset = tf.data.Dataset.from_tensor_slices(data)
         dataset = dataset.batch(found["batch_size"]).repeat(found["epochs"])
     else:
-        raise TypeError(f"verify drives fit on arrays or a tf.data.Dataset, not {{type(x)}}")
+        raise TypeError(f"verify drives fit on arrays, a tf.data.Dataset, a generator or a "
+                        f"keras.utils.PyDataset, not {{type(x)}}")
     # fit builds the compiled loss and metrics before its first step (their variables cannot be
     # created inside the step function); evaluate does the same and leaves the weights alone
-    model.evaluate(dataset.take(1), verbose=0)
+    model.evaluate(probe if probe is not None else dataset.take(1), verbose=0)
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     model.make_train_function()

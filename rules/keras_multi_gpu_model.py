@@ -6,6 +6,7 @@ import libcst as cst
 
 from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.rules import _global_batch_loss as global_batch
 from tfmigrate.rules import _keras_fit_protocol as protocol
 from tfmigrate.rules._distribution import keyword
 from tfmigrate.rules.session_device_config import tf_imports, tf_module
@@ -196,6 +197,46 @@ def _is_assign(statement: cst.CSTNode, target: str, value: str) -> bool:
     )
 
 
+def _wrap_compile(call: cst.Call, losses: list[cst.BaseExpression]) -> cst.Call:
+    """``call`` (a `compile`) with its `loss` values equal to ``losses`` in
+    `global_batch_loss(...)`."""
+    loss = keyword(call, "loss", 1)
+    if loss is None:
+        return call
+
+    def wrap(node: cst.BaseExpression) -> cst.BaseExpression:
+        equal = any(node.deep_equals(other) for other in losses)
+        return global_batch.wrapped(node) if equal else node
+
+    value = loss.value
+    if isinstance(value, cst.List | cst.Tuple):
+        elements = [e.with_changes(value=wrap(e.value)) for e in value.elements]
+        new_value: cst.BaseExpression = value.with_changes(elements=elements)
+    else:
+        new_value = wrap(value)
+    args = [a.with_changes(value=new_value) if a is loss else a for a in call.args]
+    return call.with_changes(args=args)
+
+
+def _with_tf_import(module: cst.Module) -> cst.Module:
+    """``module`` with `import tensorflow as tf` after its imports."""
+    at = global_batch.first_code_index(module)
+    body = list(module.body)
+    line = cst.parse_statement("import tensorflow as tf\n")
+    return module.with_changes(body=[*body[:at], line, *body[at:]])
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            found.append(current)
+        stack.extend(current.children)
+    return found
+
+
 class _ReplaceNode(cst.CSTTransformer):
     def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
         super().__init__()
@@ -228,13 +269,21 @@ class KerasMultiGpuModel(Rule):
     (`binary_crossentropy`) the conversion is exact: per-step losses 0.913705 and 0.786087 in
     both (difference below 2e-7), trainable weights within 1.3e-7; batch norm normalizes each
     replica's sub-batch as it normalized each GPU's slice (one device on the whole batch ends
-    0.04 away). With a loss that reduces the whole batch to a scalar (the fixture's dice loss)
-    it is not: the loss is computed per replica, and Keras 3 does not divide a scalar loss by
-    the number of replicas (`reduce_values` returns scalars untouched), so the gradient is the
-    *sum* of the replicas' gradients: logged loss 1.0444 against 0.5223, steps 1.45 times as
-    large, weights 0.026 apart after 2 steps. Batch-norm moving statistics end 0.04 apart in
-    both cases: the rebuilt wrapper updates them once per slice, the migrated model keeps
-    replica 0's.
+    0.04 away). A loss that reduces the whole batch to a scalar (the fixture's dice loss)
+    would be computed per replica, and Keras 3 does not divide a scalar loss by the number of
+    replicas (`reduce_values` returns scalars untouched), so the gradient would be the *sum* of
+    the replicas' gradients: logged loss 1.0444 against 0.5223, steps 1.45 times as large,
+    weights 0.026 apart after 2 steps. So a custom loss function is computed on the global
+    batch: `loss=global_batch_loss(dice_loss)`, a helper the fix writes into the file (see
+    TFM207), gathers every replica's `y_true`/`y_pred` and evaluates the loss once on the
+    whole batch, as the wrapper did; then the dice run matches too (same test), and `tfmigrate
+    verify` finds the rewritten fixture (trained with SGD 0.01) equivalent to the Keras 2
+    script: loss within 6e-8 over 4 steps, all 42 weights within 1.5e-8. With the fixture's
+    Adam at 1e-3 the loss matches as well but 3 kernels end 1.2e-6 to 2.0e-6 apart: Adam's
+    first step, lr * g / (|g| + 1e-7), magnifies float differences of gradient entries near
+    1e-7 about 2500 times (with epsilon 1e-3 verify finds it equivalent, weights within
+    1.2e-7). Batch-norm moving statistics end 0.04 apart in every case: the rebuilt wrapper
+    updates them once per slice, the migrated model keeps replica 0's.
 
     ## Example
     ```python
@@ -260,8 +309,11 @@ class KerasMultiGpuModel(Rule):
     the wrapper (`fit`, `compile`, `save`, `evaluate`, `predict`, callbacks) at the template.
     `fit(batch_size=...)` is kept: it was already the global batch. Safe when `compile` is given
     a built-in loss that averages over samples (`'mse'`, `'binary_crossentropy'`,
-    `keras.losses.*`); unsafe for any other loss (custom functions such as a dice loss: the
-    per-replica loss differs from the whole-batch loss, see above). `MirroredStrategy()`
+    `keras.losses.*`), or loss functions named by a name (`dice_loss`, `losses.dice`), which
+    are wrapped in `global_batch_loss(...)` (defined in the file by the fix) so that they see
+    the whole batch; unsafe when such a loss meets `sample_weight`/`class_weight` in `fit` (a
+    scalar loss is then weighted per replica) and for any other loss (a loss object such as
+    `DiceLoss()`: the per-replica loss may differ from the whole-batch loss). `MirroredStrategy()`
     uses every visible GPU: batch statistics per slice stay the same only with as many GPUs
     as `gpus=` said. `if gpus > 1: p = multi_gpu_model(m) else: p = m` becomes the one
     strategy (on one device it is one replica, the else branch); so does Keras 2's fallback
@@ -270,7 +322,7 @@ class KerasMultiGpuModel(Rule):
     `tfmigrate verify` (its module-level training code moves under `if __name__ ==
     "__main__":`, defs and classes stay where they were), and its manifest entry tells verify to
     match variables by name, to compare `loss`, and which differences to expect (batch-norm
-    moving statistics; everything, for a whole-batch loss). Not fixed (reported only): a
+    moving statistics; everything, for a loss left per replica). Not fixed (reported only): a
     wrapper assigned in several places, in a loop or another kind of branch, a template not
     built in the same block, or no `compile` after the wrapper.
     """
@@ -342,20 +394,21 @@ if __name__ == "__main__":
                 model.compile(opt, loss=dice_loss)
                 return model.fit(x, y, batch_size=32)
             """,
-            fixed="""
-            import keras
-            from keras.utils.training_utils import multi_gpu_model
-            import tensorflow as tf
+            # The custom loss is computed on the global batch, as the wrapper computed it.
+            fixed="import keras\nfrom keras.utils.training_utils import multi_gpu_model\n"
+            "import tensorflow as tf\n\n"
+            + global_batch.source()
+            + """
 
-            def train(x, y):
-                strategy = tf.distribute.MirroredStrategy()
-                with strategy.scope():
-                    model = build_model()
-                    opt = keras.optimizers.SGD(0.01)
-                    model.compile(opt, loss=dice_loss)
-                return model.fit(x, y, batch_size=32)
-            """,
-            message="whole batch",
+def train(x, y):
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        model = build_model()
+        opt = keras.optimizers.SGD(0.01)
+        model.compile(opt, loss=global_batch_loss(dice_loss))
+    return model.fit(x, y, batch_size=32)
+""",
+            message="computed on the global batch by `global_batch_loss`",
         ),
         # The template built inside the call; a later function reads the global wrapper.
         Example(
@@ -509,6 +562,9 @@ if __name__ == "__main__":
             self.report(node, f"{message} (not fixed: {reason})")
             return
         safety, note = self._loss_safety(plan.compile_call)
+        wrap = self._custom_losses(plan.compile_call) if safety is FixSafety.UNSAFE else None
+        if wrap:
+            safety, note = self._wrapped_safety(wrap)
         notes = [
             "TFM107: multi_gpu_model replaced by MirroredStrategy over every visible GPU; fit "
             "keeps the global batch size",
@@ -522,7 +578,16 @@ if __name__ == "__main__":
         program = self._with_protocol(plan, replacement)
         if program is not None:
             target, replacement = self.context.module, program
-            manifest.update(self._verify_entry(plan, safety, note, notes))
+            manifest.update(self._verify_entry(plan, safety, note, notes, announce_loss=not wrap))
+        if wrap:
+            module = replacement if isinstance(replacement, cst.Module) else None
+            if module is None:
+                module = self.context.module.visit(_ReplaceNode(plan.block, replacement))
+            target, replacement = self.context.module, self._wrap_losses(module, plan, wrap)
+        if isinstance(replacement, cst.Module) and tf_module(self) is None:
+            # the protocol's own `import tensorflow as tf` (inside a function) would hide the
+            # missing module-level import from the engine's import adder
+            replacement = _with_tf_import(replacement)
         self.report(
             node,
             f"{message}; {note}",
@@ -549,7 +614,12 @@ if __name__ == "__main__":
         return protocol.add_protocol(module.visit(_ReplaceNode(plan.block, block)))
 
     def _verify_entry(
-        self, plan: _Plan, safety: FixSafety, note: str, notes: list[str]
+        self,
+        plan: _Plan,
+        safety: FixSafety,
+        note: str,
+        notes: list[str],
+        announce_loss: bool = True,
     ) -> dict[str, object]:
         """What verify reads from the manifest for the converted program."""
         notes.append(
@@ -566,7 +636,7 @@ if __name__ == "__main__":
                 "slice and keeps replica 0's",
             }
         ]
-        if safety is FixSafety.UNSAFE:
+        if safety is FixSafety.UNSAFE and announce_loss:
             announced.append({"match": ["*"], "code": "TFM107", "reason": note})
         return {
             "variables": dict(SAME_NAMES),
@@ -768,6 +838,65 @@ if __name__ == "__main__":
             "batch (equal only for a mean over samples), and a loss that returns a scalar is "
             "not divided by the replica count (the gradient is summed over replicas)"
         )
+
+    def _custom_losses(self, compile_call: cst.Call) -> list[cst.BaseExpression] | None:
+        """The loss functions (names) to compute on the global batch, when every loss that is
+        not a built-in per-sample one is such a name; else None."""
+        loss = keyword(compile_call, "loss", 1)
+        if loss is None:
+            return None
+        values = (
+            [e.value for e in loss.value.elements]
+            if isinstance(loss.value, cst.List | cst.Tuple)
+            else [loss.value]
+        )
+        custom = [v for v in values if not self._per_sample(v)]
+        if not custom or not all(isinstance(v, cst.Name | cst.Attribute) for v in custom):
+            return None
+        return custom
+
+    def _wrapped_safety(self, losses: list[cst.BaseExpression]) -> tuple[FixSafety, str]:
+        shown = ", ".join(f"`{self.context.module.code_for_node(v)}`" for v in losses)
+        note = (
+            f"the loss {shown} is computed on the global batch by `{global_batch.HELPER}` "
+            "(every replica's rows gathered), as multi_gpu_model computed it once on the "
+            "concatenated batch"
+        )
+        weighted = any(
+            keyword(c, k) is not None
+            for c in _calls(self.context.module)
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value in protocol.FIT_METHODS
+            for k in ("sample_weight", "class_weight")
+        )
+        if weighted:
+            return FixSafety.UNSAFE, note + (
+                "; with sample or class weights a whole-batch (scalar) loss is weighted per "
+                "replica, which differs"
+            )
+        return FixSafety.SAFE, note
+
+    def _wrap_losses(
+        self, module: cst.Module, plan: _Plan, losses: list[cst.BaseExpression]
+    ) -> cst.Module:
+        """``module`` with the compile's custom losses wrapped and the helper defined."""
+        owners = {plan.parallel, plan.template}
+
+        class Wrap(cst.CSTTransformer):
+            def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+                if not (
+                    isinstance(updated.func, cst.Attribute)
+                    and updated.func.attr.value == "compile"
+                    and dotted(updated.func.value) in owners
+                ):
+                    return updated
+                return _wrap_compile(updated, losses)
+
+        wrapped = module.visit(Wrap())
+        if global_batch.defines_helper(wrapped):
+            return wrapped
+        at = global_batch.first_code_index(wrapped)
+        tf = tf_module(self) or "tf"
+        return wrapped.with_changes(body=global_batch.insert_helper(list(wrapped.body), at, tf))
 
     def _per_sample(self, node: cst.BaseExpression) -> bool:
         if isinstance(node, cst.SimpleString):

@@ -4,10 +4,13 @@ import libcst as cst
 
 from tfmigrate.names import dotted
 from tfmigrate.rule import Example, FixSafety, Rule
-from tfmigrate.rules._distribution import analyze, is_true, keyword
+from tfmigrate.rules._distribution import analyze, is_false, is_true, keyword
 
 WEIGHTS = ".weights.h5"
+MODEL = ".keras"
 _H5 = (".h5", ".hdf5")
+_HDF5 = (".hdf5",)
+_LOAD_MODEL = ("keras.models.load_model", "keras.saving.load_model")
 # Files that still run on Keras 2 (or tf_keras), where `.h5` weights are right: the Keras 2
 # conversion rules go first, and this rule fires on their output.
 _KERAS2_MARKERS = (
@@ -43,27 +46,27 @@ def _literal_text(node: cst.BaseExpression) -> str | None:
     return None
 
 
-def _renamed(node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The literal with its `.h5`/`.hdf5` suffix replaced by `.weights.h5`."""
+def _renamed(
+    node: cst.BaseExpression, new: str = WEIGHTS, old: tuple[str, ...] = _H5
+) -> cst.BaseExpression | None:
+    """The literal with its ``old`` suffix (`.h5`/`.hdf5`) replaced by ``new``."""
     text = _literal_text(node)
-    if text is None or not text.lower().endswith(_H5):
+    if text is None or not text.lower().endswith(old):
         return None
     if isinstance(node, cst.SimpleString):
         raw = node.value
         quote_end = len(raw) - len(node.quote)
         body = raw[:quote_end]
-        for suffix in _H5:
+        for suffix in old:
             if body.lower().endswith(suffix):
-                return node.with_changes(
-                    value=body[: -len(suffix)] + WEIGHTS + raw[quote_end:]
-                )
+                return node.with_changes(value=body[: -len(suffix)] + new + raw[quote_end:])
         return None
     assert isinstance(node, cst.FormattedString)
     last = node.parts[-1]
     assert isinstance(last, cst.FormattedStringText)
-    for suffix in _H5:
+    for suffix in old:
         if last.value.lower().endswith(suffix):
-            new_last = last.with_changes(value=last.value[: -len(suffix)] + WEIGHTS)
+            new_last = last.with_changes(value=last.value[: -len(suffix)] + new)
             return node.with_changes(parts=[*node.parts[:-1], new_last])
     return None
 
@@ -71,10 +74,11 @@ def _renamed(node: cst.BaseExpression) -> cst.BaseExpression | None:
 class KerasWeightsFilename(Rule):
     """
     ## What it does
-    Flags weight files Keras 3 rejects: `save_weights(...)` with a literal name that does not
-    end in `.weights.h5`, `ModelCheckpoint(..., save_weights_only=True)` with such a name, and
-    `load_weights` of a literal name the same file saves with one of those. Files that still
-    use Keras 2 only APIs (`multi_gpu_model`, sessions, `tf_keras`) are left to the Keras 2
+    Flags file names Keras 3 rejects: `save_weights(...)` with a literal name that does not
+    end in `.weights.h5`, `ModelCheckpoint(..., save_weights_only=True)` with such a name, a
+    full-model `ModelCheckpoint` (no `save_weights_only`) named `*.hdf5`, and `load_weights` /
+    `load_model` of a literal name the same file saves with one of those. Files that still use
+    Keras 2 only APIs (`multi_gpu_model`, sessions, `tf_keras`) are left to the Keras 2
     conversion rules.
 
     ## Why is this bad?
@@ -83,19 +87,29 @@ class KerasWeightsFilename(Rule):
     script moved from Keras 2 stops at its first save. `load_weights('model.h5')` still reads a
     legacy HDF5 file, so a load is only renamed together with the save that writes it.
 
+    A full-model checkpoint, measured on Keras 3.15: `ModelCheckpoint('unet.hdf5')` raises
+    `ValueError: The filepath provided must end in .keras` at construction (so does
+    `'{epoch:02d}.hdf5'`); `ModelCheckpoint('unet.h5')` is accepted and writes a legacy HDF5
+    model, which is not flagged (`model.save('m.h5')` too); `.keras` writes the Keras 3
+    format, which `load_model` reads back.
+
     ## Example
     ```python
     model.save_weights('unet.h5')
     checkpoint = ModelCheckpoint('ckpt/epoch_{epoch:02d}.h5', save_weights_only=True)
+    best = ModelCheckpoint('best.hdf5', save_best_only=True)
     ```
     Use instead:
     ```python
     model.save_weights('unet.weights.h5')
     checkpoint = ModelCheckpoint('ckpt/epoch_{epoch:02d}.weights.h5', save_weights_only=True)
+    best = ModelCheckpoint('best.keras', save_best_only=True)
     ```
 
     ## Fix safety
-    Safe: the `.h5`/`.hdf5` suffix of the literal becomes `.weights.h5` (the format stays HDF5).
+    Safe: the `.h5`/`.hdf5` suffix of the literal becomes `.weights.h5` (the format stays HDF5);
+    a full-model checkpoint's `.hdf5` becomes `.keras` (the program could not start; the file
+    is then a Keras 3 model archive, and loads of the same literal are renamed with it).
     Names without that suffix (TF checkpoint prefixes such as `ckpt/model`) are reported
     without a fix: the right replacement (`.weights.h5` or `tf.train.Checkpoint`) depends on the
     files that already exist. A load with `by_name=True` is not renamed (Keras 3 reads `by_name`
@@ -103,17 +117,20 @@ class KerasWeightsFilename(Rule):
     """
 
     code = "TFM206"
-    triggers = ('save_weights', 'load_weights', 'ModelCheckpoint')
+    triggers = ("save_weights", "load_weights", "ModelCheckpoint")
     name = "keras-weights-filename"
-    summary = "Keras 3 weight files must end in .weights.h5"
+    summary = "Keras 3 file names: weights end in .weights.h5, full-model checkpoints in .keras"
     fix_safety = FixSafety.SAFE
 
     valid = (
         "import keras\nmodel.save_weights('model.weights.h5')\n",
-        # A full-model checkpoint may be .h5 or .keras.
+        # A full-model checkpoint may be .h5 (legacy HDF5, accepted) or .keras.
         """import tensorflow as tf
 cb = tf.keras.callbacks.ModelCheckpoint('best.h5', save_best_only=True)
+cb2 = tf.keras.callbacks.ModelCheckpoint('best.keras', save_weights_only=False)
 """,
+        # Not known to be a full-model checkpoint.
+        "import keras\ncb = keras.callbacks.ModelCheckpoint('m.hdf5', save_weights_only=flag)\n",
         # Loading a legacy HDF5 file this script does not write.
         "import keras\nmodel.load_weights('pretrained_imagenet.h5')\n",
         # Keras 2 code: the Keras 2 conversion comes first.
@@ -166,6 +183,39 @@ model.save_weights('model.h5')
             model.load_weights(os.path.join(out_dir, "best.weights.h5"))
             """,
         ),
+        # A full-model checkpoint named .hdf5: Keras 3 wants .keras; its reload follows.
+        Example(
+            """
+            import keras
+            best = keras.callbacks.ModelCheckpoint('out/best.hdf5', monitor='val_loss',
+                                                   save_best_only=True)
+            model.fit(x, y, callbacks=[best])
+            model = keras.models.load_model('out/best.hdf5')
+            """,
+            fixed="""
+            import keras
+            best = keras.callbacks.ModelCheckpoint('out/best.keras', monitor='val_loss',
+                                                   save_best_only=True)
+            model.fit(x, y, callbacks=[best])
+            model = keras.models.load_model('out/best.keras')
+            """,
+            message="must end in `.keras`",
+        ),
+        # The checkpoint renamed already (a load left behind by an earlier pass).
+        Example(
+            """
+            import keras
+            best = keras.callbacks.ModelCheckpoint('out/best.keras', save_best_only=True)
+            model.fit(x, y, callbacks=[best])
+            model = keras.models.load_model('out/best.hdf5')
+            """,
+            fixed="""
+            import keras
+            best = keras.callbacks.ModelCheckpoint('out/best.keras', save_best_only=True)
+            model.fit(x, y, callbacks=[best])
+            model = keras.models.load_model('out/best.keras')
+            """,
+        ),
         # A TF checkpoint prefix: reported, not renamed.
         Example(
             """
@@ -185,7 +235,8 @@ model.save_weights('model.h5')
             marker in (self.call_name(c) or "") for c in facts.calls for marker in _KERAS2_MARKERS
         ):
             return
-        saved: set[str] = set()
+        saved = self._renamed_before(facts.calls)
+        models: set[str] = set()  # full-model checkpoints renamed to .keras
         loads: list[tuple[cst.Call, cst.Arg]] = []
         for call in facts.calls:
             method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
@@ -193,26 +244,77 @@ model.save_weights('model.h5')
                 arg = keyword(call, "filepath", 0)
                 if arg is not None and self._check(arg, "`save_weights`"):
                     saved.add(_literal_text(_file_literal(arg.value)) or "")
-            elif method == "load_weights":
+            elif method == "load_weights" or (self.call_name(call) or "").endswith(_LOAD_MODEL):
                 arg = keyword(call, "filepath", 0)
                 if arg is not None and keyword(call, "by_name") is None:
                     loads.append((call, arg))
             elif (self.call_name(call) or "").endswith("callbacks.ModelCheckpoint"):
                 only = keyword(call, "save_weights_only", 2)
                 arg = keyword(call, "filepath", 0)
-                if only is not None and is_true(only.value) and arg is not None:
+                if arg is None:
+                    continue
+                if only is not None and is_true(only.value):
                     if self._check(arg, "`ModelCheckpoint(save_weights_only=True)`"):
                         saved.add(_literal_text(_file_literal(arg.value)) or "")
-        for _, arg in loads:
+                elif only is None or is_false(only.value):
+                    models |= self._check_model(arg)
+        for call, arg in loads:
             literal = _file_literal(arg.value)
             text = _literal_text(literal)
-            if text in saved and text.lower().endswith(_H5):
+            if text in models:
+                self.report(
+                    literal,
+                    "this loads the full-model checkpoint the script saves: rename it with the "
+                    f"checkpoint (Keras 3 model files end in `{MODEL}`)",
+                    replacement=_renamed(literal, MODEL, _HDF5),
+                )
+            elif not (
+                isinstance(call.func, cst.Attribute) and call.func.attr.value == "load_weights"
+            ):
+                continue  # load_model of a weights file: not this rule's business
+            elif text in saved and text.lower().endswith(_H5):
                 self.report(
                     literal,
                     "`load_weights` reads the file this script saves: rename it with the save "
                     f"(Keras 3 weight files end in `{WEIGHTS}`)",
                     replacement=_renamed(literal),
                 )
+
+    def _renamed_before(self, calls: list[cst.Call]) -> set[str]:
+        """The `.h5`/`.hdf5` names of weight saves already named `.weights.h5` (an earlier fix
+        pass renamed them; a load inside another fix's statement waits for the next pass)."""
+        names: set[str] = set()
+        for call in calls:
+            method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+            name = self.call_name(call) or ""
+            if method == "save_weights" or (
+                name.endswith("callbacks.ModelCheckpoint")
+                and (only := keyword(call, "save_weights_only", 2)) is not None
+                and is_true(only.value)
+            ):
+                arg = keyword(call, "filepath", 0)
+                text = _literal_text(_file_literal(arg.value)) if arg is not None else None
+                if text is not None and text.endswith(WEIGHTS):
+                    names |= {text[: -len(WEIGHTS)] + suffix for suffix in _H5}
+        return names
+
+    def _check_model(self, arg: cst.Arg) -> set[str]:
+        """Flags a full-model checkpoint named `.hdf5`; the names it renames."""
+        literal = _file_literal(arg.value)
+        text = _literal_text(literal)
+        if text is not None and text.endswith(MODEL):
+            # renamed already (by an earlier fix pass): its loads may still say `.hdf5`
+            return {text[: -len(MODEL)] + suffix for suffix in _HDF5}
+        if text is None or not text.lower().endswith(_HDF5):
+            return set()
+        self.report(
+            literal,
+            "full-model `ModelCheckpoint` with a `.hdf5` name: Keras 3 raises at construction "
+            f"(the name must end in `{MODEL}`); `{MODEL}` is the Keras 3 model format "
+            "(`save_weights_only=True` with a `.weights.h5` name keeps weights only)",
+            replacement=_renamed(literal, MODEL, _HDF5),
+        )
+        return {text}
 
     def _check(self, arg: cst.Arg, what: str) -> bool:
         literal = _file_literal(arg.value)

@@ -28,7 +28,8 @@ class RestoreOutsideStrategyScope(Rule):
     - `tf.train.Checkpoint(optimizer=opt, ...)` where `opt` is a Keras optimizer created outside
       `strategy.scope()`;
     - saving a `multi_gpu_model` wrapper instead of the model it wraps: `parallel.save_weights`,
-      `parallel.save`, and `ModelCheckpoint` callbacks passed to `parallel.fit`.
+      `parallel.save`, and `ModelCheckpoint` callbacks passed to `parallel.fit` (in the call,
+      bound to a name, or in a `callbacks = [...]` list, `callbacks.append(...)` included).
 
     ## Why is this bad?
     Variables belong to the strategy that is current when they are created. Measured on
@@ -167,6 +168,29 @@ model.save_weights('model.weights.h5')
             model = multi_gpu_model(template, gpus=2)
             checkpoint = ModelCheckpoint('unet.h5', save_weights_only=True)
             model.fit(x, y, callbacks=[checkpoint, logger])
+            """,
+            message="`ModelCheckpoint` on the multi_gpu_model wrapper `model`",
+        ),
+        # The callbacks collected in a list variable first, one of them appended later.
+        Example(
+            """
+            import keras
+            from keras.utils import multi_gpu_model
+            parallel = multi_gpu_model(unet, gpus=4)
+            callbacks = [keras.callbacks.TensorBoard('logs')]
+            callbacks.append(keras.callbacks.ModelCheckpoint('best.h5', save_best_only=True))
+            parallel.fit(x, y, callbacks=callbacks)
+            """,
+            message="`ModelCheckpoint` on the multi_gpu_model wrapper `parallel`",
+        ),
+        Example(
+            """
+            from keras.callbacks import ModelCheckpoint
+            from keras.utils import multi_gpu_model
+            model = multi_gpu_model(template, gpus=2)
+            checkpoint = ModelCheckpoint('unet.h5', save_weights_only=True)
+            callbacks = [checkpoint, logger]
+            model.fit(x, y, callbacks=callbacks)
             """,
             message="`ModelCheckpoint` on the multi_gpu_model wrapper `model`",
         ),
@@ -312,14 +336,35 @@ model.save_weights('model.weights.h5')
                             f"`{template}.save_weights`, or MirroredStrategy, TFM107)",
                         )
 
-    def _callback_calls(self, value: cst.BaseExpression, facts: ModuleFacts) -> list[cst.Call]:
-        """Calls in a ``callbacks=`` expression, following names bound once to a call."""
+    def _callback_calls(
+        self, value: cst.BaseExpression, facts: ModuleFacts, depth: int = 3
+    ) -> list[cst.Call]:
+        """Calls in a ``callbacks=`` expression, following names bound once to a call or to a
+        list (`callbacks = [checkpoint, logger]`, also what `callbacks.append(...)` adds)."""
         found: list[cst.Call] = []
         for node in walk(value):
             if isinstance(node, cst.Call):
                 found.append(node)
-            elif isinstance(node, cst.Name):
+            elif isinstance(node, cst.Name) and depth > 0:
                 values = facts.values_of(node.value)
-                if len(values) == 1 and isinstance(values[0], cst.Call):
+                if len(values) != 1:
+                    continue
+                if isinstance(values[0], cst.Call):
                     found.append(values[0])
+                elif isinstance(values[0], cst.List | cst.Tuple):
+                    found += self._callback_calls(values[0], facts, depth - 1)
+                    for added in _appended(node.value, facts):
+                        found += self._callback_calls(added, facts, depth - 1)
         return found
+
+
+def _appended(name: str, facts: ModuleFacts) -> list[cst.BaseExpression]:
+    """What `name.append(x)` / `name.extend(x)` add to a list variable."""
+    return [
+        call.args[0].value
+        for call in facts.calls
+        if isinstance(call.func, cst.Attribute)
+        and call.func.attr.value in {"append", "extend"}
+        and dotted(call.func.value) == name
+        and call.args
+    ]

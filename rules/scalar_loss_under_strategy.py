@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Callable
+
 import libcst as cst
 
 from tfmigrate.names import dotted
-from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.rule import Example, FixSafety, Import, Rule
+from tfmigrate.rules import _global_batch_loss as global_batch
 from tfmigrate.rules._distribution import ModuleFacts, analyze, keyword, scope_strategy
 
 # Reductions that collapse a tensor to one number when called without an axis.
@@ -15,7 +19,14 @@ _REDUCTIONS = frozenset(
 )  # fmt: skip
 _MODULES = ("tensorflow.", "keras.", "numpy.")
 _AXIS_KEYWORDS = frozenset({"axis", "reduction_indices", "keepdims", "keep_dims"})
+_TF = Import("tensorflow", asname="tf")  # what the helper needs when the file has no such import
 _DEPTH = 3  # how many same-module helpers deep a loss is followed (dice_loss -> dice_coef)
+
+
+def _fixed(imports: str, rest: str) -> str:
+    """An example's fixed code: its imports, the emitted helper, the rest with losses wrapped."""
+    imports, rest = textwrap.dedent(imports).strip("\n"), textwrap.dedent(rest).strip("\n")
+    return f"{imports}\n\n{global_batch.source().rstrip()}\n\n\n{rest}\n"
 
 
 class ScalarLossUnderStrategy(Rule):
@@ -25,7 +36,8 @@ class ScalarLossUnderStrategy(Rule):
     `strategy.scope()` when it reduces the whole batch to one number (a `sum`/`mean` over every
     axis, batch included) instead of returning one loss per sample — for example a dice loss
     `1 - (2*sum(y*p) + s) / (sum(y) + sum(p) + s)`. The function is followed through the
-    module's own helpers (`dice_loss` calling `dice_coef`).
+    module's own helpers (`dice_loss` calling `dice_coef`); a `keras.losses.Loss` subclass of
+    the module whose `call` returns such a scalar (`loss=DiceLoss()`) is flagged too.
 
     ## Why is this bad?
     Under `MirroredStrategy`, `fit` calls the loss on each replica's slice of the global batch.
@@ -41,8 +53,10 @@ class ScalarLossUnderStrategy(Rule):
     was 1.93 times one device's; with the loss divided by `num_replicas_in_sync` the step was
     0.97 of one device's (the mean of two half-batch dice losses is not the whole batch's); with
     a per-sample dice (sums over the non-batch axes) the weights matched one device to 1e-9.
-    The same pitfall is why TFM107's conversion of a `multi_gpu_model` program is unsafe for
-    such a loss: the wrapper computed it once on the concatenated batch.
+    With the fix below (the code it writes, run by the same test) the weights equalled one
+    device's (difference 0.0) and so did the logged loss; the helper on the per-sample dice
+    with `sample_weight` matched too (0.0). A `multi_gpu_model` program computed its loss once
+    on the concatenated batch: TFM107 emits the same helper.
 
     ## Example
     ```python
@@ -64,22 +78,32 @@ class ScalarLossUnderStrategy(Rule):
         return 1 - (2 * intersection + smooth) / (
             keras.ops.sum(y_true, axis=axes) + keras.ops.sum(y_pred, axis=axes) + smooth)
     ```
-    or keep the whole-batch loss and divide it by `strategy.num_replicas_in_sync` (the step
-    size is then right; the value is the mean of the replicas' slice losses).
+    or keep the whole-batch loss and compute it on the global batch (the fix):
+    ```python
+    model.compile(optimizer='adam', loss=global_batch_loss(dice_loss))
+    ```
+    where `global_batch_loss` (written into the file by the fix) gathers every replica's
+    `y_true`/`y_pred` with `ReplicaContext.all_gather` (whose gradient hands each replica the
+    gradient of its own rows), evaluates the loss on the whole batch, and divides a scalar by
+    `num_replicas_in_sync`: the summed gradient is the one-device gradient. Dividing the loss
+    by `num_replicas_in_sync` alone gets the step size near (0.97) but not equal.
 
     ## Fix safety
-    Reported only: a per-sample dice and a whole-batch dice are different objectives (small
-    objects weigh differently), and which one the model should learn is a modelling decision.
-    Not detected: losses defined in another module (`from losses import dice_loss`),
-    `keras.losses.Loss` subclasses, losses built by a factory function, and custom training
-    loops (TFM202 covers `strategy.run` step functions).
+    Unsafe: it changes what the TF2 program trains (a step half as large on 2 replicas, as one
+    device would take) and every replica computes the loss on the whole batch (the loss's cost
+    grows with the replicas; metrics such as a dice metric stay per replica). Measured not
+    exact: a scalar loss with `sample_weight` (Keras weighs the scalar by the replica's
+    weights). A per-sample dice is a different objective (small objects weigh differently), so
+    it is named, not applied. Not detected: losses defined in another module
+    (`from losses import dice_loss`: rules read one file at a time), losses built by a factory
+    function, and custom training loops (TFM202 covers `strategy.run` step functions).
     """
 
     code = "TFM207"
     triggers = ("compile",)
     name = "scalar-loss-under-strategy"
     summary = "custom loss reduced over the whole batch in fit under a strategy: summed per replica"
-    fix_safety = FixSafety.MANUAL
+    fix_safety = FixSafety.UNSAFE
 
     valid = (
         # A per-sample loss: reduced over the non-batch axes only.
@@ -111,6 +135,20 @@ def dice_loss(y_true, y_pred):
 model = build_model()
 model.compile(optimizer='adam', loss=dice_loss)
 """,
+        # A Loss subclass returning one loss per sample; a loss already on the global batch.
+        """import keras
+import tensorflow as tf
+class PerImageDice(keras.losses.Loss):
+    def call(self, y_true, y_pred):
+        return 1 - 2 * tf.reduce_sum(y_true * y_pred, axis=[1, 2]) / tf.reduce_sum(
+            y_true + y_pred, axis=[1, 2])
+def dice_loss(y_true, y_pred):
+    return 1 - 2 * keras.ops.sum(y_true * y_pred) / keras.ops.sum(y_true + y_pred)
+strategy = tf.distribute.MirroredStrategy()
+with strategy.scope():
+    model = build_model()
+    model.compile(optimizer='adam', loss=[PerImageDice(), global_batch_loss(dice_loss)])
+""",
         # Built-in losses are per-sample.
         """import tensorflow as tf
 strategy = tf.distribute.MirroredStrategy()
@@ -141,6 +179,29 @@ with strategy.scope():
                 model = build_unet()
                 model.compile(optimizer='adam', loss=dice_loss, metrics=[dice_coef])
             """,
+            fixed=_fixed(
+                """
+                import keras
+                import tensorflow as tf
+                from keras import backend as K
+                """,
+                """
+                def dice_coef(y_true, y_pred, smooth=1.0):
+                    y_true_f = keras.ops.reshape(y_true, [-1])
+                    y_pred_f = keras.ops.reshape(y_pred, [-1])
+                    intersection = keras.ops.sum(y_true_f * y_pred_f)
+                    return (2. * intersection + smooth) / (
+                        keras.ops.sum(y_true_f) + keras.ops.sum(y_pred_f) + smooth)
+
+                def dice_loss(y_true, y_pred):
+                    return 1. - dice_coef(y_true, y_pred)
+
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build_unet()
+                    model.compile(optimizer='adam', loss=global_batch_loss(dice_loss), metrics=[dice_coef])
+                """,
+            ),
             message="num_replicas_in_sync",
         ),
         # A scalar mean, positionally, in a function-level scope; one of a list of losses.
@@ -157,7 +218,57 @@ with strategy.scope():
                     model.compile('sgd', ['mse', mse_all])
                 model.fit(x, y, batch_size=64)
             """,
+            fixed=_fixed(
+                "import tensorflow as tf",
+                """
+                def mse_all(y_true, y_pred):
+                    return tf.reduce_mean(tf.square(y_true - y_pred))
+
+                def train(strategy, x, y):
+                    with strategy.scope():
+                        model = build()
+                        model.compile('sgd', ['mse', global_batch_loss(mse_all)])
+                    model.fit(x, y, batch_size=64)
+                """,
+            ),
             message="whole batch",
+        ),
+        # A keras.losses.Loss subclass whose call returns a scalar (IoU over the batch).
+        Example(
+            """
+            import keras
+            import tensorflow as tf
+
+            class SoftIoULoss(keras.losses.Loss):
+                def call(self, y_true, y_pred):
+                    inter = tf.reduce_sum(y_true * y_pred)
+                    union = tf.reduce_sum(y_true + y_pred) - inter
+                    return 1.0 - inter / (union + 1e-6)
+
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                model = build()
+                model.compile(optimizer='adam', loss=SoftIoULoss())
+            """,
+            fixed=_fixed(
+                """
+                import keras
+                import tensorflow as tf
+                """,
+                """
+                class SoftIoULoss(keras.losses.Loss):
+                    def call(self, y_true, y_pred):
+                        inter = tf.reduce_sum(y_true * y_pred)
+                        union = tf.reduce_sum(y_true + y_pred) - inter
+                        return 1.0 - inter / (union + 1e-6)
+
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build()
+                    model.compile(optimizer='adam', loss=global_batch_loss(SoftIoULoss()))
+                """,
+            ),
+            message="`SoftIoULoss()` reduces the whole batch",
         ),
     )
 
@@ -165,6 +276,7 @@ with strategy.scope():
         facts = self.context.shared(
             "distribution-facts", lambda: analyze(node, self.context.resolver)
         )
+        flagged: list[tuple[cst.BaseExpression, str, str]] = []  # loss, shown name, strategy
         for call in facts.calls:
             if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
                 continue
@@ -177,34 +289,80 @@ with strategy.scope():
                 else [loss.value]
             )
             for value in values:
-                if isinstance(value, cst.Name) and self._scalar_loss(value.value, facts, _DEPTH):
+                shown = self._scalar_value(value, facts)
+                if shown is not None:
                     strategy = self._strategy(call, facts)
                     if strategy is not None:
-                        self._flag(value, strategy)
+                        flagged.append((value, shown, strategy))
+        if not flagged:
+            return
+        fixed = self._with_global_batch_losses(node, [v for v, _, _ in flagged])
+        for value, shown, strategy in flagged:
+            self._flag(value, shown, strategy, fixed)
+
+    def _scalar_value(self, value: cst.BaseExpression, facts: ModuleFacts) -> str | None:
+        """How to name ``value`` if it is a whole-batch loss: a function or a Loss instance."""
+        if isinstance(value, cst.Name) and self._scalar_loss(value.value, facts, _DEPTH):
+            return value.value
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+            method = _loss_subclass_call(self.context.module, value.func.value, self.qualify)
+            if method is not None and self._scalar_function(method, facts, _DEPTH):
+                return f"{value.func.value}()"
+        return None
+
+    def _with_global_batch_losses(
+        self, module: cst.Module, losses: list[cst.BaseExpression]
+    ) -> cst.Module | None:
+        """The module with each loss wrapped in `global_batch_loss(...)`, which it defines."""
+        if not self.context.fixing:
+            return None
+        ids = {id(loss) for loss in losses}
+
+        class Wrap(cst.CSTTransformer):
+            def on_leave(self, original, updated):  # type: ignore[no-untyped-def]
+                if id(original) in ids:
+                    return global_batch.wrapped(updated)
+                return updated
+
+        fixed = module.visit(Wrap())
+        if global_batch.defines_helper(module):
+            return fixed
+        at = global_batch.first_code_index(fixed)
+        body = global_batch.insert_helper(list(fixed.body), at, self.tf_local())
+        return fixed.with_changes(body=body)
 
     def _strategy(self, call: cst.Call, facts: ModuleFacts) -> str | None:
         return next(
             (s for s in (scope_strategy(a, facts) for a in self.ancestors(call)) if s), None
         )
 
-    def _flag(self, value: cst.Name, strategy: str) -> None:
+    def _flag(
+        self, value: cst.BaseExpression, shown: str, strategy: str, fixed: cst.Module | None
+    ) -> None:
         self.report(
             value,
-            f"`{value.value}` reduces the whole batch to one number: under `{strategy}` fit "
+            f"`{shown}` reduces the whole batch to one number: under `{strategy}` fit "
             "computes it on each replica's slice and Keras 3 does not divide a scalar loss by "
-            "the replicas, so the summed gradient grows with the replica count; return one "
-            "loss per sample (reduce over the non-batch axes only) or divide it by "
-            f"`{strategy}.num_replicas_in_sync`",
+            "the replicas, so the summed gradient grows with the replica count; compute it on "
+            f"the global batch (unsafe fix: `{global_batch.HELPER}({shown})`, all replicas' "
+            "rows gathered), return one loss per sample, or divide it by "
+            f"`{strategy}.num_replicas_in_sync` (near, not equal)",
+            replacement=fixed,
+            target=self.context.module if fixed is not None else None,
+            imports=() if self.context.resolver.local_name_for("tensorflow") else (_TF,),
         )
+
+    def _scalar_function(self, function: cst.FunctionDef, facts: ModuleFacts, depth: int) -> bool:
+        returns = [n for n in _walk_own(function) if isinstance(n, cst.Return)]
+        if not returns or any(r.value is None for r in returns):
+            return False
+        return all(self._scalar(r.value, function, facts, depth) for r in returns)  # type: ignore[arg-type]
 
     def _scalar_loss(self, name: str, facts: ModuleFacts, depth: int) -> bool:
         function = facts.function(name)
         if function is None or depth == 0:
             return False
-        returns = [n for n in _walk_own(function) if isinstance(n, cst.Return)]
-        if not returns or any(r.value is None for r in returns):
-            return False
-        return all(self._scalar(r.value, function, facts, depth) for r in returns)  # type: ignore[arg-type]
+        return self._scalar_function(function, facts, depth)
 
     def _scalar(
         self, node: cst.BaseExpression, function: cst.FunctionDef, facts: ModuleFacts, depth: int
@@ -244,6 +402,22 @@ with strategy.scope():
             return "axis"
         positional = [a for a in call.args if a.keyword is None and not a.star]
         return "axis" if len(positional) > 1 else "full"
+
+
+def _loss_subclass_call(
+    module: cst.Module, name: str, qualify: Callable[[cst.BaseExpression], str | None]
+) -> cst.FunctionDef | None:
+    """The `call` method of the module's class ``name`` when it subclasses a Keras `Loss`."""
+    for statement in module.body:
+        if not (isinstance(statement, cst.ClassDef) and statement.name.value == name):
+            continue
+        if not any((qualify(base.value) or "").endswith("losses.Loss") for base in statement.bases):
+            return None
+        body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else []
+        return next(
+            (f for f in body if isinstance(f, cst.FunctionDef) and f.name.value == "call"), None
+        )
+    return None
 
 
 def _walk_own(function: cst.FunctionDef) -> list[cst.CSTNode]:

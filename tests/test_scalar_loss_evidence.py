@@ -1,6 +1,7 @@
 """Evidence for TFM207: a whole-batch (scalar) loss given to `fit` under MirroredStrategy on 2
-logical CPU devices takes larger steps than one device on the same global batch; the two fixes
-the rule names behave as its docs say. The numbers quoted in the rule docs come from this file.
+logical CPU devices takes larger steps than one device on the same global batch; the fixes the
+rule names behave as its docs say, and the code its unsafe fix writes (`global_batch_loss`)
+trains exactly what one device trains. The numbers quoted in the rule docs come from this file.
 
 TensorFlow runs in one subprocess (the logical devices must exist before TF starts); the losses
 it trains with are the sources below, and the rule is run on the same sources.
@@ -57,22 +58,25 @@ HARNESS = textwrap.dedent(
     import keras
     import numpy as np
 
-    scope = {}
-    exec(sys.stdin.read(), scope)
+    sources = json.loads(sys.stdin.read())
+    scope, fixed = {}, {}
+    exec(sources["losses"], scope)
+    exec(sources["fixed"], fixed)  # the same file after TFM207's fix: loss=global_batch_loss(...)
     rng = np.random.RandomState(0)
     x = rng.rand(8, 6).astype("float32")
     y = (rng.rand(8, 4) > 0.5).astype("float32")
     init = [rng.randn(6, 4).astype("float32") * 0.5, np.zeros(4, "float32")]
 
-    def run(strategy, loss, divide=False):
+    def run(strategy, loss, divide=False, program=scope, weights=None):
         def build():
             inputs = keras.Input((6,))
             model = keras.Model(inputs, keras.layers.Dense(4, activation="sigmoid")(inputs))
             model.set_weights(init)
             return model
-        scope.update(build=build, LOSS=loss)
-        model = scope["train"](strategy, loss, divide)
-        history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        program.update(build=build, LOSS=loss)
+        model = program["train"](strategy, loss, divide)
+        history = model.fit(x, y, sample_weight=weights, batch_size=8, epochs=1, shuffle=False,
+                            verbose=0)
         kernel = model.get_weights()[0]
         return kernel, float(np.abs(kernel - init[0]).sum()), history.history["loss"][0]
 
@@ -84,12 +88,20 @@ HARNESS = textwrap.dedent(
     _, step3, loss3 = run(mirrored, dice, divide=True)
     p1, _, ploss1 = run(one, per_sample)
     p2, _, ploss2 = run(mirrored, per_sample)
+    g2, _, gloss2 = run(mirrored, None, program=fixed)  # global_batch_loss(dice_loss)
+    # the emitted helper on a per-sample loss, with per-sample weights
+    weights = rng.rand(8).astype("float32")
+    w1, _, _ = run(one, per_sample, weights=weights)
+    w2, _, _ = run(mirrored, fixed["global_batch_loss"](per_sample), weights=weights)
     print("TFM-EVIDENCE " + json.dumps({
         "replicas": mirrored.num_replicas_in_sync,
         "step_ratio": step2 / step1, "loss_ratio": loss2 / loss1,
         "divided_step_ratio": step3 / step1, "divided_loss": loss3, "one_device_loss": loss1,
         "per_sample_max_diff": float(np.abs(p1 - p2).max()),
         "per_sample_losses": [ploss1, ploss2],
+        "global_batch_max_diff": float(np.abs(k1 - g2).max()),
+        "global_batch_losses": [loss1, gloss2],
+        "global_batch_per_sample_weighted_max_diff": float(np.abs(w1 - w2).max()),
     }))
     """
 )
@@ -98,6 +110,13 @@ HARNESS = textwrap.dedent(
 def _scan(source: str) -> list[str]:
     result = process_source(source, "train.py", Settings(rules=(ScalarLossUnderStrategy,)))
     return [f.message for f in result.findings]
+
+
+def _fixed(source: str) -> str:
+    settings = Settings(rules=(ScalarLossUnderStrategy,), fix=True, unsafe_fixes=True)
+    fixed = process_source(source, "train.py", settings).new_code
+    assert fixed is not None and "loss=global_batch_loss(dice_loss)" in fixed
+    return fixed
 
 
 def test_rule_flags_the_scalar_loss_and_not_the_per_sample_one():
@@ -112,8 +131,10 @@ def test_rule_flags_the_scalar_loss_and_not_the_per_sample_one():
 
 @pytest.mark.slow
 def test_scalar_loss_steps_grow_with_the_replicas_and_the_fixes_undo_it():
+    fixed = _fixed(LOSSES.replace("loss=LOSS", "loss=dice_loss"))
     done = subprocess.run(
-        [sys.executable, "-c", HARNESS], input=LOSSES, capture_output=True, text=True,
+        [sys.executable, "-c", HARNESS], input=json.dumps({"losses": LOSSES, "fixed": fixed}),
+        capture_output=True, text=True,
         timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -129,3 +150,7 @@ def test_scalar_loss_steps_grow_with_the_replicas_and_the_fixes_undo_it():
     # A per-sample loss is averaged over the global batch: what one device computes.
     assert evidence["per_sample_max_diff"] < 1e-6
     assert evidence["per_sample_losses"][0] == pytest.approx(evidence["per_sample_losses"][1])
+    # The unsafe fix: the whole-batch loss on the gathered global batch is one device's step.
+    assert evidence["global_batch_max_diff"] < 1e-6
+    assert evidence["global_batch_losses"][1] == pytest.approx(evidence["global_batch_losses"][0])
+    assert evidence["global_batch_per_sample_weighted_max_diff"] < 1e-6
