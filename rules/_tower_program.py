@@ -168,6 +168,16 @@ class Program:
     monitored: cst.BaseExpression | None = None  # StopAtStepHook's last_step
     checkpoint_dir: cst.BaseExpression | None = None
     notes: list[str] = field(default_factory=list)
+    # `ema_op = ema.apply(...)` grouped with the update without an order (see ORDERLESS_EMA)
+    ema_orderless: bool = False
+    reduction_ops: dict[str, str] = field(default_factory=dict)  # reduced name -> SUM | MEAN
+    fetch_names: dict[str, str] = field(default_factory=dict)  # tensor -> legacy op name
+    # tensor -> (op type, tail ops of that type before it), numbered after the aggregation's
+    # one-per-variable ops of the same type (see tower_program._number_after_variables)
+    per_variable_names: dict[str, tuple[str, int]] = field(default_factory=dict)
+    device_settings: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
+    final_save: cst.BaseExpression | None = None  # `Saver().save(sess, path)` after the loop
+    memory_fetches: dict[str, str] = field(default_factory=dict)  # tensor -> memory_stats op
 
 
 def _simple(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
@@ -217,6 +227,123 @@ class _Put(cst.CSTTransformer):
         return self.value if updated.value == "__value__" else updated
 
 
+CONFIG_PROTO = "tensorflow.ConfigProto"
+GPU_OPTIONS = "tensorflow.GPUOptions"
+# Session settings -> the TF2 statement (`{v}`: the value); memory_fraction has none.
+DEVICE_SETTINGS = {
+    "allow_soft_placement": "tf.config.set_soft_device_placement({v})",
+    "log_device_placement": "tf.debugging.set_log_device_placement({v})",
+    "inter_op_parallelism_threads": "tf.config.threading.set_inter_op_parallelism_threads({v})",
+    "intra_op_parallelism_threads": "tf.config.threading.set_intra_op_parallelism_threads({v})",
+    "gpu_options.allow_growth": (
+        'for gpu in tf.config.list_physical_devices("GPU"):\n'
+        "    tf.config.experimental.set_memory_growth(gpu, {v})"
+    ),
+    "gpu_options.per_process_gpu_memory_fraction": (
+        "# per_process_gpu_memory_fraction:\n"
+        "#     {v}\n"
+        "# TF2 has no memory fraction, only an absolute limit in MB\n"
+        "# (tf.config.set_logical_device_configuration): memory growth instead, so the process\n"
+        "# takes only what it uses.\n"
+        'for gpu in tf.config.list_physical_devices("GPU"):\n'
+        "    tf.config.experimental.set_memory_growth(gpu, True)"
+    ),
+}
+# tf.contrib.memory_stats ops -> the key of tf.config.experimental.get_memory_info.
+MEMORY_STATS = {"MaxBytesInUse": "peak"}
+
+
+_CLIPPING = frozenset(
+    {"tensorflow.clip_by_global_norm", "tensorflow.clip_by_norm", "tensorflow.clip_by_value"}
+)
+
+
+class _Tail:
+    """What the reader learns between the tower loop and the Session: values computed from
+    every tower, the session's device settings, memory-stats ops."""
+
+    def __init__(self, tower: dict, split_inputs: set[str]) -> None:
+        self.tower = tower
+        self.split_inputs = split_inputs  # placeholders tf.split gave the towers
+        self.aliases: dict[str, str] = {}  # `all_logits = tf.concat(0, tower_logits)` -> 'logits'
+        self.reductions: dict[str, tuple[str, str]] = {}  # name -> (tower list, SUM | MEAN)
+        self.calls: dict[str, cst.Call] = {}
+        self.ops: dict[str, str] = {}
+        self.names: dict[str, str] = {}  # fetched value -> the legacy op's name
+        self.replica_values: list[cst.BaseStatement] = []  # computed by each replica now
+        self.replica_lists: dict[str, str] = {}
+        self.settings: list[tuple[str, cst.BaseExpression]] = []
+        self.configs: set[str] = set()  # names of the ConfigProto / GPUOptions
+        self.memory: dict[str, str] = {}
+        self.root_counts: dict[str, int] = {}
+        # op type -> how many unnamed ops of it the aggregation writes (each made once per
+        # variable at the graph's root, which numbers the tail's ops after them)
+        self.unknown: dict[str, int] = {}
+        self.per_variable: dict[str, tuple[str, int]] = {}  # name -> (op type, seen before)
+
+    def reduce(self, name: str, listed: str, op: str, call: cst.Call) -> None:
+        self.reductions[name] = (listed, op)
+        self.calls[name] = call
+
+    def root_op(self, name: str, call: cst.BaseExpression) -> None:
+        """The name TF1 gave the op that computed ``name`` at the graph's root: its literal
+        `name=`, else its type's default, numbered as the graph numbered repeats."""
+        literal = get_arg(call, None, "name")  # type: ignore[arg-type]
+        if isinstance(literal, cst.SimpleString):
+            self.names[name] = literal.evaluated_value  # type: ignore[assignment]
+            return
+        default = None
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+            default = {"reduce_mean": "Mean", "reduce_sum": "Sum", "add_n": "AddN"}.get(
+                call.func.attr.value
+            )
+        if default is None or default in self.unknown:
+            self.names[name] = name  # no name to predict: the Python name keeps keys apart
+            if default is not None and self.unknown[default] == 1:
+                # once per variable: numbered after them, once their count is known
+                seen = self.root_counts.get(default, 0)
+                self.root_counts[default] = seen + 1
+                self.per_variable[name] = (default, seen)
+            return
+        seen = self.root_counts.get(default, 0)
+        self.root_counts[default] = seen + 1
+        self.names[name] = default if seen == 0 else f"{default}_{seen}"
+
+    def setting(self, key: str, value: cst.BaseExpression, node: cst.CSTNode) -> None:
+        if key not in DEVICE_SETTINGS:
+            raise Blocked(node, f"the session setting `{key}` has no tf.config counterpart here")
+        self.settings.append((key, value))
+
+
+def _op_types(nodes: list) -> dict[str, int]:
+    """The default op names of the unnamed reductions these statements write, with how many
+    times each is written (the aggregation runs them once per variable)."""
+    names = {"reduce_mean": "Mean", "reduce_sum": "Sum", "add_n": "AddN"}
+    found: dict[str, int] = {}
+    for node in nodes:
+        for n in walk(node):
+            if (
+                isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Attribute)
+                and n.func.attr.value in names
+                and get_arg(n, None, "name") is None
+            ):
+                op = names[n.func.attr.value]
+                found[op] = found.get(op, 0) + 1
+    return found
+
+
+class _Aliases(cst.CSTTransformer):
+    """The towers' concatenated tensors -> this replica's own."""
+
+    def __init__(self, aliases: dict[str, str]) -> None:
+        super().__init__()
+        self.aliases = aliases
+
+    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+        return cst.Name(self.aliases[updated.value]) if updated.value in self.aliases else updated
+
+
 class ProgramReader:
     """Classifies the statements of the function that holds the tower loop."""
 
@@ -226,6 +353,7 @@ class ProgramReader:
         self._hook_list: tuple[str, cst.BaseExpression] | None = None  # (hooks, last_step)
         self._dataset_input = False
         self._monitored: tuple[cst.BaseExpression, cst.BaseExpression | None] | None = None
+        self._final_save: cst.BaseExpression | None = None
         self.rule = rule
         # id(helper def or aggregating statement) -> averaged?  (what TFM102 found)
         self.aggregation = aggregation
@@ -968,6 +1096,8 @@ class ProgramReader:
         consumed = False  # the selected UPDATE_OPS run with the train op
         appended = False  # slim: the update appended to them
         train_value: tuple[str, str] | None = None  # (tensor, op name) with_dependencies returns
+        orderless: tuple[str, cst.BaseStatement] | None = None  # `ema_op = ema.apply(...)`
+        tail = _Tail(tower, {p.name for p in placeholders if p.name in splits.values()})
         scope_names = [
             item.asname.name.value
             for item in tower["withs"]
@@ -1003,12 +1133,17 @@ class ProgramReader:
                 # `total_loss = tf.add_n(clone_losses)`: the SUM over the replicas.
                 reductions[assigned[0][0]] = get_arg(assigned[1], 0, "inputs").value  # type: ignore[arg-type, union-attr]
                 reduction_calls[assigned[0][0]] = assigned[1]  # type: ignore[assignment]
+                tail.root_op(assigned[0][0], assigned[1])
                 continue
+            if session is None and assigned is not None and len(assigned[0]) == 1:
+                if self._tail_value(tail, assigned[0][0], assigned[1]):
+                    continue
             if aggregate is None and not inline and self._inline_start(rest, position, tower_list):
                 inline = [statement, rest[position + 1]]
                 continue
             if aggregate is None and inline:
                 aggregate = (_assign(inline[0])[0][0], self._inline_averaged(inline[1]))  # type: ignore[index]
+                tail.unknown.update(_op_types(inline))
                 continue  # the aggregation loop itself
             if aggregate is None:
                 if assigned is None or len(assigned[0]) != 1:
@@ -1038,6 +1173,7 @@ class ProgramReader:
                         "TFM102 recognises (averaged or summed)",
                     )
                 aggregate = (assigned[0][0], self.aggregation[id(helper)])
+                tail.unknown.update(_op_types([helper]))
                 continue
             if train_op is None:
                 call = _call_of(assigned[1]) if assigned else None
@@ -1048,6 +1184,17 @@ class ProgramReader:
                     or not isinstance(call.func, cst.Attribute)
                     or call.func.attr.value != "apply_gradients"
                 ):
+                    for node in walk(statement):
+                        clip = self.call_q(node) if isinstance(node, cst.Call) else None
+                        if clip in _CLIPPING and aggregate[0] in free_names(statement):
+                            raise Blocked(
+                                statement,
+                                f"`{clip.replace('tensorflow.', 'tf.')}` clips the aggregated "
+                                "gradients before apply_gradients: under MirroredStrategy the "
+                                "replicas' gradients are only summed inside apply_gradients, so "
+                                "clipping their mean needs an explicit all-reduce first (not "
+                                "converted yet)",
+                            )
                     raise Blocked(
                         statement,
                         "expected `train_op = opt.apply_gradients(grads...)` after the aggregation",
@@ -1115,6 +1262,7 @@ class ProgramReader:
                 continue  # summaries and the Saver: the eager loop writes them its own way
             session = self._session(statement)
             if session is not None:
+                self._session_config(statement, tail)
                 statements = rest[position:]
                 if isinstance(statement, cst.With):
                     if position != len(rest) - 1:
@@ -1122,6 +1270,37 @@ class ProgramReader:
                     statements = [statement, *statement.body.body]  # type: ignore[union-attr]
                 step_loop = self._read_session(statements, session, train_op)
                 break
+            if (
+                ema is not None
+                and not grouped
+                and orderless is None
+                and self._ema_apply_call(statement, ema[0])
+                and len(assigned[0]) == 1  # type: ignore[index]
+                and self._ema_variables(_call_of(assigned[1]).args[0].value)  # type: ignore[index, union-attr]
+            ):
+                orderless = (assigned[0][0], statement)  # type: ignore[index]
+                continue
+            if (
+                orderless is not None
+                and not grouped
+                and assigned is not None
+                and len(assigned[0]) == 1
+                and self.call_q(call) == "tensorflow.group"
+                and self._groups_orderless(
+                    call,  # type: ignore[arg-type]
+                    train_op,
+                    orderless[0],
+                    update_ops.name if update_ops is not None and not consumed else None,
+                )
+            ):
+                # `train_op = tf.group(apply_op, ema_op[, *update_ops])`: no order between the
+                # update and the EMA (see ORDERLESS_EMA); the migrated step applies the EMA first.
+                apply.insert(0, orderless[1])
+                train_op, grouped = assigned[0][0], True
+                consumed = consumed or update_ops is not None
+                continue
+            if session is None and self._device_config(statement, tail):
+                continue
             if ema is not None and self._ema_apply_call(statement, ema[0]):
                 raise Blocked(
                     statement,
@@ -1130,6 +1309,10 @@ class ProgramReader:
                     "no fixed order against the update, so its shadows read the "
                     "weights before or after it (not converted)",
                 )
+            memory = self._memory_stats(assigned)
+            if memory is not None and session is None:
+                tail.memory[assigned[0][0]] = memory  # type: ignore[index]
+                continue
             for node in walk(statement):
                 name = self.call_q(node) if isinstance(node, cst.Call) else None
                 if name is not None and name.startswith("tensorflow.contrib.memory_stats."):
@@ -1162,8 +1345,21 @@ class ProgramReader:
                 f"the selected UPDATE_OPS `{update_ops.name}` "
                 "are not run through `tf.group(train_op, *update_ops)`",
             )
+        if orderless is not None and not grouped:
+            raise Blocked(
+                orderless[1],
+                f"`{orderless[0]}` is not grouped with the update as "
+                f"`tf.group({train_op}, {orderless[0]})`",
+            )
         feed_statements, feed_values, run_statement, fetches = step_loop[1:5]
         fetches = self._summary_fetches(fetches, run_statement)
+        for name, (source, op) in tail.reductions.items():
+            reductions[name] = source
+            reduction_calls[name] = tail.calls[name]
+            tail.ops[name] = op
+        if tail.replica_values:
+            tower["body"] = [*tower["body"], *tail.replica_values]
+            tower["collected"] = {**tower["collected"], **tail.replica_lists}
         if train_value is not None:
             # Fetching the with_dependencies tensor fetched its value after the update.
             fetches = [Fetch(None, train_op)] + [
@@ -1178,6 +1374,8 @@ class ProgramReader:
                 continue
             if fetch.tensor in reductions or fetch.tensor == self._log.summary_op:
                 continue
+            if fetch.tensor in tail.memory:
+                continue  # the loop asks tf.config for it (see the notes)
             if fetch.tensor in setup_names and self._monitored is not None:
                 continue  # e.g. the learning rate: read in the step, before the update
             if fetch.tensor not in tower_names:
@@ -1224,6 +1422,17 @@ class ProgramReader:
             logging=self._log,
             monitored=self._monitored[0] if self._monitored else None,
             checkpoint_dir=self._monitored[1] if self._monitored else None,
+            ema_orderless=orderless is not None,
+            reduction_ops=tail.ops,
+            fetch_names=tail.names,
+            per_variable_names=tail.per_variable,
+            device_settings=tail.settings,
+            final_save=self._final_save,
+            memory_fetches={
+                f.tensor: MEMORY_STATS[tail.memory[f.tensor]]
+                for f in fetches
+                if f.tensor in tail.memory
+            },
         )
 
     def _logging(
@@ -1529,6 +1738,8 @@ class ProgramReader:
         if self._monitored is not None:
             # MonitoredTrainingSession initialises by itself: a fake initializer slot.
             statements = [statements[0], None, *statements[1:]]
+        if len(statements) > 3 and self._saved_at_end(statements[-1], session):
+            statements = statements[:-1]  # `Saver().save(sess, path)`: main() writes it now
         if len(statements) < 3:
             raise Blocked(
                 statements[0],
@@ -1628,9 +1839,13 @@ class ProgramReader:
             return step_loop, [], {}, run_statement, fetches, None, prelude, None  # tf.data input
         if feed is None and self._dataset_input:
             return step_loop, [], {}, run_statement, fetches, None, prelude, None
-        if not isinstance(feed, cst.Name):
+        if isinstance(feed, cst.Dict):
+            # `sess.run(..., feed_dict={x: xs, y: ys})`: the dict written in the call
+            feed_statements, feed_values, tower_feed = self._feed(body, feed, run_statement)
+        elif not isinstance(feed, cst.Name):
             raise Blocked(run_call, "feed_dict is not a dict built in the loop")
-        feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)
+        else:
+            feed_statements, feed_values, tower_feed = self._feed(body, feed.value, run_statement)
         return (
             step_loop,
             feed_statements,
@@ -1663,7 +1878,15 @@ class ProgramReader:
         values: dict[str, cst.BaseExpression] = {}
         feed_statement = None
         tower_feed = None
-        for position, statement in enumerate(body):
+        if isinstance(feed, cst.Dict):
+            for element in feed.elements:
+                if not isinstance(element, cst.DictElement) or not isinstance(
+                    element.key, cst.Name
+                ):
+                    raise Blocked(run_statement, "a feed_dict key that is not a placeholder name")
+                values[element.key.value] = element.value
+            feed, feed_statement = "", run_statement
+        for position, statement in enumerate(body if feed else []):
             assigned = _assign(statement)
             if (
                 assigned
@@ -1711,7 +1934,7 @@ class ProgramReader:
         ]
         for statement in others:
             shared = free_names(statement) & (
-                set().union(*(bound_names(s) for s in feed_statements)) | {feed}
+                set().union(*(bound_names(s) for s in feed_statements)) | ({feed} - {""})
             )
             if shared:
                 raise Blocked(
@@ -1782,6 +2005,214 @@ class ProgramReader:
         if done != set(names):
             raise Blocked(statement, "the feed loop does not feed every placeholder")
         return TowerFeed(index, kept, [statement])
+
+    # -- what the conversion moves out of the graph ------------------------------------------
+    def _saved_at_end(self, statement: cst.CSTNode, session: str) -> bool:
+        """``tf.train.Saver().save(sess, path)`` (or the recorded Saver's) after the loop."""
+        small = _simple(statement)
+        call = _call_of(small.value) if isinstance(small, cst.Expr) else None
+        if (
+            call is None
+            or not isinstance(call.func, cst.Attribute)
+            or call.func.attr.value != "save"
+        ):
+            return False
+        receiver = call.func.value
+        fresh = self.call_q(receiver) == "tensorflow.train.Saver" and not receiver.args  # type: ignore[attr-defined]
+        named = (
+            self._log.saver is not None
+            and isinstance(receiver, cst.Name)
+            and receiver.value == self._log.saver[0]
+        )
+        sess, path = get_arg(call, 0, "sess"), get_arg(call, 1, "save_path")
+        if not (fresh or named) or path is None or len(call.args) != 2:
+            return False
+        if not (isinstance(sess, cst.Name) and sess.value == session) or session in free_names(
+            path
+        ):
+            return False
+        self._final_save = path
+        return True
+
+    def _tail_value(self, tail: _Tail, name: str, value: cst.BaseExpression) -> bool:
+        """A value the loop may fetch, computed from every tower's tensors after the loop:
+        the mean of the towers' scalars, a concat of their batch-sized tensors (an alias of
+        the replica's own), or a mean over the whole batch of an expression of those and of the
+        split inputs (each replica computes it on its slice; equal slices: the mean of the
+        replicas' means is the mean over the batch)."""
+        collected = tail.tower["collected"]
+        call = _call_of(value)
+        if call is None:
+            return False
+        q = self.call_q(call)
+        if q == "tensorflow.reduce_mean":
+            tensor = get_arg(call, 0, "input_tensor")
+            axis = get_arg(call, 1, "axis")
+            listed = self._stacked(tensor)
+            whole = axis is None or (isinstance(axis, cst.Integer) and axis.value == "0")
+            if listed in collected and whole and len(call.args) <= 2:
+                tail.reduce(name, listed, "MEAN", call)
+                tail.root_op(name, call)
+                return True
+            if axis is None and len(call.args) == 1 and tensor is not None and tail.aliases:
+                used = free_names(tensor)
+                others = {
+                    n
+                    for n in used - set(tail.aliases) - tail.split_inputs
+                    if self.q(cst.Name(n)) != "tensorflow"
+                }
+                bound = bound_names(cst.IndentedBlock(body=tail.tower["body"]))
+                if not others and used & set(tail.aliases) and name not in bound:
+                    per_replica = call.visit(_Aliases(tail.aliases))
+                    statement = cst.parse_statement(f"{name} = __value__").visit(_Put(per_replica))
+                    tail.replica_values.append(statement)
+                    tail.replica_lists[f"<{name}>"] = name
+                    tail.reduce(name, f"<{name}>", "MEAN", call)
+                    tail.root_op(name, call)
+                    return True
+            return False
+        if q == "tensorflow.concat":
+            listed = self._concat_values(call)
+            if isinstance(listed, cst.Name) and listed.value in collected:
+                tail.aliases[name] = collected[listed.value]
+                return True
+        return False
+
+    def _concat_values(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The values of ``tf.concat`` along axis 0, in any of its three spellings."""
+        first, second = get_arg(call, 0, "values"), get_arg(call, 1, "axis")
+        if len(call.args) != 2:
+            return None
+        if isinstance(first, cst.Integer) and call.args[0].keyword is None:
+            first, second = second, first  # TF 0.x: concat(0, values)
+        keyed = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        if keyed:
+            first, second = (
+                keyed.get("values", first),
+                keyed.get("axis", keyed.get("concat_dim", second)),
+            )
+        if not (isinstance(second, cst.Integer) and second.value == "0"):
+            return None
+        return first
+
+    def _stacked(self, value: cst.BaseExpression | None) -> str | None:
+        """``tf.stack(L)`` or ``tf.concat(0, [tf.expand_dims(t, 0) for t in L])`` -> 'L'."""
+        call = _call_of(value)
+        if call is None:
+            return None
+        q = self.call_q(call)
+        if (
+            q == "tensorflow.stack"
+            and len(call.args) == 1
+            and isinstance(call.args[0].value, cst.Name)
+        ):
+            return call.args[0].value.value
+        if q != "tensorflow.concat":
+            return None
+        values = self._concat_values(call)
+        if not (isinstance(values, cst.ListComp) and isinstance(values.for_in.target, cst.Name)):
+            return None
+        element = _call_of(values.elt)
+        target = values.for_in.target.value
+        if (
+            element is None
+            or self.call_q(element) != "tensorflow.expand_dims"
+            or len(element.args) != 2
+            or not isinstance(element.args[0].value, cst.Name)
+            or element.args[0].value.value != target
+            or not (
+                isinstance(element.args[1].value, cst.Integer)
+                and element.args[1].value.value == "0"
+            )
+            or values.for_in.ifs
+            or values.for_in.inner_for_in is not None
+            or not isinstance(values.for_in.iter, cst.Name)
+        ):
+            return None
+        return values.for_in.iter.value
+
+    def _groups_orderless(
+        self, call: cst.Call, train_op: str | None, ema_op: str, update_ops: str | None
+    ) -> bool:
+        """``tf.group(train_op, ema_op)``, ``*update_ops`` too when they are still pending."""
+        parts = {(a.star, getattr(a.value, "value", None)) for a in call.args}
+        wanted = {("", train_op), ("", ema_op)}
+        if update_ops is not None:
+            wanted.add(("*", update_ops))
+        return (
+            len(call.args) == len(wanted)
+            and parts == wanted
+            and not any(a.keyword is not None for a in call.args)
+        )
+
+    def _device_config(self, statement: cst.CSTNode, tail: _Tail) -> bool:
+        """``o = tf.GPUOptions(...)``, ``config = tf.ConfigProto(...)``, ``config.x.y = v``:
+        session settings, which become tf.config calls before the strategy is made."""
+        assigned = _assign(statement)
+        if assigned is not None and len(assigned[0]) == 1:
+            call = _call_of(assigned[1])
+            if self.call_q(call) in (CONFIG_PROTO, GPU_OPTIONS):
+                self._config_settings(call, tail)  # type: ignore[arg-type]
+                tail.configs.add(assigned[0][0])
+                return True
+        small = _simple(statement)
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            path = cst.Module([]).code_for_node(small.targets[0].target).split(".")
+            if len(path) > 1 and path[0] in tail.configs:
+                tail.setting(".".join(path[1:]), small.value, statement)
+                return True
+        return False
+
+    def _config_settings(self, call: cst.Call, tail: _Tail, prefix: str = "") -> None:
+        q = self.call_q(call)
+        if q == GPU_OPTIONS:
+            prefix = "gpu_options."
+        for arg in call.args:
+            if arg.keyword is None:
+                raise Blocked(call, "a session config with positional arguments")
+            key = arg.keyword.value
+            if q == CONFIG_PROTO and key == "gpu_options":
+                inner = _call_of(arg.value)
+                if self.call_q(inner) == GPU_OPTIONS:
+                    self._config_settings(inner, tail)  # type: ignore[arg-type]
+                elif not (isinstance(arg.value, cst.Name) and arg.value.value in tail.configs):
+                    raise Blocked(call, "GPUOptions the conversion cannot follow")
+                continue
+            tail.setting(prefix + key, arg.value, call)
+
+    def _session_config(self, statement: cst.CSTNode, tail: _Tail) -> None:
+        """The Session's ``config=``: one the tail built, or a ConfigProto written inline."""
+        if isinstance(statement, cst.With):
+            call = _call_of(statement.items[0].item)
+        else:
+            assigned = _assign(statement)
+            call = _call_of(assigned[1]) if assigned else None
+        config = (
+            get_arg(call, 0 if self.call_q(call) != MONITORED else None, "config") if call else None
+        )  # type: ignore[arg-type]
+        if config is None:
+            return
+        if isinstance(config, cst.Name) and config.value in tail.configs:
+            return
+        inline = _call_of(config)
+        if self.call_q(inline) != CONFIG_PROTO:
+            raise Blocked(statement, "a Session config the conversion cannot follow")
+        self._config_settings(inline, tail)  # type: ignore[arg-type]
+
+    def _memory_stats(self, assigned: tuple[list[str], cst.BaseExpression] | None) -> str | None:
+        """``peak = tf.contrib.memory_stats.MaxBytesInUse()`` -> 'MaxBytesInUse'."""
+        call = _call_of(assigned[1]) if assigned else None
+        q = self.call_q(call) or ""
+        op = q.rsplit(".", 1)[-1]
+        if (
+            assigned is None
+            or len(assigned[0]) != 1
+            or not q.startswith("tensorflow.contrib.memory_stats.")
+            or op not in MEMORY_STATS
+            or call.args  # type: ignore[union-attr]
+        ):
+            return None
+        return op
 
     def _is_method(self, call: cst.Call, receiver: str, method: str) -> bool:
         func = call.func

@@ -11,6 +11,7 @@ make verify compare the wrong things.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import libcst as cst
@@ -78,6 +79,41 @@ def _slim_layer(name: str) -> str | None:
     return None
 
 
+# Imports that never hold the project's model code.
+_LIBRARIES = frozenset({"tensorflow", "numpy", "six", "tf_slim", "keras", "tf_keras", "__future__"})
+
+
+def _user_imports(module: cst.Module) -> set[str]:
+    """Names bound by imports of the project's own modules (``import model``)."""
+    code = module.code_for_node
+    found: set[str] = set()
+    for statement in module.body:
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                dotted = code(alias.name)
+                if not _is_library(dotted):
+                    found.add(alias.asname.name.value if alias.asname else dotted.split(".")[0])  # type: ignore[union-attr]
+        elif isinstance(small, cst.ImportFrom) and isinstance(small.names, list | tuple):
+            dotted = code(small.module) if small.module is not None else ""
+            if small.relative or not _is_library(dotted):
+                for alias in small.names:
+                    bound = alias.asname.name if alias.asname else alias.name  # type: ignore[union-attr]
+                    found.add(code(bound))
+    return found
+
+
+def _is_library(dotted: str) -> bool:
+    root = dotted.split(".")[0]
+    return root in _LIBRARIES or root in sys.stdlib_module_names
+
+
+def _root_name(node: cst.BaseExpression) -> str | None:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
 class VariableNames:
     def __init__(
         self, module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
@@ -88,6 +124,7 @@ class VariableNames:
         self.arg_scoped = any(
             isinstance(n, cst.Name) and n.value == "arg_scope" for n in walk(module)
         )
+        self.user_modules = _user_imports(module)
         self.names: list[str] = []
         self.non_trainable: set[str] = set()
         self.templates: dict[str, tuple[list[str], cst.FunctionDef]] = {}
@@ -219,6 +256,8 @@ class VariableNames:
             raise Unknown
         elif isinstance(node.func, cst.Name) and node.func.value in self.functions:
             self._call(self.functions[node.func.value], node, scopes, env)
+        elif _root_name(node.func) in self.user_modules:
+            raise Unknown  # the project's own module (`model.build(...)`): not read from here
 
     def _call(self, function: cst.FunctionDef, call: cst.Call, scopes, env) -> None:  # type: ignore[no-untyped-def]
         self._depth += 1

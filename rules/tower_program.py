@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import libcst as cst
@@ -7,9 +9,17 @@ import libcst as cst
 from tfmigrate.names import NameResolver
 from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules import _multi_worker_emit as multi_worker
+from tfmigrate.rules import _tower_model_module as model_code
 from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules._tower_emit import Emitter, _indent, store_source
-from tfmigrate.rules._tower_program import Blocked, Program, ProgramReader, _assign
+from tfmigrate.rules._tower_model_module import MODEL_TRIGGERS
+from tfmigrate.rules._tower_program import (
+    DEVICE_SETTINGS,
+    Blocked,
+    Program,
+    ProgramReader,
+    _assign,
+)
 from tfmigrate.rules._towers import (
     TowerRule,
     bound_names,
@@ -62,6 +72,13 @@ class TowerProgramToMirroredStrategy(TowerRule):
     - regularization losses are added where the legacy added them (slim: the first clone's loss
       only); an ordered queue input becomes a `tf.data` pipeline of the same batches; a
       `tf.train.Saver` in the loop becomes a `CheckpointManager`, summaries a TF2 summary writer;
+    - a model module the program imports (`import model`) is converted with it (tf.layers
+      from tf_keras, tf.contrib from tf_slim), and only then; an EMA grouped with the update
+      in no order runs first in the step, its shadows announced as a possible difference;
+      the towers' mean loss and whole-batch metrics become MEAN reductions; the session's
+      ConfigProto becomes tf.config calls at the start of main(); `MaxBytesInUse` fetched in
+      the loop is asked of tf.config (never compared by verify); `tf.app.flags` /
+      `tf.app.run` become absl's;
     - `--batch-norm sync` (option `batch-norm`) is refused for TF1 batch norm, which has no
       cross-replica mode on `tf.compat.v1`;
     - the TF1 model code is kept: its `get_variable` calls go through a small `TF1Variables`
@@ -115,7 +132,9 @@ class TowerProgramToMirroredStrategy(TowerRule):
     """
 
     code = "TFM303"
-    triggers = ("tensorflow.device",)  # the conversion starts from a tower loop's tf.device
+    # The conversion starts from a tower loop's tf.device; the model modules it imports use TF1
+    # layers.
+    triggers = ("tensorflow.device", *MODEL_TRIGGERS)
     option_choices = {"strategy": ("mirrored", "multi-worker"), "batch-norm": ("faithful", "sync")}
     name = "tower-program-to-mirrored-strategy"
     summary = "whole TF1 tower training program: converted to a MirroredStrategy program"
@@ -147,6 +166,8 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
     def leave_Module(self, original_node: cst.Module) -> None:
         towers = self.tower_loops()
         if not towers:
+            if not self.context.options.get("_tfm303_inner"):
+                self._model_module(original_node)
             return
         if self.context.options.get("_tfm303_inner"):
             return
@@ -189,16 +210,116 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             loop, summary, replacement=module, target=self.context.module, manifest=manifest
         )
 
+    def _model_module(self, original_node: cst.Module) -> None:
+        """A module of TF1 model code that a convertible tower program imports: its layers
+        need tf_keras / tf_slim under TF2, converted with the program (or not at all)."""
+        first = model_code.first_tf1_layer(self)
+        if first is None:
+            return
+        importer = model_code.importing_program(PurePosixPath(self.context.path), type(self))
+        if importer is None:
+            return
+        if not self.context.fixing:
+            self.report(
+                first,
+                f"convertible: `rewrite` converts this model module with the tower program "
+                f"`{importer}` (TF1 layers kept on tf.compat.v1, from tf_keras / tf_slim)",
+                replacement=original_node,
+                target=original_node,
+            )
+            return
+        try:
+            module = _contrib_to_tf_slim(_renamed(self.context), original_node)
+            module = _v1_layers_to_tf_keras(module)
+        except Blocked as blocked:
+            self.report(first, f"not converted: {blocked.reason}; the module is left as it was")
+            return
+        self.report(
+            first,
+            f"converted with the tower program `{importer}`: the TF1 model code stays on "
+            "tf.compat.v1, its layers from tf_keras (tf.layers) / tf_slim (tf.contrib)",
+            replacement=module,
+            target=self.context.module,
+            manifest={
+                "notes": [
+                    f"TFM303: model module of the tower program `{importer}`: TF1 symbols on "
+                    "their tf.compat.v1 spellings, tf.layers from tf_keras, tf.contrib.slim / "
+                    "contrib.layers from tf_slim; its variables are the program's (mapped there)"
+                ]
+            },
+        )
+
 
 def _aggregations(rule: TowerRule) -> dict[int, bool]:
+    from tfmigrate import tree
     from tfmigrate.rules.manual_gradient_aggregation import ManualGradientAggregation
 
     aggregation = ManualGradientAggregation(rule.context)
-    cst.visit_batched(rule.context.module, [aggregation])
+    tree.visit_batched(rule.context.module, [aggregation])
     return aggregation.aggregations()
 
 
-def _analyse(rule: TowerRule, loop: cst.For) -> tuple[Program, cst.If, cst.Call]:
+@dataclass
+class AbslMain:
+    """``tf.app.flags`` definitions at module level, ``def main(_)`` run by ``tf.app.run()``."""
+
+    main: cst.If  # `if __name__ == '__main__': tf.app.run()`
+    values: str  # `FLAGS`
+    alias: cst.BaseStatement | None  # `flags = tf.app.flags` (becomes `from absl import flags`)
+
+
+def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
+    module = rule.context.module
+    main = next(
+        (
+            s
+            for s in module.body
+            if isinstance(s, cst.If)
+            and isinstance(s.test, cst.Comparison)
+            and isinstance(s.test.left, cst.Name)
+            and s.test.left.value == "__name__"
+        ),
+        None,
+    )
+    body = main.body.body if main is not None else []
+    small = (
+        body[0].body[0] if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else None
+    )
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not isinstance(call, cst.Call) or rule.qualify(call.func) != "tensorflow.app.run":
+        return None
+    runs = get_arg(call, 0, "main")
+    if (runs is None and function.name.value != "main") or (
+        runs is not None and not (isinstance(runs, cst.Name) and runs.value == function.name.value)
+    ):
+        raise Blocked(
+            main, f"`tf.app.run` does not run the training function `{function.name.value}`"
+        )  # type: ignore[arg-type]
+    if len(function.params.params) != 1 or main.orelse is not None:  # type: ignore[union-attr]
+        raise Blocked(function, "a function run by tf.app.run that does not take argv alone")
+    values = alias = None
+    for statement in module.body:
+        assigned = _assign(statement)
+        if assigned is None or len(assigned[0]) != 1:
+            continue
+        name = rule.qualify(assigned[1])
+        if name in ("tensorflow.app.flags.FLAGS", "tensorflow.flags.FLAGS"):
+            values = assigned[0][0]
+        elif name in ("tensorflow.app.flags", "tensorflow.flags"):
+            if assigned[0][0] != "flags":
+                raise Blocked(statement, "tf.app.flags bound to a name other than `flags`")
+            alias = statement
+    if values is None:
+        raise Blocked(main, "tf.app.run without `FLAGS = tf.app.flags.FLAGS` at module level")  # type: ignore[arg-type]
+    used = _names_used(module)
+    if "app" in used or (alias is None and "flags" in used):
+        raise Blocked(main, "the module already uses `app` / `flags` (absl's names)")  # type: ignore[arg-type]
+    return AbslMain(main, values, alias)  # type: ignore[arg-type]
+
+
+def _analyse(
+    rule: TowerRule, loop: cst.For
+) -> tuple[Program, cst.If, cst.Call | None, AbslMain | None]:
     program = ProgramReader(rule, _aggregations(rule)).read(loop)
     module = rule.context.module
     names = identifiers(module)
@@ -206,13 +327,22 @@ def _analyse(rule: TowerRule, loop: cst.For) -> tuple[Program, cst.If, cst.Call]
     if clash:
         raise Blocked(program.function, f"the module already uses the name `{clash[0]}`")
     reserved = _RESERVED_LOCAL if program.dataset is not None else _RESERVED_LOCAL | {"dataset"}
-    clash = sorted(identifiers(program.function) & reserved)
+    attributes = {id(n.attr) for n in walk(program.function) if isinstance(n, cst.Attribute)}
+    names = {
+        n.value
+        for n in walk(program.function)
+        if isinstance(n, cst.Name) and id(n) not in attributes  # `model.build` is no clash
+    }
+    clash = sorted(names & reserved)
     if clash:
         raise Blocked(program.function, f"the training function already uses `{clash[0]}`")
     _check_regularizers(rule, program)
     _check_batch_norm_mode(rule)
+    absl = _absl_main(rule, program.function) if program.parser is None else None
+    if absl is not None:
+        return program, absl.main, None, absl
     main, call = _main_block(module, program.function, program.parser is not None)
-    return program, main, call
+    return program, main, call, None
 
 
 BATCH_NORM_OPTION = "batch-norm"  # faithful (default) | sync
@@ -383,13 +513,24 @@ def _convert(
     loops = reader_rule.tower_loops()
     if len(loops) != 1 or not isinstance(loops[0].replicator, cst.For):
         raise Blocked(context.module, "the tower loop could not be found again after renaming")
-    program, main, main_call = _analyse(reader_rule, loops[0].replicator)
+    program, main, main_call, absl = _analyse(reader_rule, loops[0].replicator)
     unit = module.default_indent
+    _number_after_variables(program, module, reader_rule)
     emitter = Emitter(module, program)
     keys = emitter.fetch_keys()
     needs = emitter.loop_needs()
     function = program.function
-    if program.parser is None:
+    if absl is not None:
+        # tf.app.flags are absl's flags: defined at import, parsed by app.run (main) or by
+        # tfmigrate_program from its argv; the training code reads them as it did.
+        params, param = "", absl.values
+        parser_name, parser_statements, parse_line = "", [], ""
+        main_text = f"""
+
+if __name__ == "__main__":
+    app.run({function.name.value})
+"""
+    elif program.parser is None:
         params = module.code_for_node(function.params)
         param = function.params.params[0].name.value
         parser_name = _parse_call(main_call.args[0].value)
@@ -413,7 +554,7 @@ if __name__ == "__main__":
         )
         parse_line = f"    {module.code_for_node(parse).strip()}\n"
         main_text = ""
-    parser_slot = emitter.slot(parser_statements)
+    parser_slot = emitter.slot(parser_statements) if absl is None else ""
     body_slot = emitter.slot(emitter.loop_body(keys))
     loop_prelude = loop_end = loop_comment = ""
     if program.monitored is None:
@@ -449,13 +590,26 @@ if __name__ == "__main__":
             )
     docstring = function.get_docstring(clean=False)
     doc_line = f'    """{docstring}"""\n' if docstring is not None else ""
+    parse_line += _device_settings(emitter)
+    if program.final_save is not None:
+        loop_end += (
+            "    # tf.train.Saver().save(sess, path) -> the same <path>.index/.data files, written\n"
+            "    # by tf.train.Checkpoint (object-based: not readable by the legacy Saver).\n"
+            f'    program["checkpoint"].write({emitter.expr(program.final_save)})\n'
+        )
     unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
     signature = module.code_for_node(function.params)
     text = (
         store_source(emitter.uses_moving_averages(), emitter.uses_regularization())
+        + (MEMORY_HELPER if program.memory_fetches else "")
         + "\n\n\n"
-        + emitter.build_function(params, keys, needs).strip("\n")
-        + f"""
+        + emitter.build_function(params, keys, needs)
+        .strip("\n")
+        .replace("def build_program(strategy, ):", "def build_program(strategy):")
+        + (
+            _absl_protocol(absl, context)
+            if absl is not None
+            else f"""
 
 
 def make_parser():
@@ -468,12 +622,14 @@ def make_parser():
 def tfmigrate_program(strategy, argv):
     \"\"\"tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`.\"\"\"
     {param}, _ = make_parser().parse_known_args(argv)
-    return build_program(strategy, {param})
+    return build_program(strategy, {param})"""
+        )
+        + f"""
 
 
 def {function.name.value}({signature}):
 {doc_line}{parse_line}    strategy = tf.distribute.MirroredStrategy()
-    program = build_program(strategy, {param})
+    program = build_program(strategy{", " + param if absl is None else ""})
     if {param}.restore_from:
         with strategy.scope():  # optimizer slots restored now are created mirrored
             program["checkpoint"].restore(
@@ -506,6 +662,7 @@ def {function.name.value}({signature}):
             statement is helper
             or statement is parse_helper
             or (statement is main and program.parser is None)
+            or (absl is not None and statement is absl.alias)
         ):
             continue
         if program.queue is not None and statement is program.queue.function:
@@ -517,12 +674,137 @@ def {function.name.value}({signature}):
             body.extend(generated.body[1:])
             continue
         body.append(statement)
-    new_module = _contrib_to_tf_slim(module.with_changes(body=body), program)
+    new_module = _contrib_to_tf_slim(module.with_changes(body=body), program.tower_loop)
     new_module = _v1_layers_to_tf_keras(new_module)
     new_module = _drop_dead_imports(module, new_module)
+    new_module = _drop_dead_definitions(function, new_module)
+    if absl is not None:
+        new_module = _add_imports(new_module, ["from absl import app, flags"])
+    if emitter.saved_path() is not None and "os" not in identifiers(module):
+        body = list(new_module.body)  # the CheckpointManager splits the Saver's path with os
+        _insert_import(body, cst.parse_statement("import os"))
+        new_module = new_module.with_changes(body=body)
     manifest, summary = _manifest(emitter, keys, reader_rule)
     manifest["notes"] = [*manifest["notes"], *multi_worker_notes]  # type: ignore[misc]
     return new_module, manifest, summary
+
+
+MEMORY_HELPER = '''
+
+
+def memory_bytes(key):
+    """tf.contrib.memory_stats.MaxBytesInUse in TF2: the first GPU's memory (`key`: "peak").
+
+    tf.config.experimental.get_memory_info raises on CPU devices: without a GPU, the process'
+    peak resident memory instead (what it is on the CPU), not comparable with a GPU's figure."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return tf.config.experimental.get_memory_info(gpus[0].name)[key]
+    import resource  # Unix
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024'''
+
+
+def _absl_protocol(absl: AbslMain, context: RuleContext) -> str:
+    script = PurePosixPath(context.path).name
+    return f"""
+
+
+flags.DEFINE_string(
+    "restore_from", None, "start from a checkpoint folder (tfmigrate convert-checkpoint)")
+
+
+def tfmigrate_program(strategy, argv):
+    \"\"\"tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`.\"\"\"
+    {absl.values}([{script!r}, *argv], known_only=True)
+    return build_program(strategy)"""
+
+
+def _add_imports(module: cst.Module, lines: list[str]) -> cst.Module:
+    """``lines`` after the TensorFlow import and the imports grouped with it."""
+    end = 0
+    for position, statement in enumerate(module.body):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if _tensorflow_alias(module, small) is not None:
+            end = position + 1
+        elif end and position == end and isinstance(small, cst.Import | cst.ImportFrom):
+            if any(line.comment is None for line in statement.leading_lines):
+                break  # a blank line: the next group
+            end = position + 1
+    code = module.code
+    new = [cst.parse_statement(line) for line in lines if f"\n{line}\n" not in f"\n{code}"]
+    if not new:
+        return module
+    body = list(module.body)
+    body[end:end] = new
+    return module.with_changes(body=body)
+
+
+def _device_settings(emitter: Emitter) -> str:
+    """The Session's ConfigProto settings as tf.config calls, first thing in main(): they
+    must run before anything touches a device."""
+    settings = emitter.p.device_settings
+    if not settings:
+        return ""
+    lines = ["# The legacy session config (ConfigProto) -> tf.config, before any device is used."]
+    for key, value in settings:
+        lines.extend(DEVICE_SETTINGS[key].format(v=emitter.expr(value)).splitlines())
+    return "".join(f"    {line}\n" for line in lines)
+
+
+# Measured on TF 2.21's compat.v1 (ref variables, 10 runs x 5 steps of a tf.group(apply, ema)):
+# the EMA read the weights before the update in about 6 steps of 10, after it in the others,
+# and sometimes a mix of both within one variable; it always read global_step before.
+ORDERLESS_EMA = (
+    "the legacy step grouped the EMA with the update without ordering them (tf.group): TF1 "
+    "read the weights for the shadows before the update in some steps, after it in others, "
+    "sometimes partly both, and global_step before its increment; the migrated step applies "
+    "the EMA first, on the weights the step started from (the most frequent legacy order, "
+    "with the same decay): the EMA shadows differ from the legacy values by up to one update's "
+    "share (1 - decay) in the steps where the legacy read them after the update"
+)
+
+
+def _conversion_notes(program: Program) -> list[str]:
+    notes = []
+    if program.device_settings:
+        keys = ", ".join(key for key, _ in program.device_settings)
+        notes.append(
+            f"TFM303: the Session's ConfigProto ({keys}) -> tf.config calls at the start of "
+            "main(), before the strategy touches a device (TFM105); "
+            "per_process_gpu_memory_fraction has no TF2 counterpart: memory growth instead"
+            if "gpu_options.per_process_gpu_memory_fraction" in keys
+            else f"TFM303: the Session's ConfigProto ({keys}) -> tf.config calls at the start "
+            "of main(), before the strategy touches a device (TFM105)"
+        )
+    for tensor in program.memory_fetches:
+        notes.append(
+            f"TFM303: the loop fetched `{tensor}` (tf.contrib.memory_stats.MaxBytesInUse, TFM109):"
+            " the loop asks tf.config.experimental.get_memory_info for the first GPU's peak now,"
+            " the process' peak resident memory without a GPU; not a training value: train_step"
+            " does not return it and verify does not compare it"
+        )
+    if program.final_save is not None:
+        notes.append(
+            "TFM303: `Saver().save(sess, path)` after the loop -> tf.train.Checkpoint.write(path)"
+            " at the end of main() (same file names, object-based checkpoint)"
+        )
+    return notes
+
+
+def _number_after_variables(program: Program, module: cst.Module, rule: TowerRule) -> None:
+    """A cross-tower value whose op type the aggregation also wrote, once per trainable
+    variable at the graph's root (`tf.reduce_mean(grads, 0)`): TF1 numbered it after those,
+    so its legacy name is known once the trainable variables can be counted."""
+    if not program.per_variable_names:
+        return
+    reader = VariableNames(module, rule.qualify)
+    names = reader.run([*program.graph_setup, *program.tower_body])
+    if names is None:
+        return
+    trainable = len([n for n in names if n not in reader.non_trainable])
+    for name, (op, seen) in program.per_variable_names.items():
+        program.fetch_names[name] = f"{op}_{seen + trainable}"
 
 
 def _names_used(module: cst.Module) -> dict[str, int]:
@@ -533,6 +815,37 @@ def _names_used(module: cst.Module) -> dict[str, int]:
         if isinstance(node, cst.Name) and id(node) not in attributes:
             counts[node.value] = counts.get(node.value, 0) + 1
     return counts
+
+
+def _drop_dead_definitions(function: cst.FunctionDef, new: cst.Module) -> cst.Module:
+    """Module-level helpers only the graph code used (a device function for the towers and its
+    constants) go with it: a function or constant the legacy training function named, that
+    nothing in the new module uses any more (then, in turn, what only those used)."""
+    attributes = {id(n.attr) for n in walk(function) if isinstance(n, cst.Attribute)}
+    candidates = {
+        n.value for n in walk(function) if isinstance(n, cst.Name) and id(n) not in attributes
+    }
+    while True:
+        used = _names_used(new)
+        dead = None
+        for statement in new.body:
+            assigned = _assign(statement)
+            if isinstance(statement, cst.FunctionDef):
+                name = statement.name.value
+            elif assigned is not None and len(assigned[0]) == 1:
+                name = assigned[0][0]
+            else:
+                continue
+            if name in candidates and used.get(name, 0) == 1:
+                dead = statement
+                break
+        if dead is None:
+            return new
+        inner = {id(n.attr) for n in walk(dead) if isinstance(n, cst.Attribute)}
+        candidates |= {
+            n.value for n in walk(dead) if isinstance(n, cst.Name) and id(n) not in inner
+        }
+        new = new.with_changes(body=[s for s in new.body if s is not dead])
 
 
 def _drop_dead_imports(old: cst.Module, new: cst.Module) -> cst.Module:
@@ -574,10 +887,6 @@ def _logging_prelude(emitter: Emitter, module: cst.Module) -> str:
         )
     path = emitter.saved_path()
     if path is not None:
-        if "os" not in identifiers(module):
-            raise Blocked(
-                emitter.p.step_loop, "the Saver's path needs `os`, which the module does not import"
-            )
         keep = code(log.saver[1]) if log.saver and log.saver[1] is not None else "5"
         text += (
             "    # tf.train.Saver -> a CheckpointManager writing the same file names\n"
@@ -678,7 +987,7 @@ def _tensorflow_alias(module: cst.Module, small: cst.BaseSmallStatement | None) 
     return local
 
 
-def _contrib_to_tf_slim(module: cst.Module, program: Program) -> cst.Module:
+def _contrib_to_tf_slim(module: cst.Module, blocked_at: cst.CSTNode) -> cst.Module:
     """The model code keeps its tf.contrib layers, from tf_slim, which carries them today."""
     tf = None
     tf_import = imports_end = 0
@@ -703,19 +1012,37 @@ def _contrib_to_tf_slim(module: cst.Module, program: Program) -> cst.Module:
         for node in walk(renamed)
     ):
         raise Blocked(
-            program.tower_loop,
+            blocked_at,
             "tf.contrib APIs other than slim / contrib.layers "
             "(tf_slim has no replacement for them)",
         )
     body = list(renamed.body)
+    conv_batch_norm = "batch_norm" in identifiers(renamed)
     patch = cst.parse_module(_indent(_TF_SLIM_PATCH, module.default_indent)).body
     comment = [cst.EmptyLine(comment=cst.Comment(line)) for line in _TF_SLIM_COMMENT]
     patch = [patch[0].with_changes(leading_lines=[cst.EmptyLine(), *comment]), *patch[1:]]
+    if conv_batch_norm:
+        alias = cst.parse_module(_indent(_TF_SLIM_BATCH_NORM, module.default_indent)).body
+        comment = [cst.EmptyLine(comment=cst.Comment(line)) for line in _TF_SLIM_BATCH_NORM_COMMENT]
+        patch += [alias[0].with_changes(leading_lines=comment), *alias[1:]]
     body[imports_end:imports_end] = patch
     body[tf_import + 1 : tf_import + 1] = [cst.parse_statement("import tf_slim")]
     if "importlib" not in identifiers(renamed):
-        body.insert(_first_import(body), cst.parse_statement("import importlib"))
+        _insert_import(body, cst.parse_statement("import importlib"))
+    if conv_batch_norm and "sys" not in identifiers(renamed):
+        _insert_import(body, cst.parse_statement("import sys"))
     return renamed.with_changes(body=body)
+
+
+_TF_SLIM_BATCH_NORM_COMMENT = (
+    "# Its batch_norm (on 4-D inputs) loads tf_keras.legacy_tf_layers, which tf_keras ships",
+    "# under tf_keras.src.",
+)
+_TF_SLIM_BATCH_NORM = """\
+for legacy_module in ("legacy_tf_layers", "legacy_tf_layers.normalization"):
+    sys.modules.setdefault(
+        f"tf_keras.{legacy_module}", importlib.import_module(f"tf_keras.src.{legacy_module}"))
+"""
 
 
 # tf.compat.v1.layers.<name> -> the tf_keras module that defines it (Keras 3 has none of them).
@@ -779,6 +1106,34 @@ def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
     imports[0] = imports[0].with_changes(leading_lines=[comment])
     body[tf_import + 1 : tf_import + 1] = imports
     return renamed.with_changes(body=body)
+
+
+def _insert_import(body: list[cst.BaseStatement], statement: cst.BaseStatement) -> None:
+    """``import x`` in order among the first plain imports; first of its group, it takes the
+    blank line that opened the group."""
+    position = _first_import(body)
+    if position < len(body):
+        after = body[position]
+        small = after.body[0] if isinstance(after, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Import | cst.ImportFrom):
+            if after.leading_lines and not (position and _is_stdlib(body[position - 1])):
+                statement = statement.with_changes(leading_lines=after.leading_lines)
+                after = after.with_changes(leading_lines=())
+            if not _is_stdlib(after):  # the standard library is a group of its own
+                after = after.with_changes(leading_lines=[cst.EmptyLine()])
+            body[position] = after
+    body.insert(position, statement)
+
+
+def _is_stdlib(statement: cst.BaseStatement) -> bool:
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if isinstance(small, cst.Import):
+        name = cst.Module([]).code_for_node(small.names[0].name)
+    elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        name = cst.Module([]).code_for_node(small.module)
+    else:
+        return False
+    return name.split(".")[0] in sys.stdlib_module_names
 
 
 def _first_import(body: list[cst.BaseStatement]) -> int:
@@ -853,7 +1208,12 @@ def _manifest(
         notes.append(
             f"TFM303: `{program.ema[0]}` stays a tf.compat.v1 ExponentialMovingAverage with its "
             "TF1 semantics (num_updates warm-up); its shadow variables are created before the "
-            "first step and applied after every update, as the legacy control dependency did"
+            + (
+                "first step and applied before every update (see the EMA note below)"
+                if program.ema_orderless
+                else "first step and applied after every update, as the legacy control "
+                "dependency did"
+            )
         )
     if program.monitored is not None:
         notes.append(
@@ -865,11 +1225,24 @@ def _manifest(
         )
     for tensor, key in keys.items():
         if tensor in program.reductions:
-            notes.append(
-                f"TFM303: the loop fetched `{tensor}` = tf.add_n of every tower's "
-                f"`{program.collected[program.reductions[tensor]]}`; train_step returns the "
-                f"SUM over the replicas as `{key}`"
-            )
+            source = program.collected[program.reductions[tensor]]
+            if program.reduction_ops.get(tensor, "SUM") == "SUM":
+                notes.append(
+                    f"TFM303: the loop fetched `{tensor}` = tf.add_n of every tower's "
+                    f"`{source}`; train_step returns the SUM over the replicas as `{key}`"
+                )
+            elif source == tensor:
+                notes.append(
+                    f"TFM303: the loop fetched `{tensor}`, a mean over the whole global batch of "
+                    "the towers' concatenated tensors: each replica computes it on its own slice "
+                    f"and train_step returns the MEAN over the replicas as `{key}` (equal slices: "
+                    "the same value)"
+                )
+            else:
+                notes.append(
+                    f"TFM303: the loop fetched `{tensor}`, the mean of every tower's `{source}`; "
+                    f"train_step returns the MEAN over the replicas as `{key}`"
+                )
             continue
         if (
             any(f.tensor == tensor for f in program.fetches)
@@ -895,7 +1268,17 @@ def _manifest(
             f"TFM303: the loop fetched the last tower's `{tensor}`; train_step returns it per "
             f"replica as `{key}` and the loop logs the last replica's"
         )
+    notes.extend(_conversion_notes(program))
     manifest: dict[str, object] = {"notes": notes}
+    announced: list[dict[str, object]] = []
+    if program.ema_orderless:
+        shadow = "ExponentialMovingAverage"
+        ema_name = get_arg(_assign(program.ema[1])[1], 3, "name")  # type: ignore[index, arg-type]
+        if isinstance(ema_name, cst.SimpleString):
+            shadow = str(ema_name.evaluated_value)
+        notes.append(f"TFM303: {ORDERLESS_EMA}")
+        announced.append({"match": [f"*/{shadow}"], "code": "TFM303", "reason": ORDERLESS_EMA})
+        manifest["announced"] = announced
     statistics = [n for n in names or [] if n.endswith(("/moving_mean", "/moving_variance"))]
     if program.update_ops is not None or statistics:
         reason = emitter.statistics_reason()
@@ -903,13 +1286,19 @@ def _manifest(
         match = ["*/moving_mean", "*/moving_variance"]
         if program.ema is not None:
             match += ["*/moving_mean/*", "*/moving_variance/*"]  # their EMA shadows
-        manifest["announced"] = [{"match": match, "code": "TFM303", "reason": reason}]
+        manifest["announced"] = [
+            {"match": match, "code": "TFM303", "reason": reason},
+            *announced,
+        ]
     if names is not None:
         manifest["variables"] = {name: name for name in names}
     else:
+        # verify maps by name once both sides have built their variables ({"*": "*"}).
+        manifest["variables"] = {"*": "*"}
         notes.append(
-            "TFM303: the legacy variable names could not be listed statically: give verify a "
-            "--mapping (the migrated names equal the legacy ones)"
+            "TFM303: the legacy variable names could not be listed statically (the model is "
+            "built in another module): the migrated variables keep the legacy names, so they "
+            "are mapped by name"
         )
     source = (
         "tf.data iterator -> distributed dataset" if program.dataset else "feed_dict -> tf.data"

@@ -17,20 +17,35 @@ from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-CONVERTED = (
-    "cifar_average", "bn_rmsprop", "sum_ema_decay", "global_updates", "slim_clones", "queue_saver"
-)  # fmt: skip
+# tower program -> its script, relative to the folder rewrite converts (fixtures/towers/<name>
+# unless the name is a path of its own under fixtures/)
+SCRIPTS = {
+    "cifar_average": "train.py", "bn_rmsprop": "train.py", "sum_ema_decay": "train.py",
+    "global_updates": "train.py", "slim_clones": "train.py", "queue_saver": "train.py",
+    "addn_towers": "train.py",  # with its model module
+    "slim_towers": "train_clones.py",  # tf.app.flags, a slim model package
+}  # fmt: skip
+# Script flags for verify (the same for both sides): two towers, a small batch, no dropout
+# (random ops cannot match across runtimes).
+VERIFY_ARGS = {
+    "slim_towers": ["--num_clones", "2", "--batch_size", "16", "--dropout_keep_prob", "1"]
+}
+CONVERTED = tuple(SCRIPTS)
 # tower program -> the line the finding must name (what blocked the conversion).
 BLOCKED = {
-    "addn_towers/train.py": (71, "does not run after the update"),  # EMA racing the update
     "cifar_towers/train_multi_gpu.py": (76, "each tower dequeues its own batch"),
-    "slim_towers/train_clones.py": (87, "a graph op reporting GPU memory"),  # memory_stats
 }
 TF1_ONLY = re.compile(r"\b(Session|placeholder|feed_dict|global_variables_initializer)\b")
 
 
+def _folder(name: str) -> Path:
+    return (
+        FIXTURES / name if (FIXTURES / name / "EXPECTED").exists() else FIXTURES / "towers" / name
+    )
+
+
 def _rewrite_out(cli, name: str, out: Path):
-    result = cli("rewrite", "--out", out, FIXTURES / "towers" / name)
+    result = cli("rewrite", "--out", out, _folder(name))
     assert result.returncode in (0, 1), result
     return result
 
@@ -39,14 +54,15 @@ def _rewrite_out(cli, name: str, out: Path):
 def test_fixture_converts_to_a_tf2_program(cli, tmp_path, name):
     out = tmp_path / "out"
     _rewrite_out(cli, name, out)
-    code = (out / "train.py").read_text()
+    script = SCRIPTS[name]
+    code = (out / script).read_text()
     cst.parse_module(code)
-    compile(code, "train.py", "exec")
+    compile(code, script, "exec")
     assert not TF1_ONLY.findall(code)
     assert "def tfmigrate_program(strategy, argv):" in code
     assert "strategy.run(step_fn, args=batch)" in code
     assert "import tfmigrate" not in code
-    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"][script]
     assert [a["code"] for a in entry["applied"]] == ["TFM303"]
     assert entry["variables"] and all(k == v for k, v in entry["variables"].items())
     assert any(note.startswith("TFM303:") for note in entry["notes"])
@@ -73,10 +89,10 @@ def test_cifar_average_mapping_and_scaling(cli, tmp_path):
 def test_second_rewrite_changes_nothing(cli, tmp_path, name):
     out = tmp_path / "out"
     _rewrite_out(cli, name, out)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     again = cli("rewrite", "--write", "--allow-dirty", out)
-    assert again.returncode == 0, again
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert again.returncode in (0, 1) and " yes " not in again.stdout, again  # 1: findings left
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("name", sorted(BLOCKED))
@@ -99,10 +115,12 @@ def test_manifest_contribution_only_when_the_fix_is_applied():
     assert fixed.manifest["variables"] == {"model/w": "model/w"}
 
 
-def _verify(legacy: Path, migrated: Path, steps: int = 6) -> subprocess.CompletedProcess:
+def _verify(
+    legacy: Path, migrated: Path, steps: int = 6, args: list[str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tfmigrate", "verify", str(legacy), str(migrated),
-         "--replicas", "2", "--steps", str(steps)],
+         "--replicas", "2", "--steps", str(steps), *(["--", *args] if args else [])],
         capture_output=True, text=True, timeout=600,
         env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -113,7 +131,9 @@ def _verify(legacy: Path, migrated: Path, steps: int = 6) -> subprocess.Complete
 def test_converted_fixture_verifies(cli, tmp_path, name):
     out = tmp_path / "out"
     _rewrite_out(cli, name, out)
-    result = _verify(FIXTURES / "towers" / name / "train.py", out / "train.py")
+    steps = 3 if name in ("addn_towers", "slim_towers") else 6  # convnets: fewer steps
+    script = SCRIPTS[name]
+    result = _verify(_folder(name) / script, out / script, steps, VERIFY_ARGS.get(name))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EQUIVALENT" in result.stdout
     assert not re.findall(r"^(?:FAIL|DIVERGED|UNMATCHED)", result.stdout, re.M)
@@ -131,6 +151,18 @@ def test_converted_fixture_verifies(cli, tmp_path, name):
         assert re.findall(r"^EXPECTED\W+(\S+)", result.stdout, re.M) == [
             "mlp/bn1/moving_mean", "mlp/bn1/moving_variance"
         ]  # fmt: skip
+    if name == "slim_towers":  # the clones' summed loss; MaxBytesInUse is not compared
+        assert re.search(r"^PASS\W+train_op\W", result.stdout, re.M)
+        rows = r"^(?:PASS|FAIL|EXPECTED|DIVERGED|UNMATCHED)\W+\S*(?:MaxBytesInUse|peak)"
+        assert not re.findall(rows, result.stdout, re.M)
+        assert len(re.findall(r"^EXPECTED\W+SmallNet/\S+/moving_\w+", result.stdout, re.M)) >= 2
+    if name == "addn_towers":  # the towers' mean loss and the whole batch's accuracy, reduced
+        assert re.search(r"^PASS\W+Mean \(reduced\)", result.stdout, re.M)
+        assert re.search(r"^PASS\W+Mean_1 \(reduced\)", result.stdout, re.M)
+        shadows = re.findall(r"^(\w+)\W+net/\S+/ExponentialMovingAverage", result.stdout, re.M)
+        assert len(shadows) == 10 and set(shadows) <= {"PASS", "EXPECTED"}  # orderless EMA
+        expected = re.findall(r"^EXPECTED\W+(net/\S+/moving_\w+)\s", result.stdout, re.M)
+        assert len(expected) == 4  # every tower's statistics updates: announced, with size
 
 
 def test_bn_rmsprop_shape(cli, tmp_path):
@@ -370,7 +402,108 @@ def test_example_is_current():
 
 def test_blocked_fixture_copy_is_byte_identical(cli, tmp_path):
     repo = tmp_path / "repo"
-    shutil.copytree(FIXTURES / "addn_towers", repo)
+    shutil.copytree(FIXTURES / "cifar_towers", repo)
     before = {p.name: p.read_bytes() for p in repo.iterdir()}
     cli("rewrite", "--write", "--allow-dirty", "--select", "TFM303", repo)
     assert {p.name: p.read_bytes() for p in repo.iterdir()} == before
+
+
+def test_addn_towers_shape(cli, tmp_path):
+    """A model module of its own (tf.layers), a PS_OPS device function, tf.add_n averaging,
+    an EMA grouped with the update in no order, the towers' mean loss and the whole batch's
+    accuracy fetched, GPUOptions/ConfigProto, an inline feed_dict, a Saver after the loop."""
+    out = tmp_path / "out"
+    _rewrite_out(cli, "addn_towers", out)
+    code = (out / "train.py").read_text()
+    model = (out / "model.py").read_text()
+    files = json.loads((out / "tfmigrate.json").read_text())["files"]
+    entry = files["train.py"]
+    # The model module is converted with the program: tf.layers from tf_keras.
+    assert "tf.layers.conv2d(" not in model and "tf1_core_layers.dense(net, 256" in model
+    assert [a["code"] for a in files["model.py"]["applied"]] == ["TFM303"]
+    assert "def assign_to_device" not in code and "PS_OPS" not in code  # dead with the towers
+    # The EMA runs first, on the weights the step started from; the difference is announced.
+    step = code.split("def step_fn", 1)[1]
+    assert step.index("ema_op = ema.apply(") < step.index("apply_op = opt.apply_gradients(")
+    [ema] = [a for a in entry["announced"] if a["match"] == ["*/ExponentialMovingAverage"]]
+    assert "before the update in some steps, after it in others" in ema["reason"]
+    # mean_loss / accuracy: reduced with MEAN under the legacy op names.
+    assert "accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y)" in code
+    assert "outputs['Mean'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs['Mean']" in code
+    assert "loss_value = outputs['Mean'].numpy()" in code
+    assert "acc = outputs['Mean_1'].numpy()" in code
+    # The session config -> tf.config in main(), before the strategy.
+    main = code.split("\ndef main(", 1)[1]
+    assert main.index("tf.config.set_soft_device_placement(True)") < main.index(
+        "MirroredStrategy()"
+    )
+    assert "set_memory_growth(gpu, True)" in main and "GPUOptions" not in code
+    assert "program[\"checkpoint\"].write('/tmp/addn_towers/model.ckpt')" in code
+    assert entry["variables"] == {"*": "*"}  # the model lives in model.py: mapped by name
+
+
+def test_model_module_of_a_blocked_program_stays(cli, tmp_path):
+    """A model module is converted with its program or not at all."""
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURES / "addn_towers", repo)
+    train = repo / "train.py"
+    train.write_text(train.read_text().replace("for i in xrange(args.num_gpus):", "for i in gpus:"))
+    scan = cli("scan", "--select", "TFM303", repo)
+    assert "model.py" not in scan.stdout and "train.py:49:5: TFM303 not converted" in scan.stdout
+
+
+def test_slim_towers_shape(cli, tmp_path):
+    """tf.app.flags + tf.app.run, a slim model package with arg_scope, MaxBytesInUse fetched,
+    ConfigProto + allow_growth before the Session, a Saver without `import os`."""
+    out = tmp_path / "out"
+    _rewrite_out(cli, "slim_towers", out)
+    code = (out / "train_clones.py").read_text()
+    net = (out / "nets" / "small_net.py").read_text()
+    files = json.loads((out / "tfmigrate.json").read_text())["files"]
+    entry = files["train_clones.py"]
+    assert "slim = tf_slim\n" in net and "with slim.arg_scope([slim.conv2d" in net
+    assert "= tf.contrib" not in net and "tf.contrib.slim" not in code.split("slim = tf_slim")[1]
+    assert "sys.modules.setdefault(" in net  # tf_slim's 4-D batch norm needs tf_keras' layers
+    assert [a["code"] for a in files["nets/small_net.py"]["applied"]] == ["TFM303"]
+    # absl flags: parsed by app.run in main, by tfmigrate_program from its argv.
+    assert "tf.app" not in code and "from absl import app, flags\n" in code
+    assert "FLAGS(['train_clones.py', *argv], known_only=True)" in code
+    assert code.rstrip().endswith('if __name__ == "__main__":\n    app.run(main)')
+    assert 'flags.DEFINE_string(\n    "restore_from"' in code
+    # MaxBytesInUse: asked of tf.config in the loop (a CPU fallback), not a train_step output.
+    assert "peak = memory_bytes('peak')" in code and "get_memory_info(gpus[0].name)[key]" in code
+    assert "memory_stats.MaxBytesInUse()" not in code and "peak_bytes" not in code
+    assert any("verify does not compare it" in note for note in entry["notes"])
+    main = code.split("\ndef main(", 1)[1]
+    assert main.index("set_memory_growth(gpu, True)") < main.index("MirroredStrategy()")
+    assert "import os\n" in code and "manager.save(checkpoint_number=step)" in code
+
+
+# Written differently from the fixtures: AUTO_REUSE, a stacked mean of the towers' losses
+# fetched, an inline tf.stack/reduce_mean aggregation, config.gpu_options set after the
+# ConfigProto, the feed dict passed positionally. (verify: EQUIVALENT, the mean loss compared.)
+STACKED_MEAN = "\"\"\"Linear softmax on N GPUs, AUTO_REUSE sharing, the towers' mean loss logged.\"\"\"\n\nimport argparse\n\nimport numpy as np\nimport tensorflow as tf\n\n\ndef tower_loss(x, y):\n    with tf.variable_scope('linear', reuse=tf.AUTO_REUSE):\n        w = tf.get_variable('w', [10, 3], initializer=tf.glorot_uniform_initializer(seed=1))\n        b = tf.get_variable('b', [3], initializer=tf.zeros_initializer())\n    logits = tf.matmul(x, w) + b\n    return tf.losses.sparse_softmax_cross_entropy(labels=y, logits=logits)\n\n\ndef main():\n    parser = argparse.ArgumentParser()\n    parser.add_argument('--gpus', type=int, default=2)\n    parser.add_argument('--steps', type=int, default=50)\n    args = parser.parse_args()\n\n    x = tf.placeholder(tf.float32, [None, 10])\n    y = tf.placeholder(tf.int64, [None])\n    x_parts = tf.split(x, args.gpus)\n    y_parts = tf.split(y, args.gpus)\n    global_step = tf.train.get_or_create_global_step()\n    lr = tf.train.exponential_decay(0.5, global_step, 10, 0.5, staircase=True)\n    opt = tf.train.GradientDescentOptimizer(lr)\n    grads_per_tower, losses = [], []\n    for i in range(args.gpus):\n        with tf.device('/gpu:%d' % i), tf.name_scope('gpu_%d' % i):\n            loss = tower_loss(x_parts[i], y_parts[i])\n            losses.append(loss)\n            grads_per_tower.append(opt.compute_gradients(loss))\n    averaged = []\n    for gv in zip(*grads_per_tower):\n        averaged.append((tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]))\n    train_op = opt.apply_gradients(averaged, global_step=global_step)\n    mean_loss = tf.reduce_mean(tf.stack(losses))\n\n    config = tf.ConfigProto()\n    config.gpu_options.allow_growth = True\n    with tf.Session(config=config) as sess:\n        sess.run(tf.global_variables_initializer())\n        data = np.random.RandomState(3)\n        for step in range(args.steps):\n            xs = data.rand(8 * args.gpus, 10).astype(np.float32)\n            ys = data.randint(0, 3, 8 * args.gpus)\n            _, l = sess.run([train_op, mean_loss], {x: xs, y: ys})\n            print(step, l)\n\n\nif __name__ == '__main__':\n    main()\n"
+
+
+def test_differently_written_mean_loss_keeps_its_legacy_name():
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(STACKED_MEAN, "train.py", settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    # The aggregation wrote Mean, Mean_1 (one per variable) at the root: the mean loss is Mean_2.
+    assert (
+        "outputs['Mean_2'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs['loss']" in code
+    )
+    assert 'for gpu in tf.config.list_physical_devices("GPU"):' in code
+
+
+def test_clipping_after_the_aggregation_is_refused_with_its_line():
+    clipped = STACKED_MEAN.replace(
+        "    train_op = opt.apply_gradients(averaged, global_step=global_step)\n",
+        "    clipped, norm = tf.clip_by_global_norm([g for g, _ in averaged], 1.0)\n"
+        "    train_op = opt.apply_gradients(zip(clipped, [v for _, v in averaged]))\n",
+    )
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(clipped, "train.py", settings)
+    [finding] = result.findings
+    assert result.new_code is None and finding.code == "TFM303" and finding.line == 39
+    assert "`tf.clip_by_global_norm` clips the aggregated gradients" in finding.message
