@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -518,6 +517,8 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code (TFM104) or na
     if rule is None:
         err.print(f"[bold red]error:[/] unknown rule {code!r} (see `tfmigrate rules`)")
         raise typer.Exit(EXIT_ERROR)
+    from rich.markdown import Markdown  # markdown-it and pygments: only `explain` needs them
+
     out.print(
         Markdown(
             f"# {rule.code} {rule.name}\n\n*{rule.summary}* — fix: **{rule.fix_safety.value}**\n\n{rule.docs()}"

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 
 import libcst as cst
 
-from tfmigrate import prefilter
+from tfmigrate import prefilter, tree
 from tfmigrate.names import NameResolver
 from tfmigrate.python2 import describe_syntax_error
 from tfmigrate.rule import Finding, Fix, FixSafety, Rule, RuleContext
@@ -181,7 +181,7 @@ def _run_rules(
     )
     rules = [rule_class(context) for rule_class in settings.rules]
     try:
-        cst.visit_batched(module, rules)
+        tree.visit_batched(module, rules)
     except Exception as exc:  # a rule bug must not take the whole run down
         raise RuleCrashed(f"a rule crashed on {path}: {type(exc).__name__}: {exc}") from exc
     if not any(rule.reports for rule in rules):
@@ -227,11 +227,12 @@ def _outermost(
     fixed = {id(fix.node) for _, fix in fixes}
     kept = []
     first_for_target: dict[int, Fix] = {}
+    dropped: set[int] = set()  # nested fixes: not applied in this pass
     for finding, fix in fixes:
         # One fix per target and pass; a finding whose fix equals the one applied is done too.
         first = first_for_target.setdefault(id(fix.node), fix)
         if first is not fix:
-            if _same_replacement(first, fix):
+            if _same_replacement(first, fix) and id(first) not in dropped:
                 kept.append((finding, None))
             continue
         node = context.parent_of(fix.node)
@@ -243,6 +244,8 @@ def _outermost(
             node = context.parent_of(node)
         if not nested:
             kept.append((finding, fix))
+        else:
+            dropped.add(id(fix))
     return kept
 
 

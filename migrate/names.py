@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 import libcst as cst
 
+from tfmigrate import tree
+
 # Spellings that name the same API. TF1 code reached the same symbol through several packages;
 # rules match the canonical form on the right.
 _CANONICAL_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -64,12 +66,14 @@ class NameResolver(cst.CSTVisitor):
         self.imported_modules: set[str] = set()
 
     @classmethod
-    def for_module(cls, module: cst.Module, inherited: dict[str, str] | None = None) -> NameResolver:
+    def for_module(
+        cls, module: cst.Module, inherited: dict[str, str] | None = None
+    ) -> NameResolver:
         resolver = cls()
         if inherited:
             resolver.bindings.update(inherited)
             resolver.imported_modules.update(inherited.values())
-        module.visit(resolver)
+        tree.visit(module, resolver)
         return resolver
 
     # -- collection ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import ClassVar, TypeVar
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from tfmigrate import tree
 from tfmigrate.names import NameResolver
 
 T = TypeVar("T")
@@ -102,22 +103,6 @@ class Finding:
         return data
 
 
-class _ParentCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stack: list[cst.CSTNode] = []
-        self.parents: dict[int, cst.CSTNode] = {}
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.stack:
-            self.parents[id(node)] = self.stack[-1]
-        self.stack.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.stack.pop()
-
-
 @dataclass
 class RuleContext:
     """What a rule may know about the file it runs on.
@@ -138,9 +123,7 @@ class RuleContext:
 
     def parent_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         if self._parents is None:
-            collector = _ParentCollector()
-            self.module.visit(collector)
-            self._parents = collector.parents
+            self._parents = tree.parents(self.module)
         return self._parents.get(id(node))
 
     def position_of(self, node: cst.CSTNode) -> CodeRange:

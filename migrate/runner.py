@@ -5,13 +5,18 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from tfmigrate.engine import Settings
 from tfmigrate.processing import FileResult, process_file
 
 Job = tuple[Path, str]  # (path on disk, display path)
+
+# A task is a few files: enough to amortise the round trip to a worker, few enough that the
+# last tasks are short and both workers finish together.
+_TASK_FILES = 8
+_TASKS_PER_WORKER = 24
 
 
 def _process_chunk(chunk: list[Job], settings: Settings) -> list[FileResult]:
@@ -20,6 +25,28 @@ def _process_chunk(chunk: list[Job], settings: Settings) -> list[FileResult]:
 
 def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def plan_tasks(jobs_list: Sequence[Job], workers: int) -> list[list[int]]:
+    """Indices of ``jobs_list`` grouped into tasks, biggest files first: the costly files start
+    at once instead of landing on one worker at the end, and the small ones fill the gaps."""
+    order = sorted(range(len(jobs_list)), key=lambda i: -_size(jobs_list[i][0]))
+    size = max(1, min(_TASK_FILES, len(order) // (workers * _TASKS_PER_WORKER)))
+    tasks: list[list[int]] = []
+    position = 0
+    while position < len(order):
+        # The first tasks (the biggest files) hold one file each; then ``size`` files per task.
+        step = 1 if position < workers * 2 else size
+        tasks.append(order[position : position + step])
+        position += step
+    return tasks
 
 
 def run_files(
@@ -37,20 +64,24 @@ def run_files(
                 on_done(1)
         return results
 
-    # Chunks amortise pickling; small enough to keep both workers busy to the end.
-    size = max(1, min(64, len(jobs_list) // (jobs * 8)))
-    chunks = [list(jobs_list[i : i + size]) for i in range(0, len(jobs_list), size)]
+    tasks = plan_tasks(jobs_list, jobs)
+    # fork: workers start with everything imported (rules, libcst) instead of importing again.
     context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-    ordered: list[list[FileResult] | None] = [None] * len(chunks)
+    ordered: list[FileResult | None] = [None] * len(jobs_list)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {
-            pool.submit(_process_chunk, chunk, settings): i for i, chunk in enumerate(chunks)
+        pending = {
+            pool.submit(_process_chunk, [jobs_list[i] for i in task], settings): task
+            for task in tasks
         }
-        from concurrent.futures import as_completed
-
-        for future in as_completed(futures):
-            index = futures[future]
-            ordered[index] = future.result()
-            if on_done:
-                on_done(len(chunks[index]))
-    return [result for chunk in ordered for result in (chunk or [])]
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = pending.pop(future)
+                for index, result in zip(task, future.result(), strict=True):
+                    ordered[index] = result
+                if on_done:
+                    on_done(len(task))
+    missing = [jobs_list[i][1] for i, result in enumerate(ordered) if result is None]
+    if missing:
+        raise RuntimeError(f"no result for {', '.join(missing)}")
+    return ordered  # type: ignore[return-value]

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from tfmigrate import tree
+
 # Nodes that open a new function/class body: a walk can stop at them.
 DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
@@ -13,10 +15,4 @@ DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 def walk(node: cst.CSTNode, *, into_defs: bool = True) -> Iterator[cst.CSTNode]:
     """Pre-order, source-order walk of ``node`` (itself included); optionally not into nested
     functions, classes and lambdas."""
-    stack: list[cst.CSTNode] = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if not into_defs and current is not node and isinstance(current, DEFINITIONS):
-            continue
-        stack.extend(reversed(current.children))
+    return tree.walk(node, () if into_defs else DEFINITIONS)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from tfmigrate import tree
 from tfmigrate.names import NameResolver
 
 CONFIG_PROTO = "tensorflow.ConfigProto"
@@ -138,7 +139,7 @@ class DeviceConfig:
         self.line = line
         self.tf = tf
         collect = _Collect()
-        module.visit(collect)
+        tree.visit(module, collect)
         self.quote = "'" if collect.strings.count("'") >= collect.strings.count('"') else '"'
         used = {n.value for n in collect.names}
         self.gpu = next(n for n in ("gpu", "physical_gpu", "gpu_device", "_gpu") if n not in used)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from tfmigrate import tree
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.syntax import walk  # noqa: F401 (re-exported for rules)
 
@@ -94,7 +95,7 @@ def _device_count(call: cst.Call) -> int | None:
 
 def analyze(module: cst.Module, resolver: NameResolver) -> ModuleFacts:
     facts = ModuleFacts()
-    module.visit(_Collector(resolver, facts))
+    tree.visit(module, _Collector(resolver, facts))
     return facts
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate import tree
+
 
 class _Reads(cst.CSTVisitor):
     def __init__(self, name: str) -> None:
@@ -18,11 +20,11 @@ class _Reads(cst.CSTVisitor):
         return False
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)  # `.attr` is not a use of a variable of that name
+        tree.visit(node.value, self)  # `.attr` is not a use of a variable of that name
         return False
 
     def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)  # `f(name=...)`: the keyword is not a use
+        tree.visit(node.value, self)  # `f(name=...)`: the keyword is not a use
         return False
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -32,5 +34,5 @@ class _Reads(cst.CSTVisitor):
 def is_used(module: cst.Module, name: str) -> bool:
     """Whether ``name`` is read anywhere outside import statements (flow-insensitive)."""
     reads = _Reads(name)
-    module.visit(reads)
+    tree.visit(module, reads)
     return reads.count > 0

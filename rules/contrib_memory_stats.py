@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
 from tfmigrate.rule import Example, FixSafety, Rule
@@ -51,7 +50,7 @@ class ContribMemoryStats(Rule):
     """
 
     code = "TFM109"
-    triggers = ('memory_stats', 'BytesInUse', 'BytesLimit')
+    triggers = ("memory_stats", "BytesInUse", "BytesLimit")
     name = "contrib-memory-stats"
     summary = "tf.contrib.memory_stats: use tf.config.experimental.get_memory_info"
     fix_safety = FixSafety.SAFE
@@ -170,7 +169,8 @@ peak = sess.run(MaxBytesInUse())
         run = self.parent(arg) if isinstance(arg, cst.Arg) else None
         if (
             isinstance(run, cst.Call)
-            and m.matches(run.func, m.Attribute(attr=m.Name("run")))
+            and isinstance(run.func, cst.Attribute)
+            and run.func.attr.value == "run"
             and len(run.args) == 1
             and run.args[0] is arg
             and arg.keyword is None

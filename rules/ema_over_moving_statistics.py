@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
+from tfmigrate import tree
 from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.syntax import walk
 
 EMA = "tensorflow.train.ExponentialMovingAverage"
 
@@ -62,7 +63,7 @@ class EmaOverMovingStatistics(Rule):
     """
 
     code = "TFM106"
-    triggers = ('moving_average_variables', 'MOVING_AVERAGE_VARIABLES')
+    triggers = ("moving_average_variables", "MOVING_AVERAGE_VARIABLES")
     name = "ema-over-moving-statistics"
     summary = "EMA applied to moving_average_variables(): batch-norm statistics averaged twice"
     fix_safety = FixSafety.UNSAFE
@@ -147,7 +148,7 @@ optimizer = tf.keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.999)
 
     def visit_Module(self, node: cst.Module) -> None:
         bindings = _Bindings()
-        node.visit(bindings)
+        tree.visit(node, bindings)
         self._bindings = bindings
 
     def _is_ema(self, node: cst.BaseExpression) -> bool:
@@ -171,7 +172,9 @@ optimizer = tf.keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.999)
         )
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not (m.matches(node.func, m.Attribute(attr=m.Name("apply"))) and node.args):
+        if not (
+            isinstance(node.func, cst.Attribute) and node.func.attr.value == "apply" and node.args
+        ):
             return
         assert isinstance(node.func, cst.Attribute)
         if not self._is_ema(node.func.value):
@@ -191,8 +194,9 @@ optimizer = tf.keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.999)
                 "are already averages, so they are averaged twice and lag (fix by hand)",
             )
             return
-        for binop in m.findall(value, m.BinaryOperation(operator=m.Add())):
-            assert isinstance(binop, cst.BinaryOperation)
+        for binop in walk(value):
+            if not (isinstance(binop, cst.BinaryOperation) and isinstance(binop.operator, cst.Add)):
+                continue
             if self._is_moving_averages(binop.right):
                 kept = binop.left
             elif self._is_moving_averages(binop.left):

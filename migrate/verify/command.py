@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from tfmigrate.verify.compare import COULD_NOT_RUN, Tolerances, could_not_run
-from tfmigrate.verify.verifier import VerifyOptions
+if TYPE_CHECKING:  # numpy comes with them: loaded when verify runs, not at every start-up
+    from tfmigrate.verify.verifier import VerifyOptions
 
 EXIT_ERROR = 2
 
@@ -65,8 +65,9 @@ def verify(
 
     Exit status: 0 equivalent, 1 diverged, 2 could not run (crash, different inputs, bad arguments).
     """
+    from tfmigrate.verify.compare import COULD_NOT_RUN, Tolerances, could_not_run
     from tfmigrate.verify.report import print_terminal, write_report
-    from tfmigrate.verify.verifier import Outcome, run_verify
+    from tfmigrate.verify.verifier import Outcome, VerifyOptions, run_verify
 
     console = Console(highlight=False, soft_wrap=True)
     # The sides run in scratch folders: every path the user gave is made absolute first.
