@@ -92,6 +92,27 @@ def replica_index():
     \"\"\"This replica's number as a Python int: the legacy tower index.\"\"\"
     context = tf.distribute.get_replica_context()
     return int(tf.get_static_value(context.replica_id_in_sync_group))
+
+
+def keep_large_tensors_on_the_heap():
+    \"\"\"Undo the malloc setting tf.data makes once per process (glibc only; nothing else changes).
+
+    The first tf.data generator op (every distributed dataset has some) sets glibc's mmap
+    threshold to 128 KB: every larger tensor is then mmap-ed, zero-filled page by page and unmapped
+    at every step, which costs more the larger the batch. Make tf.data apply it now, then give
+    glibc back its usual ceiling.
+    \"\"\"
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    empty = tf.data.Dataset.from_generator(lambda: iter(()), output_signature=tf.TensorSpec([], tf.int8))
+    for _ in empty:
+        pass
+    libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: the highest value glibc itself would pick
+    libc.mallopt(-1, 64 * 2**20)  # M_TRIM_THRESHOLD: twice that, as glibc pairs them
 """
 
 
@@ -263,18 +284,25 @@ class Emitter:
         for fetch in self.p.fetches:
             if fetch.tensor in (self.p.train_op, self.p.logging.summary_op):
                 continue
+            if fetch.tensor in self.p.memory_fetches:
+                continue  # not a graph value any more: the loop asks tf.config
             tensor = self.p.collected.get(fetch.tensor, fetch.tensor)
             where = self.p.tower_body
             if tensor in self.p.reductions:
                 where = self.p.tower_body + self._reduction_statements()
             elif tensor in self.setup_fetches():
                 where = self.p.graph_setup
-            keys[tensor] = self._op_name(tensor, where) or tensor
+            keys[tensor] = self.p.fetch_names.get(tensor) or self._op_name(tensor, where) or tensor
             if self.p.train_value is not None and tensor == self.p.train_value[0]:
                 keys[tensor] = self.p.train_value[1]  # the loop fetched the with_dependencies op
         for source in self.p.reductions.values():
             tensor = self.p.collected[source]
-            keys.setdefault(tensor, self._op_name(tensor, self.p.tower_body) or tensor)
+            keys.setdefault(
+                tensor,
+                self.p.fetch_names.get(tensor)
+                or self._op_name(tensor, self.p.tower_body)
+                or tensor,
+            )
         return keys
 
     def _reduction_statements(self) -> list[cst.BaseStatement]:
@@ -347,6 +375,7 @@ class Emitter:
             def build_program(strategy, {params}):
                 """The training program under `strategy` (its variables, one step, the batches)."""
                 {python_setup}
+                keep_large_tensors_on_the_heap()
                 tf1_variables = TF1Variables(strategy)
                 with strategy.scope(), tf1_variables.scope():
                     {graph_setup}
@@ -421,8 +450,11 @@ class Emitter:
         )
         withs = "".join(f", {self.code(item)}" for item in p.tower_withs)
         setup_fetches = self.setup_fetches()
+        sources = {p.collected[source] for source in p.reductions.values()}
         tower_keys = {
-            t: k for t, k in keys.items() if t not in p.reductions and t not in setup_fetches
+            t: k
+            for t, k in keys.items()
+            if (t not in p.reductions or t in sources) and t not in setup_fetches
         }
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in tower_keys.items())
         extra = "".join(f'\n    "{name}": {name},' for name in loop_needs)
@@ -435,7 +467,8 @@ class Emitter:
         if reads:
             reads = f"\n    # Read before the update, as the legacy fetch was.{reads}"
         reduced = "".join(
-            f"\n    outputs[{keys[name]!r}] = strategy.reduce(tf.distribute.ReduceOp.SUM, "
+            f"\n    outputs[{keys[name]!r}] = strategy.reduce("
+            f"tf.distribute.ReduceOp.{p.reduction_ops.get(name, 'SUM')}, "
             f"outputs[{tower_keys[p.collected[source]]!r}], axis=None)"
             for name, source in p.reductions.items()
         ) + "".join(
@@ -641,7 +674,9 @@ class Emitter:
         p = self.p
         statements: list[cst.BaseStatement] = []
         for statement in p.step_loop.body.body:  # type: ignore[union-attr]
-            if statement in p.feed_statements or self._is_feed(statement):
+            if statement is not p.run_statement and (
+                statement in p.feed_statements or self._is_feed(statement)
+            ):
                 continue
             if statement is p.run_statement:
                 statements.append(cst.parse_statement("outputs = train_step(next(batches))"))
@@ -660,6 +695,13 @@ class Emitter:
                     if fetch.target is None or fetch.tensor == p.train_op:
                         if fetch.target is not None:
                             raise Blocked(p.run_statement, "the loop keeps the train op's value")
+                        continue
+                    if fetch.tensor in p.memory_fetches:
+                        statements.append(
+                            cst.parse_statement(
+                                f"{fetch.target} = memory_bytes({p.memory_fetches[fetch.tensor]!r})"
+                            )
+                        )
                         continue
                     if fetch.tensor == p.logging.summary_op:
                         # The merged summary: its scalars' values, by tag, for the writer.
