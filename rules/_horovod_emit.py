@@ -187,9 +187,27 @@ def emit(
         loop_line = f"while int({gs}.numpy()) < {last}:  # StopAtStepHook(last_step=...)"
     global_step_key = f'        "global_step": {gs},\n' if gs is not None else ""
     global_step_line = f'    {gs} = program["global_step"]\n' if gs is not None else ""
+    with_flags = f", {flags}" if flags else ""
+    if flags:
+        entry = (
+            "def make_parser():\n    __slot_parser__\n"
+            f"    return {program.parser}\n\n\n"
+            "def tfmigrate_program(strategy, argv):\n"
+            '    """tfmigrate\'s verify protocol: the program under `strategy`, flags parsed from'
+            ' `argv`."""\n'
+            f"    {flags}, _ = make_parser().parse_known_args(argv)\n"
+            f"    return build_program(strategy, {flags})\n"
+        )
+    else:
+        entry = (
+            "def tfmigrate_program(strategy, argv):\n"
+            '    """tfmigrate\'s verify protocol: the program under `strategy` (it takes no'
+            ' flags)."""\n'
+            "    return build_program(strategy)\n"
+        )
     text = _indent(
         f'''
-def build_program(strategy, {flags}):
+def build_program(strategy{with_flags}):
     """The training program under `strategy` (its variables, one step, the batches)."""
     __slot_setup__
     tf1_variables = TF1Variables(strategy)
@@ -244,20 +262,11 @@ def build_program(strategy, {flags}):
 {global_step_key}    }}
 
 
-def make_parser():
-    __slot_parser__
-    return {program.parser}
+{entry}
 
-
-def tfmigrate_program(strategy, argv):
-    """tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`."""
-    {flags}, _ = make_parser().parse_known_args(argv)
-    return build_program(strategy, {flags})
-
-
-def {program.function.name.value}({flags}):
+def {program.function.name.value}({flags or ""}):
 {doc_line}{gone}    strategy = tf.distribute.MirroredStrategy()
-    program = build_program(strategy, {flags})
+    program = build_program(strategy{with_flags})
     train_step = program["train_step"]
     batches = iter(program["batches"])
 {global_step_line}{checkpoint_prelude}    {loop_line}
@@ -266,7 +275,7 @@ def {program.function.name.value}({flags}):
 {checkpoint_end}
 
 if __name__ == "__main__":
-    {program.function.name.value}(make_parser().parse_args())
+    {program.function.name.value}({"make_parser().parse_args()" if flags else ""})
 ''',
         unit,
     )

@@ -24,6 +24,8 @@ The common shape, one process per GPU under ``horovodrun``::
         parser = argparse.ArgumentParser(); ...
         main(parser.parse_args())
 
+or a training function without parameters, called alone: ``main()``.
+
 Anything else raises :class:`Blocked` naming the statement and why.
 """
 
@@ -70,9 +72,9 @@ def code(node: cst.CSTNode) -> str:
 @dataclass
 class HorovodProgram:
     function: cst.FunctionDef
-    flags: str  # the training function's parameter (parsed flags)
+    flags: str | None  # the training function's parameter (parsed flags), if it takes one
     main: cst.If  # `if __name__ == '__main__':`
-    parser: str  # the argparse parser the main block builds
+    parser: str | None  # the argparse parser the main block builds (with flags)
     parser_statements: list[cst.BaseStatement]
     setup: list[cst.BaseStatement]  # before the input: kept in build_program
     rank_input: list[cst.BaseStatement]  # what one process ran to build its dataset
@@ -122,8 +124,13 @@ class Reader:
             raise Blocked(self.module, "no `hvd.init()`: not a Horovod training script")
         function = self._training_function(init)
         main, parser, parser_statements = self._main_block(function)
-        if len(function.params.params) != 1:
-            raise Blocked(function, "the training function does not take one argument (the flags)")
+        if len(function.params.params) != (1 if parser else 0):
+            raise Blocked(
+                function,
+                "the training function takes other parameters than the parsed flags"
+                if parser
+                else "the training function takes parameters but is called without arguments",
+            )
         for statement in self.module.body:
             if statement is not function and not self._is_horovod_import(statement):
                 for call, api in self.calls(statement):
@@ -152,7 +159,9 @@ class Reader:
                 return statement
         raise Blocked(init, "`hvd.init()` is not inside a module-level training function")
 
-    def _main_block(self, function: cst.FunctionDef) -> tuple[cst.If, str, list[cst.BaseStatement]]:
+    def _main_block(
+        self, function: cst.FunctionDef
+    ) -> tuple[cst.If, str | None, list[cst.BaseStatement]]:
         name = function.name.value
         for statement in self.module.body:
             if (
@@ -178,8 +187,19 @@ class Reader:
                     and statement.orelse is None
                 ):
                     return statement, parse.func.value.value, body[:-1]
+                if (  # `main()` alone: a program without flags
+                    len(body) == 1
+                    and isinstance(call, cst.Call)
+                    and isinstance(call.func, cst.Name)
+                    and call.func.value == name
+                    and not call.args
+                    and statement.orelse is None
+                ):
+                    return statement, None, []
                 raise Blocked(
-                    statement, f"the main block does not end with `{name}(parser.parse_args())`"
+                    statement,
+                    f"the main block is not `{name}(parser.parse_args())` after building the "
+                    f"parser, nor `{name}()` alone",
                 )
         raise Blocked(function, f"no `if __name__ == '__main__':` block calling `{name}`")
 
@@ -361,7 +381,7 @@ class Reader:
         run, fetched, loop_rest = self._loop(loop, train_op)
         return HorovodProgram(
             function=function,
-            flags=function.params.params[0].name.value,
+            flags=function.params.params[0].name.value if function.params.params else None,
             main=main,
             parser=parser,
             parser_statements=parser_statements,
@@ -606,6 +626,9 @@ class Reader:
         names, value = _assign(first) if first is not None else ([], None)
         run = value if isinstance(value, cst.Call) else None
         fetches = get_arg(run, 0, "fetches") if run is not None else None
+        if not names and isinstance(fetches, cst.Name) and fetches.value == train_op:
+            # `sess.run(train_op)` alone: a step that fetches nothing else
+            fetches, names = cst.List([cst.Element(fetches)]), ["_"]
         if (
             run is None
             or not isinstance(run.func, cst.Attribute)
@@ -617,7 +640,8 @@ class Reader:
         ):
             raise Blocked(
                 first or loop,
-                "the loop does not start with `a, b = sess.run([train_op, b_tensor])`",
+                "the loop does not start with `a, b = sess.run([train_op, b_tensor])` or "
+                "`sess.run(train_op)`",
             )
         fetched = [(t, e.value.value) for t, e in zip(names, fetches.elements, strict=True)]  # type: ignore[attr-defined]
         if train_op not in [f for _, f in fetched]:

@@ -153,6 +153,49 @@ def test_plain_session_with_broadcast_after_init_keeps_its_loop():
     ast.parse(converted)
 
 
+NO_FLAGS = """
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+
+def input_fn(index, count):
+    x = tf.random.stateless_uniform([512, 20], seed=[1, 2])
+    y = tf.cast(tf.reduce_sum(x, axis=1) > 10.0, tf.int64)
+    return tf.data.Dataset.from_tensor_slices((x, y)).shard(count, index).repeat().batch(8)
+
+
+def train():
+    hvd.init()
+    dataset = input_fn(hvd.rank(), hvd.size())
+    images, labels = dataset.make_one_shot_iterator().get_next()
+    logits = tf.layers.dense(images, 2)
+    loss = tf.losses.sparse_softmax_cross_entropy(labels, logits)
+    global_step = tf.train.get_or_create_global_step()
+    opt = hvd.DistributedOptimizer(tf.train.AdamOptimizer(0.001 * hvd.size()))
+    train_op = opt.minimize(loss, global_step=global_step)
+    hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.train.StopAtStepHook(last_step=3)]
+    with tf.train.MonitoredTrainingSession(hooks=hooks) as sess:
+        while not sess.should_stop():
+            sess.run(train_op)
+
+
+if __name__ == '__main__':
+    train()
+"""
+
+
+def test_training_function_without_flags_and_a_bare_run_converts():
+    converted, message = _convert(NO_FLAGS)
+    assert converted is not None, message
+    assert "make_parser" not in converted and "argv" in converted
+    assert "def build_program(strategy):" in converted
+    assert "def train():" in converted and converted.rstrip().endswith("train()")
+    loop = converted.split("while int(global_step.numpy()) < 3:", 1)[1].splitlines()
+    assert loop[1].strip() == "outputs = train_step(next(batches))"
+    assert "sess.run" not in converted
+    ast.parse(converted)
+
+
 @pytest.mark.parametrize(
     ("old", "new", "line", "reason"),
     [
