@@ -130,7 +130,7 @@ def emit(
 ) -> tuple[cst.Module, list[str]]:
     """The converted module (before the multi-worker pass) and its notes."""
     unit = module.default_indent
-    used = set().union(*(free_names(s) | _bound(s) for s in module.body))
+    used = set().union(*(_module_level_names(s, program) for s in module.body))
     clash = sorted(used & _RESERVED)
     if clash:
         raise Blocked(program.function, f"the program already uses the name `{clash[0]}`")
@@ -303,6 +303,15 @@ if __name__ == "__main__":
     generated = cst.parse_module(text)
     generated = generated.with_changes(default_indent=unit)
     return generated, _notes(program)
+
+
+def _module_level_names(statement: cst.BaseStatement, program: HorovodProgram) -> set[str]:
+    """Names that could clash with the emitted code: every name of the training function and
+    the main block (their code moves next to the emitted names), only the defined name of any
+    other function or class (its parameters and locals stay its own)."""
+    if statement is not program.function and isinstance(statement, cst.FunctionDef | cst.ClassDef):
+        return {statement.name.value}
+    return free_names(statement) | _bound(statement)
 
 
 def _bound(statement: cst.CSTNode) -> set[str]:

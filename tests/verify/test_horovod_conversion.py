@@ -158,10 +158,10 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 
-def input_fn(index, count):
+def input_fn(rank, size):
     x = tf.random.stateless_uniform([512, 20], seed=[1, 2])
     y = tf.cast(tf.reduce_sum(x, axis=1) > 10.0, tf.int64)
-    return tf.data.Dataset.from_tensor_slices((x, y)).shard(count, index).repeat().batch(8)
+    return tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).repeat().batch(8)
 
 
 def train():
@@ -185,6 +185,7 @@ if __name__ == '__main__':
 
 
 def test_training_function_without_flags_and_a_bare_run_converts():
+    # input_fn(rank, size): a helper's parameters do not clash with the emitted names
     converted, message = _convert(NO_FLAGS)
     assert converted is not None, message
     assert "make_parser" not in converted and "argv" in converted
@@ -212,6 +213,12 @@ def test_training_function_without_flags_and_a_bare_run_converts():
             "a session hook that is not converted",
         ),
         (
+            "  train_op = opt.minimize(",
+            "  outputs = None\n  train_op = opt.minimize(",
+            33,
+            "the program already uses the name `outputs`",
+        ),
+        (
             "config=config,\n",
             "config=config, save_checkpoint_steps=100,\n",
             56,
@@ -225,7 +232,7 @@ def test_training_function_without_flags_and_a_bare_run_converts():
             "a second `sess.run` in the loop is not converted",
         ),
     ],
-    ids=["adasum", "unknown-hook", "session-argument", "second-run"],
+    ids=["adasum", "unknown-hook", "name-clash", "session-argument", "second-run"],
 )
 def test_unconvertible_shapes_are_left_alone_naming_line_and_reason(old, new, line, reason):
     converted, message = _convert(_variant(old, new))
