@@ -222,7 +222,16 @@ class Reader:
                 "no `features, labels = dataset.make_one_shot_iterator().get_next()`: only "
                 "tf.data input read through a one-shot iterator is converted",
             )
-        dataset, inputs = self._get_next(statements[iterator])  # type: ignore[misc]
+        source, inputs = self._get_next(statements[iterator])  # type: ignore[misc]
+        made_here: cst.BaseStatement | None = None
+        if isinstance(source, str):
+            dataset = source
+        else:  # `input_fn(hvd.rank(), ...).make_one_shot_iterator()`: name the dataset
+            taken = {n.value for n in walk(function) if isinstance(n, cst.Name)}
+            dataset = next(
+                n for n in ("dataset", "rank_dataset", "input_dataset_") if n not in taken
+            )
+            made_here = cst.parse_statement(f"{dataset} = {code(source)}")
         setup: list[cst.BaseStatement] = []
         rank_input: list[cst.BaseStatement] = []
         configs: set[str] = set()  # ConfigProto objects: they go with the session
@@ -237,6 +246,8 @@ class Reader:
                 rank_input.append(statement)
             else:
                 setup.append(statement)
+        if made_here is not None:
+            rank_input.append(made_here)
         made = set().union(set(), *(bound_names(s) for s in rank_input)) - {dataset}
         later = set().union(set(), *(free_names(s) for s in statements[iterator + 1 :]))
         if made & later:
@@ -405,9 +416,10 @@ class Reader:
             dropped=dropped,
         )
 
-    def _get_next(self, statement: cst.BaseStatement) -> tuple[str, list[str]] | None:
+    def _get_next(self, statement: cst.BaseStatement) -> tuple[str | cst.Call, list[str]] | None:
         """``a, b = dataset.make_one_shot_iterator().get_next()`` (also
-        ``tf.data.make_one_shot_iterator(dataset)``) -> ('dataset', ['a', 'b'])."""
+        ``tf.data.make_one_shot_iterator(dataset)``) -> ('dataset', ['a', 'b']); the dataset
+        made by a call in place (``input_fn(...).make_one_shot_iterator()``) -> (the call, ...)."""
         names, value = _assign(statement)
         if not names or not isinstance(value, cst.Call) or value.args:
             return None
@@ -420,14 +432,17 @@ class Reader:
         if (
             isinstance(maker.func, cst.Attribute)
             and maker.func.attr.value == "make_one_shot_iterator"
-            and isinstance(maker.func.value, cst.Name)
+            and isinstance(maker.func.value, cst.Name | cst.Call)
             and not maker.args
         ):
-            return maker.func.value.value, names
+            source = maker.func.value
+            return (source.value if isinstance(source, cst.Name) else source), names
         if _tf(self.qualify(maker.func)) == "tensorflow.data.make_one_shot_iterator":
             source = get_arg(maker, 0, "dataset")
             if isinstance(source, cst.Name):
                 return source.value, names
+            if isinstance(source, cst.Call):
+                return source, names
         return None
 
     def _averaged(self, call: cst.Call) -> bool:

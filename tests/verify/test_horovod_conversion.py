@@ -166,8 +166,7 @@ def input_fn(rank, size):
 
 def train():
     hvd.init()
-    dataset = input_fn(hvd.rank(), hvd.size())
-    images, labels = dataset.make_one_shot_iterator().get_next()
+    images, labels = input_fn(hvd.rank(), hvd.size()).make_one_shot_iterator().get_next()
     logits = tf.layers.dense(images, 2)
     loss = tf.losses.sparse_softmax_cross_entropy(labels, logits)
     global_step = tf.train.get_or_create_global_step()
@@ -185,11 +184,14 @@ if __name__ == '__main__':
 
 
 def test_training_function_without_flags_and_a_bare_run_converts():
+    # and the one-shot iterator taken from a call in place
     # input_fn(rank, size): a helper's parameters do not clash with the emitted names
     converted, message = _convert(NO_FLAGS)
     assert converted is not None, message
     assert "make_parser" not in converted and "argv" in converted
     assert "def build_program(strategy):" in converted
+    # the dataset made in place gets a name in the rank's input function
+    assert "dataset = input_fn(rank, strategy.num_replicas_in_sync)\n" in converted
     assert "def train():" in converted and converted.rstrip().endswith("train()")
     loop = converted.split("while int(global_step.numpy()) < 3:", 1)[1].splitlines()
     assert loop[1].strip() == "outputs = train_step(next(batches))"
