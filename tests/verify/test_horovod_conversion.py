@@ -9,16 +9,14 @@ import ast
 import json
 
 import pytest
-from test_workers import leftovers, run_verify_cli
+from test_workers import STEPS, verify_workers
 from verify_support import FIXTURES
 
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.rules.horovod_training import HorovodTraining
-from tfmigrate.verify.workers import WORKERS_JSON
 
 HOROVOD = FIXTURES / "horovod_tf1"
 TOWERS = FIXTURES / "towers" / "horovod_average" / "train.py"
-STEPS = 4
 
 
 def _convert(text: str) -> tuple[str | None, str]:
@@ -250,24 +248,7 @@ def test_converted_horovod_script_verifies_against_its_tower_program_with_two_wo
     rewrite = cli("rewrite", "--unsafe-fixes", "--out", out, HOROVOD)
     assert rewrite.returncode == 1 and (out / "train.py").exists(), rewrite
     report = tmp_path / "report"
-    try:
-        result = run_verify_cli(
-            TOWERS,
-            out / "train.py",
-            "--workers",
-            "2",
-            "--steps",
-            STEPS,
-            "--timeout",
-            "300",
-            "--report",
-            report,
-            "--legacy-cache",
-            legacy_cache,
-        )
-    finally:
-        if list(report.glob(f"runs/*/{WORKERS_JSON}")):
-            assert not leftovers(report), "verify left processes or ports behind"
+    result = verify_workers(out / "train.py", report, legacy_cache, legacy=TOWERS)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EQUIVALENT" in result.stdout
     data = json.loads((report / "report.json").read_text())

@@ -73,11 +73,12 @@ def leftovers(report: Path) -> list[str]:
 
 
 def verify_workers(
-    migrated: Path, report: Path, cache: Path, *extra: str
+    migrated: Path, report: Path, cache: Path, *extra: str, legacy: Path = LEGACY
 ) -> subprocess.CompletedProcess:
+    """`verify --workers 2` of `migrated` against `legacy`; checks nothing is left running."""
     try:
         return run_verify_cli(
-            LEGACY,
+            legacy,
             migrated,
             "--workers",
             "2",
