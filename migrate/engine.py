@@ -59,13 +59,12 @@ def mentions_tensorflow(data: bytes | str) -> bool:
 
 
 def triggered_rules(source: bytes | str, rules: tuple[type[Rule], ...]) -> tuple[type[Rule], ...]:
-    """The rules whose trigger words occur in ``source`` (a cheap substring test)."""
+    """The rules whose triggers could occur in ``source`` (a cheap test on its bytes)."""
     raw = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
     return tuple(
         rule
         for rule in rules
-        if rule.triggers is None
-        or any(prefilter.raw_needle(t).encode() in raw for t in rule.triggers)
+        if rule.triggers is None or any(prefilter.raw_matches(t, raw) for t in rule.triggers)
     )
 
 
@@ -90,7 +89,8 @@ def process_source(
     bindings made before this source runs (earlier notebook cells)."""
     if not inherited and not mentions_tensorflow(source):
         return SourceResult(error=check_syntax(source, path))
-    rules = triggered_rules(source, settings.rules)
+    # A notebook cell may use names an earlier cell bound without spelling them: no byte test.
+    rules = settings.rules if inherited else triggered_rules(source, settings.rules)
     if not rules and not inherited:
         return SourceResult(error=check_syntax(source, path))
     settings = replace(settings, rules=rules)
@@ -105,9 +105,7 @@ def process_source(
         if not possible:
             return SourceResult(bindings=dict(facts.bindings))
         first_pass = replace(settings, rules=possible)
-        resolver = NameResolver()
-        resolver.bindings = dict(facts.bindings)
-        resolver.imported_modules = set(facts.imported_modules)
+        resolver = _resolver_from(facts)
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
@@ -122,17 +120,30 @@ def process_source(
     new_module = module
     pending = fixes
     contributed: dict[str, object] = {}
+    new_code: str | None = None  # new_module's text, once generated
     for _ in range(_MAX_FIX_PASSES):
         new_module, applied = _apply(new_module, pending)
         _mark_applied(findings, applied)
         for _finding, fix in pending:
             if fix is not None and fix.manifest:
                 contributed.update(fix.manifest)
-        _, pending, _ = _run_rules(new_module, path, settings, inherited)
+        new_code = None
+        pass_settings, pass_resolver = settings, None
+        if facts is not None:
+            # The fixed text gets its own light pass: only rules that could report on it run.
+            new_code = new_module.code
+            pass_facts = prefilter.code_facts(new_code, inherited)
+            if pass_facts is not None:
+                pass_settings = replace(
+                    settings, rules=prefilter.possible_rules(pass_facts, settings.rules)
+                )
+                pass_resolver = _resolver_from(pass_facts)
+        _, pending, _ = _run_rules(new_module, path, pass_settings, inherited, pass_resolver)
         if not pending:
             break
     original = module.code
-    new_code = new_module.code
+    if new_code is None:
+        new_code = new_module.code
     if new_code == original:
         return result
     problem = _safety_check(new_code, path)
@@ -147,6 +158,14 @@ def process_source(
     result.new_bytes = new_module.bytes
     result.manifest = contributed
     return result
+
+
+def _resolver_from(facts: prefilter.CodeFacts) -> NameResolver:
+    """The light pass found the same bindings NameResolver would (a test compares them)."""
+    resolver = NameResolver()
+    resolver.bindings = dict(facts.bindings)
+    resolver.imported_modules = set(facts.imported_modules)
+    return resolver
 
 
 def _libcst_error(exc: cst.ParserSyntaxError) -> str:
@@ -174,7 +193,7 @@ def _run_rules(
     if resolver is None:
         resolver = NameResolver.for_module(module, inherited)
     bindings = dict(resolver.bindings)
-    if not resolver.uses_any(prefilter.TF_ROOTS):
+    if not settings.rules or not resolver.uses_any(prefilter.TF_ROOTS):
         return [], [], bindings
     context = RuleContext(
         PurePosixPath(path), resolver, module, settings.options, fixing=settings.fix

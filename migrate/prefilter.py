@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tfmigrate.names import canonical
 
@@ -27,6 +29,13 @@ TF_ROOTS = ("tensorflow", "keras", "horovod")
 # Roots whose aliases the name resolver tracks (``slim = tf.contrib.slim``); as in names.py.
 _TRACKED_ROOTS = ("tensorflow", "tf_slim", "keras", "horovod", "numpy")
 _BODY_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")  # source order
+# Spelled into the facts' words when a ``for`` loop adds up what it iterates over
+# (``for g, _ in tower: total += g``): summing by hand, which a rule may look for.
+LOOP_SUM = "+="
+
+# A rule's trigger: a word, a qualified name, a name prefix, a quoted string, a pattern searched
+# in the words, or a tuple of triggers that must all match (see ``CodeFacts.matches``).
+Trigger = str | re.Pattern[str] | tuple["Trigger", ...]
 
 
 def enabled() -> bool:
@@ -40,6 +49,7 @@ class CodeFacts:
     words: str  # identifiers, string constants and resolved names, one per line
     strings: frozenset[str]  # string constants (docstrings too: a rule may match any string)
     names: frozenset[str]  # canonical qualified names of dotted names bound to imports
+    spelled: frozenset[str]  # the same names as imported, before canonical() (tf.compat.v1...)
     imported_modules: frozenset[str]
     bindings: dict[str, str]  # local name -> qualified name, as NameResolver.bindings
 
@@ -55,10 +65,19 @@ class CodeFacts:
         prefix = qualified + "."
         return any(name.startswith(prefix) for name in self.names)
 
-    def matches(self, trigger: str) -> bool:
+    def matches(self, trigger: Trigger) -> bool:
         """``trigger`` is a qualified name (``tensorflow.device``: a root module, then dots), a
-        quoted string (``'VariableV2'``: a string constant equal to it) or a word (a substring of
-        an identifier, a string constant or a resolved name)."""
+        name prefix (``tensorflow.distribute*``, ``keras*``: some name, resolved as imported and
+        not made canonical, starts with the text before the star, dot or not), a quoted string (``'VariableV2'``: a string constant
+        equal to it), a word (a substring of an identifier, a string constant or a resolved
+        name), a compiled pattern (searched in those words) or a tuple (all of them)."""
+        if isinstance(trigger, tuple):
+            return all(self.matches(part) for part in trigger)
+        if isinstance(trigger, re.Pattern):
+            return trigger.search(self.words) is not None
+        if is_prefix(trigger):
+            prefix = trigger[:-1]
+            return any(name.startswith(prefix) for name in self.spelled)
         if is_qualified(trigger):
             return self.has_name(trigger)
         if is_quoted(trigger):
@@ -70,17 +89,37 @@ def is_qualified(trigger: str) -> bool:
     return "." in trigger and trigger.split(".", 1)[0] in _TRACKED_ROOTS
 
 
+def is_prefix(trigger: str) -> bool:
+    return trigger.endswith("*") and trigger[:-1].split(".", 1)[0] in _TRACKED_ROOTS
+
+
 def is_quoted(trigger: str) -> bool:
     return len(trigger) >= 2 and trigger[0] == trigger[-1] == "'"
 
 
 def raw_needle(trigger: str) -> str:
     """What the raw-bytes pre-check looks for: a qualified name is spelled with its last part
-    (``tf.device``, ``from tensorflow import device as d``), a quoted string without quotes (it
-    may be written with either), a word as it is."""
+    (``tf.device``, ``from tensorflow import device as d``), a name prefix likewise, a quoted
+    string without quotes (it may be written with either), a word as it is."""
+    if is_prefix(trigger):
+        return trigger[:-1].rsplit(".", 1)[-1]
     if is_qualified(trigger):
         return trigger.rsplit(".", 1)[-1]
     return trigger[1:-1] if is_quoted(trigger) else trigger
+
+
+def raw_matches(trigger: Trigger, raw: bytes) -> bool:
+    """The cheap test on the file's bytes, before any parse: could ``trigger`` match at all."""
+    if isinstance(trigger, tuple):
+        return all(raw_matches(part, raw) for part in trigger)
+    if isinstance(trigger, re.Pattern):
+        return _bytes_pattern(trigger).search(raw) is not None
+    return raw_needle(trigger).encode() in raw
+
+
+@lru_cache(maxsize=64)
+def _bytes_pattern(pattern: re.Pattern[str]) -> re.Pattern[bytes]:
+    return re.compile(pattern.pattern.encode(), pattern.flags & ~re.UNICODE)
 
 
 def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> CodeFacts | None:
@@ -91,12 +130,15 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
         return None
     bindings: dict[str, str] = dict(inherited or {})
     imported: set[str] = set((inherited or {}).values())
-    _collect_bindings(tree.body, bindings, imported)
+    from_names: set[str] = set()  # ``module.name`` of every from-import, even a rebound one
+    _collect_bindings(tree.body, bindings, imported, from_names)
 
     words: list[str] = []
     strings: set[str] = set()
     chains: set[str] = set()
     docstrings: set[int] = set()
+    loops: list[ast.For | ast.AsyncFor] = []
+    adds = False
     for node in ast.walk(tree):
         kind = type(node)
         if kind is ast.Name:
@@ -135,21 +177,34 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
                 words.append(node.module)  # type: ignore[attr-defined]
         elif kind in (ast.Global, ast.Nonlocal):
             words.extend(node.names)  # type: ignore[attr-defined]
+            chains.update(node.names)  # type: ignore[attr-defined]
+        elif kind is ast.AugAssign:
+            adds = adds or type(node.op) is ast.Add  # type: ignore[attr-defined]
+        elif kind in (ast.For, ast.AsyncFor):
+            loops.append(node)  # type: ignore[arg-type]
+        elif kind is ast.ExceptHandler:
+            if node.name:  # type: ignore[attr-defined]
+                words.append(node.name)  # type: ignore[attr-defined]
 
-    names: set[str] = set()
+    spelled: set[str] = imported | from_names
+    spelled.update(bindings.values())
     for chain in chains:
         head, _, rest = chain.partition(".")
         bound = bindings.get(head)
         if bound is not None:
-            names.add(canonical(f"{bound}.{rest}" if rest else bound))
-    for module in imported:
-        names.add(canonical(module))
-    for bound in bindings.values():
-        names.add(canonical(bound))
+            spelled.add(f"{bound}.{rest}" if rest else bound)
+    names = {canonical(name) for name in spelled}
+    if adds and any(_sums_its_items(loop) for loop in loops):
+        words.append(LOOP_SUM)
     words.extend(names)
     words.extend(bindings.values())
     return CodeFacts(
-        "\n".join(words), frozenset(strings), frozenset(names), frozenset(imported), bindings
+        "\n".join(words),
+        frozenset(strings),
+        frozenset(names),
+        frozenset(spelled),
+        frozenset(imported),
+        bindings,
     )
 
 
@@ -160,6 +215,34 @@ def possible_rules(facts: CodeFacts, rules: Iterable[type]) -> tuple[type, ...]:
         for rule in rules
         if rule.triggers is None or any(facts.matches(t) for t in rule.triggers)
     )
+
+
+def _sums_its_items(loop: ast.For | ast.AsyncFor) -> bool:
+    """Some ``x += y`` inside ``loop`` adds a name the loop's target binds."""
+    bound = _names_in(loop.target)
+    for statement in (*loop.body, *loop.orelse):
+        for node in ast.walk(statement):
+            if (
+                type(node) is ast.AugAssign
+                and type(node.op) is ast.Add  # type: ignore[attr-defined]
+                and not bound.isdisjoint(_names_in(node.value))  # type: ignore[attr-defined]
+            ):
+                return True
+    return False
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    """Every identifier spelled in ``node``, as libcst's ``Name`` nodes would hold them."""
+    found: set[str] = set()
+    for inner in ast.walk(node):
+        kind = type(inner)
+        if kind is ast.Name:
+            found.add(inner.id)  # type: ignore[attr-defined]
+        elif kind is ast.Attribute:
+            found.add(inner.attr)  # type: ignore[attr-defined]
+        elif kind in (ast.arg, ast.keyword) and inner.arg:  # type: ignore[attr-defined]
+            found.add(inner.arg)  # type: ignore[attr-defined]
+    return found
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -173,7 +256,9 @@ def _dotted(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
-def _collect_bindings(body: list[ast.stmt], bindings: dict[str, str], imported: set[str]) -> None:
+def _collect_bindings(
+    body: list[ast.stmt], bindings: dict[str, str], imported: set[str], from_names: set[str]
+) -> None:
     """NameResolver's bindings, statement by statement in source order (later imports win,
     assignment aliases keep the first binding), which is what makes the two agree."""
     for statement in body:
@@ -195,6 +280,7 @@ def _collect_bindings(body: list[ast.stmt], bindings: dict[str, str], imported: 
                 if alias.name == "*":
                     break
                 bindings[alias.asname or alias.name] = f"{module}.{alias.name}"
+                from_names.add(f"{module}.{alias.name}")
         elif kind is ast.Assign:
             targets = statement.targets  # type: ignore[attr-defined]
             if len(targets) == 1 and type(targets[0]) is ast.Name:
@@ -212,6 +298,6 @@ def _collect_bindings(body: list[ast.stmt], bindings: dict[str, str], imported: 
                 if children:
                     if field_name in ("handlers", "cases"):
                         for child in children:
-                            _collect_bindings(child.body, bindings, imported)
+                            _collect_bindings(child.body, bindings, imported, from_names)
                     else:
-                        _collect_bindings(children, bindings, imported)
+                        _collect_bindings(children, bindings, imported, from_names)

@@ -21,6 +21,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, Posi
 
 from tfmigrate import tree
 from tfmigrate.names import NameResolver
+from tfmigrate.prefilter import Trigger
 
 T = TypeVar("T")
 _UNSET = object()
@@ -166,10 +167,11 @@ class Rule(cst.BatchableCSTVisitor):
     option_choices: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     # What the rule cannot fire without (None: always run), any one of: a word, found in the
     # code's identifiers or string constants (not comments or docstrings); a qualified name
-    # (``tensorflow.device``), some dotted name in the code resolving to it or inside it; a
-    # quoted string (``'VariableV2'``), a string constant equal to it. A file where no enabled
-    # rule's trigger occurs is never parsed by libcst, which is most of the cost (see prefilter).
-    triggers: ClassVar[tuple[str, ...] | None] = None
+    # (``tensorflow.device``), some dotted name in the code resolving to it or inside it; a name
+    # prefix (``keras*``); a quoted string (``'VariableV2'``), a string constant equal to it; a
+    # compiled pattern; a tuple of these, all required. A file where no enabled rule's trigger
+    # occurs is never parsed by libcst, which is most of the cost (see prefilter).
+    triggers: ClassVar[tuple[Trigger, ...] | None] = None
     valid: ClassVar[tuple[str, ...]] = ()
     invalid: ClassVar[tuple[Example, ...]] = ()
 

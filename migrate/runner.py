@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -68,19 +69,25 @@ def run_files(
     # fork: workers start with everything imported (rules, libcst) instead of importing again.
     context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
     ordered: list[FileResult | None] = [None] * len(jobs_list)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        pending = {
-            pool.submit(_process_chunk, [jobs_list[i] for i in task], settings): task
-            for task in tasks
-        }
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                task = pending.pop(future)
-                for index, result in zip(task, future.result(), strict=True):
-                    ordered[index] = result
-                if on_done:
-                    on_done(len(task))
+    # Forked workers share the parent's pages until written; the cyclic collector would write
+    # to every object it scans (copying the rules and libcst into each worker): keep it off them.
+    gc.freeze()
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            pending = {
+                pool.submit(_process_chunk, [jobs_list[i] for i in task], settings): task
+                for task in tasks
+            }
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = pending.pop(future)
+                    for index, result in zip(task, future.result(), strict=True):
+                        ordered[index] = result
+                    if on_done:
+                        on_done(len(task))
+    finally:
+        gc.unfreeze()
     missing = [jobs_list[i][1] for i, result in enumerate(ordered) if result is None]
     if missing:
         raise RuntimeError(f"no result for {', '.join(missing)}")

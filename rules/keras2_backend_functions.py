@@ -93,7 +93,7 @@ class Keras2BackendFunctions(Rule):
     """
 
     code = "TFM113"
-    triggers = ("backend",)
+    triggers = ("keras.backend", "tensorflow.keras.backend")  # _BACKENDS, canonical
     name = "keras2-backend-functions"
     summary = "Keras 2 backend math (K.sum, K.flatten, ...): use keras.ops"
     fix_safety = FixSafety.SAFE

@@ -64,7 +64,8 @@ class Keras2Imports(Rule):
     """
 
     code = "TFM114"
-    triggers = ("keras",)
+    # Reports only imports of Keras 2 modules, or of a gone name from a Keras package.
+    triggers = ("keras*", *((f"{p[:-1]}*", g) for p in _GONE_FROM[1:] for g in sorted(GONE)))
     name = "keras2-imports"
     summary = "Keras 2 modules and names Keras 3 removed (keras.backend.tensorflow_backend, ...)"
     fix_safety = FixSafety.SAFE

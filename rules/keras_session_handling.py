@@ -47,7 +47,7 @@ class KerasSessionHandling(Rule):
     """
 
     code = "TFM108"
-    triggers = ('set_session', 'get_session')
+    triggers = tuple(sorted(SET_SESSION | GET_SESSION))  # every report is such a call
     name = "keras-session-handling"
     summary = "Keras 2 set_session/get_session: no sessions in Keras 3"
     fix_safety = FixSafety.SAFE

@@ -79,7 +79,12 @@ class ManualGradientAggregation(TowerRule):
     """
 
     code = "TFM102"
-    triggers = ('grad',)
+    # Findings come from these calls, or from `+=` on the towers' gradients in a loop.
+    triggers = (
+        *(f"tensorflow.{m}{f}" for m in ("", "math.") for f in ("reduce_mean", "reduce_sum")),
+        *(f"tensorflow.{m}{f}" for m in ("", "math.") for f in ("add_n", "accumulate_n")),
+        ("+=", GRADISH),
+    )
     name = "manual-gradient-aggregation"
     summary = "tower gradients averaged or summed by hand"
     fix_safety = FixSafety.MANUAL

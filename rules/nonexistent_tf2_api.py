@@ -89,7 +89,8 @@ class NonexistentTf2Api(ApiNameRule):
     """
 
     code = "TFM205"
-    triggers = ('distribute', 'keras')
+    # Reports only in TF2 code (_tf_api.classify): names under these prefixes make a file TF2.
+    triggers = ("tensorflow.distribute*", "tensorflow.keras*", "tensorflow.function*", "keras*")
     name = "nonexistent-tf2-api"
     summary = "TF/Keras name, method or keyword that does not exist in TensorFlow 2.x"
     fix_safety = FixSafety.MANUAL

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -90,6 +91,42 @@ def test_same_results_with_and_without_light_pass(fix, monkeypatch):
     # The comparison means something only if the pass did rule files out.
     if SITE_SAMPLE:
         assert skipped >= len(SITE_SAMPLE) // 2
+
+
+# What the rules' former word triggers (``grad``, ``keras``, ...) let through and the narrower
+# ones may not: TensorFlow's own sources that spell those words.
+_FORMER_WORDS = (b"grad", b"distribute", b"keras", b"compile", b"backend", b"reduce_mean")
+
+
+def _word_sample(count: int) -> list[Path]:
+    pool = [p for p in _site_sample(400) if any(w in p.read_bytes() for w in _FORMER_WORDS)]
+    step = max(1, len(pool) // count)
+    return pool[::step][:count]
+
+
+def _example_outcomes(settings: Settings) -> list[object]:
+    outcomes = []
+    for rule in all_rules():
+        for code in (*rule.valid, *(example.code for example in rule.invalid)):
+            source = textwrap.dedent(code)
+            result = process_source(source, "example.py", settings)
+            outcomes.append(([f.to_json() for f in result.findings], result.error))
+    return outcomes
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["scan", "rewrite"])
+def test_triggers_leave_out_only_rules_that_cannot_report(fix, monkeypatch):
+    """Every rule run on every file (no triggers) finds and rewrites exactly what the triggered
+    run does: on each rule's own examples, the small fixtures and TF sources."""
+    settings = Settings(rules=select_rules(), fix=fix, unsafe_fixes=fix)
+    paths = [] if fix else SMALL_FIXTURES + _word_sample(24)  # rewrite: the examples
+    triggered = [_outcome(path, settings) for path in paths], _example_outcomes(settings)
+    for rule in all_rules():
+        monkeypatch.setattr(rule, "triggers", None)
+    untriggered = [_outcome(path, settings) for path in paths], _example_outcomes(settings)
+    assert [p for p, a, b in zip(paths, triggered[0], untriggered[0], strict=True) if a != b] == []
+    assert triggered[1] == untriggered[1]
+    assert sum(bool(findings) for findings, _ in triggered[1]) > 50
 
 
 @pytest.mark.slow  # every fixture, tower conversions included: about a minute
@@ -275,4 +312,74 @@ def test_rule_that_can_fire_still_runs():
     settings = Settings(rules=(_DeviceRule,))
     source = "import tensorflow as tf\nwith tf.device('/gpu:0'):\n    pass\n"
     result = process_source(source, "a.py", settings)
+    assert [f.code for f in result.findings] == ["TFM999"]
+
+
+def test_name_prefix_trigger_reads_names_as_imported():
+    facts = _facts(
+        """
+        from tensorflow.python.keras import backend
+        import tensorflow as tf
+        import tensorflow.compat.v1 as tf1
+        import keras_tuner
+        tf.distributed.run()
+        tf1.distribute.get_strategy()
+        backend.sum(x)
+        """
+    )
+    assert facts.matches("tensorflow.distribute*")  # a text prefix: `distributed` too
+    distributed = _facts("import tensorflow as tf\ntf.distributed.run()\n")
+    assert not distributed.matches("tensorflow.distribute")  # a qualified name stops at dots
+    assert facts.matches("tensorflow.compat.v1.distribute*")
+    assert facts.has_name("tensorflow.distribute.get_strategy")  # canonical: compat.v1 is TF
+    assert facts.has_name("tensorflow.keras.backend.sum")  # canonical: python.keras is keras
+    assert not facts.matches("tensorflow.keras*")  # but not as imported
+    assert facts.matches("tensorflow.python.keras*")
+    assert facts.matches("keras*")  # keras_tuner
+    assert not _facts("import tensorflow as tf\n").matches("keras*")
+    assert prefilter.raw_needle("tensorflow.distribute*") == "distribute"
+    assert prefilter.raw_needle("keras*") == "keras"
+
+
+def test_rebound_from_import_still_counts():
+    facts = _facts("from tensorflow import keras\nfrom mylib import keras\n")
+    assert facts.bindings["keras"] == "mylib.keras"
+    assert facts.matches("tensorflow.keras*")
+
+
+def test_tuple_and_pattern_triggers():
+    grad = re.compile("grad", re.I)
+    facts = _facts("import tensorflow as tf\nGrads = tf.GradientTape()\n")
+    assert facts.matches(grad) and not facts.matches("grad")
+    assert not facts.matches(("tensorflow.GradientTape", "missing"))
+    assert facts.matches(("tensorflow.GradientTape", grad))
+    raw = b"Grads = tf.GradientTape()"
+    assert prefilter.raw_matches(("GradientTape", grad), raw)
+    assert not prefilter.raw_matches(("GradientTape", re.compile(r"\bloss_fn\b")), raw)
+
+
+def test_loop_sum_fact():
+    summed = """
+        import tensorflow as tf
+        for i, (g, _) in enumerate(tower):
+            total[i] += g
+        """
+    assert _facts(summed).matches(prefilter.LOOP_SUM)
+    assert _facts(summed.replace("+= g", "+= self.g")).matches(prefilter.LOOP_SUM)
+    counter = """
+        import tensorflow as tf
+        for g in grads:
+            steps += 1
+        total += g
+        """
+    assert not _facts(counter).matches(prefilter.LOOP_SUM)
+    assert not _facts("import tensorflow as tf\nwhile x:\n    t += x\n").matches("+=")
+
+
+def test_notebook_cell_is_not_ruled_out_by_its_bytes():
+    """A cell may call a name an earlier cell bound without spelling any trigger's last part."""
+    settings = Settings(rules=(_DeviceRule,))
+    result = process_source(
+        "with dev('/gpu:0'):\n    pass\n", "c.py", settings, {"dev": "tensorflow.device"}
+    )
     assert [f.code for f in result.findings] == ["TFM999"]
