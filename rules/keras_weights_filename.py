@@ -13,14 +13,16 @@ _HDF5 = (".hdf5",)
 _LOAD_MODEL = ("keras.models.load_model", "keras.saving.load_model")
 # Files that still run on Keras 2 (or tf_keras), where `.h5` weights are right: the Keras 2
 # conversion rules go first, and this rule fires on their output.
-_KERAS2_MARKERS = (
-    "multi_gpu_model",
+_KERAS2_MARKERS = ("multi_gpu_model", "tf_keras")
+# TF1 sessions mark a Keras 2 file too, unless it already trains under a tf.distribute strategy
+# (TFM107's output keeps a `set_session` that TFM108 leaves to a person).
+_SESSION_MARKERS = (
     "keras.backend.set_session",
     "keras.backend.get_session",
     "tensorflow.Session",
     "tensorflow.contrib",
-    "tf_keras",
 )
+_DISTRIBUTE = "tensorflow.distribute."
 
 
 def _file_literal(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -79,7 +81,8 @@ class KerasWeightsFilename(Rule):
     full-model `ModelCheckpoint` (no `save_weights_only`) named `*.hdf5`, and `load_weights` /
     `load_model` of a literal name the same file saves with one of those. Files that still use
     Keras 2 only APIs (`multi_gpu_model`, sessions, `tf_keras`) are left to the Keras 2
-    conversion rules.
+    conversion rules (a TF1 session left in a file that already trains under a `tf.distribute`
+    strategy does not count).
 
     ## Why is this bad?
     Keras 3 `save_weights` raises `ValueError: The filename must end in .weights.h5`, and
@@ -141,6 +144,12 @@ model.save_weights('model.h5')
 """,
         # Not a literal: cannot know.
         "import keras\nmodel.save_weights(path)\n",
+        # A TF1 session: still Keras 2.
+        """import tensorflow as tf
+from keras import backend as K
+K.set_session(tf.Session(config=config))
+model.save_weights('model.h5')
+""",
     )
     invalid = (
         Example(
@@ -216,6 +225,26 @@ model.save_weights('model.h5')
             model = keras.models.load_model('out/best.keras')
             """,
         ),
+        # Trained under a strategy already (TFM107's output): a session left for a person does
+        # not make it Keras 2.
+        Example(
+            """
+            import tensorflow as tf
+            from keras import backend as K
+            from keras.callbacks import ModelCheckpoint
+            K.set_session(tf.Session(config=config))
+            strategy = tf.distribute.MirroredStrategy()
+            checkpoint = ModelCheckpoint('weights.{epoch:02d}.h5', save_weights_only=True)
+            """,
+            fixed="""
+            import tensorflow as tf
+            from keras import backend as K
+            from keras.callbacks import ModelCheckpoint
+            K.set_session(tf.Session(config=config))
+            strategy = tf.distribute.MirroredStrategy()
+            checkpoint = ModelCheckpoint('weights.{epoch:02d}.weights.h5', save_weights_only=True)
+            """,
+        ),
         # A TF checkpoint prefix: reported, not renamed.
         Example(
             """
@@ -231,9 +260,13 @@ model.save_weights('model.h5')
         if any(marker in m for m in resolver.imported_modules for marker in _KERAS2_MARKERS):
             return
         facts = self.context.shared("distribution-facts", lambda: analyze(node, resolver))
-        if any(
-            marker in (self.call_name(c) or "") for c in facts.calls for marker in _KERAS2_MARKERS
-        ):
+        names = [self.call_name(c) or "" for c in facts.calls]
+        markers = _KERAS2_MARKERS
+        if not any(n.startswith(_DISTRIBUTE) for n in names):
+            markers = (*markers, *_SESSION_MARKERS)
+            if any(m in imported for imported in resolver.imported_modules for m in markers):
+                return
+        if any(marker in name for name in names for marker in markers):
             return
         saved = self._renamed_before(facts.calls)
         models: set[str] = set()  # full-model checkpoints renamed to .keras

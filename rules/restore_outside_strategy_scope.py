@@ -28,8 +28,9 @@ class RestoreOutsideStrategyScope(Rule):
     - `tf.train.Checkpoint(optimizer=opt, ...)` where `opt` is a Keras optimizer created outside
       `strategy.scope()`;
     - saving a `multi_gpu_model` wrapper instead of the model it wraps: `parallel.save_weights`,
-      `parallel.save`, and `ModelCheckpoint` callbacks passed to `parallel.fit` (in the call,
-      bound to a name, or in a `callbacks = [...]` list, `callbacks.append(...)` included).
+      `parallel.save`, and `ModelCheckpoint` callbacks passed to `parallel.fit` or
+      `parallel.fit_generator` (in the call, bound to a name, or in a `callbacks = [...]` list,
+      `callbacks.append(...)` included).
 
     ## Why is this bad?
     Variables belong to the strategy that is current when they are created. Measured on
@@ -194,6 +195,17 @@ model.save_weights('model.weights.h5')
             """,
             message="`ModelCheckpoint` on the multi_gpu_model wrapper `model`",
         ),
+        # Keras 2's fit_generator, the checkpoint made inside the list.
+        Example(
+            """
+            from keras.callbacks import ModelCheckpoint
+            from keras.utils import multi_gpu_model
+            parallel_model = multi_gpu_model(base_model, gpus=2, cpu_relocation=False)
+            callbacks = [ModelCheckpoint('weights.{epoch:02d}.h5', save_weights_only=True)]
+            parallel_model.fit_generator(batches, steps_per_epoch=100, callbacks=callbacks)
+            """,
+            message="`ModelCheckpoint` on the multi_gpu_model wrapper `parallel_model`",
+        ),
         # Two strategies in the file: which scope is ambiguous, so no fix.
         Example(
             """
@@ -322,7 +334,7 @@ model.save_weights('model.weights.h5')
                     ),
                     target=None,
                 )
-            elif method == "fit":
+            elif method in {"fit", "fit_generator"}:
                 callbacks = keyword(call, "callbacks")
                 if callbacks is None:
                     continue

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 
-from tfmigrate.names import dotted
+from tfmigrate.names import NameResolver, dotted
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 from tfmigrate.rules import _global_batch_loss as global_batch
 from tfmigrate.rules._distribution import ModuleFacts, analyze, keyword, scope_strategy
@@ -18,9 +21,19 @@ _REDUCTIONS = frozenset(
     }
 )  # fmt: skip
 _MODULES = ("tensorflow.", "keras.", "numpy.")
+_LIBRARIES = (*_MODULES, "tf_keras.", "torch.", "jax.")  # not the repo's own modules
 _AXIS_KEYWORDS = frozenset({"axis", "reduction_indices", "keepdims", "keep_dims"})
 _TF = Import("tensorflow", asname="tf")  # what the helper needs when the file has no such import
 _DEPTH = 3  # how many same-module helpers deep a loss is followed (dice_loss -> dice_coef)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A module a loss is looked up in: the file itself or a module of the repo it imports."""
+
+    module: cst.Module
+    facts: ModuleFacts
+    qualify: Callable[[cst.BaseExpression], str | None]
 
 
 def _fixed(imports: str, rest: str) -> str:
@@ -37,7 +50,10 @@ class ScalarLossUnderStrategy(Rule):
     axis, batch included) instead of returning one loss per sample — for example a dice loss
     `1 - (2*sum(y*p) + s) / (sum(y) + sum(p) + s)`. The function is followed through the
     module's own helpers (`dice_loss` calling `dice_coef`); a `keras.losses.Loss` subclass of
-    the module whose `call` returns such a scalar (`loss=DiceLoss()`) is flagged too.
+    the module whose `call` returns such a scalar (`loss=DiceLoss()`) is flagged too. A loss
+    imported from a module of the repo (`from losses import dice_loss`, `import losses` then
+    `losses.dice_loss`, `from nets.objectives import IoULoss`) is read from that module's file,
+    beside the script or one folder up (read only: the module's own findings stay its own).
 
     ## Why is this bad?
     Under `MirroredStrategy`, `fit` calls the loss on each replica's slice of the global batch.
@@ -94,13 +110,17 @@ class ScalarLossUnderStrategy(Rule):
     grows with the replicas; metrics such as a dice metric stay per replica). Measured not
     exact: a scalar loss with `sample_weight` (Keras weighs the scalar by the replica's
     weights). A per-sample dice is a different objective (small objects weigh differently), so
-    it is named, not applied. Not detected: losses defined in another module
-    (`from losses import dice_loss`: rules read one file at a time), losses built by a factory
-    function, and custom training loops (TFM202 covers `strategy.run` step functions).
+    it is named, not applied. Not detected: losses imported relatively (`from .losses import
+    x`) or from modules outside those two folders, losses built by a factory function, and
+    custom training loops (TFM202 covers `strategy.run` step functions).
     """
 
     code = "TFM207"
-    triggers = ("compile",)
+    # Reports a `.compile(...)` inside `with <strategy>.scope():` (a name saying "strategy",
+    # or one assigned from a `...Strategy(...)` call).
+    triggers = (
+        (re.compile(r"\bcompile\b"), re.compile(r"\bscope\b"), re.compile("strategy", re.I)),
+    )
     name = "scalar-loss-under-strategy"
     summary = "custom loss reduced over the whole batch in fit under a strategy: summed per replica"
     fix_safety = FixSafety.UNSAFE
@@ -276,6 +296,7 @@ with strategy.scope():
         facts = self.context.shared(
             "distribution-facts", lambda: analyze(node, self.context.resolver)
         )
+        own = _Source(node, facts, self.qualify)
         flagged: list[tuple[cst.BaseExpression, str, str]] = []  # loss, shown name, strategy
         for call in facts.calls:
             if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
@@ -289,7 +310,7 @@ with strategy.scope():
                 else [loss.value]
             )
             for value in values:
-                shown = self._scalar_value(value, facts)
+                shown = self._scalar_value(value, own)
                 if shown is not None:
                     strategy = self._strategy(call, facts)
                     if strategy is not None:
@@ -300,15 +321,38 @@ with strategy.scope():
         for value, shown, strategy in flagged:
             self._flag(value, shown, strategy, fixed)
 
-    def _scalar_value(self, value: cst.BaseExpression, facts: ModuleFacts) -> str | None:
-        """How to name ``value`` if it is a whole-batch loss: a function or a Loss instance."""
-        if isinstance(value, cst.Name) and self._scalar_loss(value.value, facts, _DEPTH):
-            return value.value
-        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
-            method = _loss_subclass_call(self.context.module, value.func.value, self.qualify)
-            if method is not None and self._scalar_function(method, facts, _DEPTH):
-                return f"{value.func.value}()"
-        return None
+    def _scalar_value(self, value: cst.BaseExpression, own: _Source) -> str | None:
+        """How to name ``value`` if it is a whole-batch loss: a function or a Loss instance,
+        defined in this file or in a module of the repo it imports (`from losses import x`)."""
+        shown = self.context.module.code_for_node(value)
+        target = value.func if isinstance(value, cst.Call) else value
+        name = target.value if isinstance(target, cst.Name) else None
+        if name is not None and (own.facts.function(name) or _class(own.module, name)):
+            source: _Source | None = own
+        else:
+            source, name = self._imported(target)
+        if source is None or name is None:
+            return None
+        if isinstance(value, cst.Call):
+            method = _loss_subclass_call(source.module, name, source.qualify)
+            if method is not None and self._scalar_function(method, source, _DEPTH):
+                return shown
+            return None
+        return shown if self._scalar_loss(name, source, _DEPTH) else None
+
+    def _imported(self, node: cst.BaseExpression) -> tuple[_Source | None, str | None]:
+        """The repo module that ``node`` (`dice_loss`, `losses.dice_loss`) is imported from,
+        read from disk next to this file or one folder up, and the name in it."""
+        qualified = self.qualify(node) if isinstance(node, cst.Name | cst.Attribute) else None
+        if qualified is None or qualified.startswith(_LIBRARIES):
+            return None, None
+        module_name, _, name = qualified.rpartition(".")
+        if not module_name:
+            return None, None
+        source = self.context.shared(
+            f"repo-module:{module_name}", lambda: _read_repo_module(self.context.path, module_name)
+        )
+        return source, name
 
     def _with_global_batch_losses(
         self, module: cst.Module, losses: list[cst.BaseExpression]
@@ -352,20 +396,20 @@ with strategy.scope():
             imports=() if self.context.resolver.local_name_for("tensorflow") else (_TF,),
         )
 
-    def _scalar_function(self, function: cst.FunctionDef, facts: ModuleFacts, depth: int) -> bool:
+    def _scalar_function(self, function: cst.FunctionDef, source: _Source, depth: int) -> bool:
         returns = [n for n in _walk_own(function) if isinstance(n, cst.Return)]
         if not returns or any(r.value is None for r in returns):
             return False
-        return all(self._scalar(r.value, function, facts, depth) for r in returns)  # type: ignore[arg-type]
+        return all(self._scalar(r.value, function, source, depth) for r in returns)  # type: ignore[arg-type]
 
-    def _scalar_loss(self, name: str, facts: ModuleFacts, depth: int) -> bool:
-        function = facts.function(name)
+    def _scalar_loss(self, name: str, source: _Source, depth: int) -> bool:
+        function = source.facts.function(name)
         if function is None or depth == 0:
             return False
-        return self._scalar_function(function, facts, depth)
+        return self._scalar_function(function, source, depth)
 
     def _scalar(
-        self, node: cst.BaseExpression, function: cst.FunctionDef, facts: ModuleFacts, depth: int
+        self, node: cst.BaseExpression, function: cst.FunctionDef, source: _Source, depth: int
     ) -> bool:
         """Whether ``node`` holds a whole-batch reduction and nothing per-sample or rescaled."""
         full = False
@@ -376,15 +420,15 @@ with strategy.scope():
             if isinstance(current, cst.Attribute) and current.attr.value == "num_replicas_in_sync":
                 return False
             if isinstance(current, cst.Call):
-                kind = self._reduction(current)
+                kind = self._reduction(current, source)
                 if kind == "axis":
                     return False
                 if kind == "full":
                     full = True
                     continue
                 callee = dotted(current.func)
-                if callee is not None and "." not in callee and facts.function(callee):
-                    if self._scalar_loss(callee, facts, depth - 1):
+                if callee is not None and "." not in callee and source.facts.function(callee):
+                    if self._scalar_loss(callee, source, depth - 1):
                         full = True
                         continue
             if isinstance(current, cst.Name) and current.value not in seen:
@@ -393,9 +437,9 @@ with strategy.scope():
             stack.extend(current.children)
         return full
 
-    def _reduction(self, call: cst.Call) -> str | None:
+    def _reduction(self, call: cst.Call, source: _Source) -> str | None:
         """'full' for a reduction over every axis, 'axis' for one over some axes, else None."""
-        qualified = self.call_name(call) or ""
+        qualified = source.qualify(call.func) or ""
         if not qualified.startswith(_MODULES) or qualified.rsplit(".", 1)[-1] not in _REDUCTIONS:
             return None
         if any(a.keyword is not None and a.keyword.value in _AXIS_KEYWORDS for a in call.args):
@@ -417,6 +461,29 @@ def _loss_subclass_call(
         return next(
             (f for f in body if isinstance(f, cst.FunctionDef) and f.name.value == "call"), None
         )
+    return None
+
+
+def _class(module: cst.Module, name: str) -> bool:
+    return any(isinstance(s, cst.ClassDef) and s.name.value == name for s in module.body)
+
+
+def _read_repo_module(path: object, module_name: str) -> _Source | None:
+    """``module_name`` (`losses`, `nets.losses`) as a file of the repo: beside the file at
+    ``path`` or one folder up, as `losses.py` or `losses/__init__.py`; None when absent or
+    unreadable. Read only: its findings are its own file's business."""
+    here = Path(str(path)).parent
+    relative = Path(*module_name.split("."))
+    for folder in (here, here.parent):
+        for candidate in (folder / f"{relative}.py", folder / relative / "__init__.py"):
+            if not candidate.is_file():
+                continue
+            try:
+                module = cst.parse_module(candidate.read_bytes())
+            except (OSError, cst.ParserSyntaxError):
+                return None
+            resolver = NameResolver.for_module(module)
+            return _Source(module, analyze(module, resolver), resolver.qualify)
     return None
 
 

@@ -194,6 +194,54 @@ def test_rewrite_leaves_no_keras2_code(migrated, cli):
     assert ("*",) not in announced  # the dice loss is computed as multi_gpu_model computed it
 
 
+def _rewritten(fixture: str, out: Path) -> tuple[str, dict[str, object]]:
+    """A Keras 2 fixture rewritten with safe and unsafe fixes: its train.py and manifest entry."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfmigrate", "rewrite", "--unsafe-fixes", "--out", str(out),
+         str(REPO / "fixtures" / fixture)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr  # 1: reported-only findings remain
+    manifest = json.loads((out / "tfmigrate.json").read_text(encoding="utf-8"))
+    train = (out / "train.py").read_text(encoding="utf-8")
+    compile(train, "train.py", "exec")
+    return train, manifest["files"]["train.py"]
+
+
+def test_classifier_script_keras2_arguments_go_and_differences_are_announced(tmp_path):
+    """Keras 2.2 spellings Keras 3 rejects at construction or at the first step are fixed; what
+    no Keras 3 setting reproduces (RMSprop's epsilon, dropout's random numbers) is announced to
+    verify; the session with a memory fraction is left to a person."""
+    train, entry = _rewritten("keras2_classifier", tmp_path / "out")
+    assert "optimizer=RMSprop(learning_rate=0.001, rho=0.9)," in train  # epsilon=None, decay=0.0
+    assert "ModelCheckpoint('weights.{epoch:02d}.weights.h5', save_weights_only=True)," in train
+    assert "base_model.fit(generator," in train and "fit_generator" not in train
+    assert "multi_gpu_model" not in train
+    # a blank line moved into the strategy scope carries no indentation
+    assert "        base_model.summary()\n\n        base_model.compile(" in train
+    assert "K.set_session(tf.Session(config=gpu_config))" in train  # manual: memory fraction
+    manual = {(f["code"], f["line"]) for f in entry["manual"]}
+    assert {("TFM105", 22), ("TFM108", 24), ("TFM112", 69)} <= manual
+    reasons = [a["reason"] for a in entry["announced"] if a["match"] == ["*"]]
+    assert any("sqrt(ms) + epsilon" in r for r in reasons)
+    assert any("random layers" in r for r in reasons)
+
+
+def test_functional_script_keeps_its_learning_rate_decay(tmp_path):
+    """`tf.keras.utils.multi_gpu_model` behind `if gpus > 1` inside main(); Keras 2's `decay=`
+    becomes the InverseTimeDecay schedule instead of being ignored by Keras 3."""
+    train, entry = _rewritten("keras2_functional", tmp_path / "out")
+    assert (
+        "model.compile(optimizer=keras.optimizers.SGD(learning_rate=keras.optimizers.schedules."
+        "InverseTimeDecay(args.lr, decay_steps=1, decay_rate=1e-4), momentum=0.9)," in train
+    )
+    assert "if args.gpus > 1" not in train and "train_model" not in train
+    assert "model.save_weights('regressor.weights.h5')" in train
+    applied = [f["message"] for f in entry["applied"] if f["code"] == "TFM112"]
+    assert any("InverseTimeDecay" in m for m in applied)
+    assert [a["match"] for a in entry["announced"]] == [["*/moving_mean", "*/moving_variance"]]
+
+
 def _start(migrated: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "runner.py", "train.py", *args],

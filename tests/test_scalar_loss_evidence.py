@@ -129,6 +129,73 @@ def test_rule_flags_the_scalar_loss_and_not_the_per_sample_one():
     assert _scan(LOSSES.replace("loss=LOSS", "loss=per_sample_dice_loss")) == []
 
 
+# A repo whose losses live in modules of their own: beside the script and in a package.
+REPO_FILES = {
+    "losses.py": """
+import tensorflow as tf
+
+
+def soft_dice(y_true, y_pred, smooth=1.0):
+    inter = tf.reduce_sum(y_true * y_pred)
+    return 1.0 - (2.0 * inter + smooth) / (tf.reduce_sum(y_true) + tf.reduce_sum(y_pred) + smooth)
+
+
+def per_image_dice(y_true, y_pred):
+    inter = tf.reduce_sum(y_true * y_pred, axis=[1, 2, 3])
+    return 1.0 - 2.0 * inter / (tf.reduce_sum(y_true + y_pred, axis=[1, 2, 3]) + 1.0)
+""",
+    "nets/__init__.py": "",
+    "nets/objectives.py": """
+import keras
+from keras import ops
+
+
+class IoULoss(keras.losses.Loss):
+    def call(self, y_true, y_pred):
+        inter = ops.sum(y_true * y_pred)
+        return 1.0 - inter / (ops.sum(y_true + y_pred) - inter + 1e-6)
+""",
+    "train.py": """
+import tensorflow as tf
+
+import losses
+from losses import per_image_dice, soft_dice
+from nets.objectives import IoULoss
+from unknown_module import mystery_loss
+
+strategy = tf.distribute.MirroredStrategy()
+with strategy.scope():
+    model = build()
+    model.compile(optimizer='adam', loss=soft_dice)
+    other = build()
+    other.compile(optimizer='adam', loss=[per_image_dice, losses.soft_dice, IoULoss(), mystery_loss])
+""",
+}
+
+
+def test_losses_defined_in_other_modules_of_the_repo_are_read(tree, cli):
+    repo = tree(REPO_FILES)
+    scan = cli("scan", "--select", "TFM207", ".", cwd=repo)
+    assert scan.returncode == 1, scan
+    flagged = sorted(
+        line.split(": TFM207 ")[1].split(" reduces")[0]
+        for line in scan.stdout.splitlines()
+        if ": TFM207 " in line
+    )
+    # the per-image dice returns one loss per sample; a module not in the repo is not guessed at
+    assert flagged == ["`IoULoss()`", "`losses.soft_dice`", "`soft_dice`"]
+    out = repo.parent / "out"
+    cli("rewrite", "--select", "TFM207", "--unsafe-fixes", "--out", str(out), ".", cwd=repo)
+    fixed = (out / "train.py").read_text(encoding="utf-8")
+    assert "loss=global_batch_loss(soft_dice)" in fixed
+    assert (
+        "loss=[per_image_dice, global_batch_loss(losses.soft_dice), "
+        "global_batch_loss(IoULoss()), mystery_loss]" in fixed
+    )
+    # the loss modules are read, never changed
+    assert (out / "losses.py").read_bytes() == (repo / "losses.py").read_bytes()
+
+
 @pytest.mark.slow
 def test_scalar_loss_steps_grow_with_the_replicas_and_the_fixes_undo_it():
     fixed = _fixed(LOSSES.replace("loss=LOSS", "loss=dice_loss"))

@@ -251,10 +251,11 @@ def _keras_aliases() -> None:
     from tfmigrate.verify import keras2_compat
 
     keras2_compat.install(tf_keras.utils)  # multi_gpu_model (gone since TF 2.4)
-    try:  # TF 1.x had tf.keras.utils.multi_gpu_model too; tf.compat.v1.keras is tf_keras's v1 API
-        import tf_keras.api._v1.keras.utils as v1_utils
+    try:  # TF 1.x had tf.keras.utils.multi_gpu_model too: tf_keras's v1 API (tf.compat.v1.keras)
+        import tf_keras.api._v1.keras.utils as v1_utils  # and v2 API (tf.keras) both get it
+        import tf_keras.api._v2.keras.utils as v2_utils
 
-        v1_utils.multi_gpu_model = keras2_compat.multi_gpu_model
+        v1_utils.multi_gpu_model = v2_utils.multi_gpu_model = keras2_compat.multi_gpu_model
     except ImportError:
         pass
     sys.modules.pop("keras", None)
