@@ -13,7 +13,8 @@ each side (1 / median step time), and the ratio migrated/legacy (above 1.0: the 
 What is timed, per step, is what each program's own loop pays: the legacy side's Session.run of
 the train op (feeding its batch, or running its in-graph input pipeline); the migrated side's
 next(iterator) over its distributed batches plus the train_step call until its fetched values
-are on the host. No side is timed while the other one runs: the legacy program first trains
+are on the host -- or, for a program that runs several steps per call (the protocol's
+train_steps), each call's time over the steps it ran (batches taken inside the call). No side is timed while the other one runs: the legacy program first trains
 alone, then each migrated program is verified against that legacy run (verify's --legacy-cache),
 so only the migrated process is busy while it is timed. `--rounds R` repeats that sequence; the
 table shows medians (a shared machine's load drifts between runs).

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import re
 import textwrap
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from tfmigrate.rules._tower_program import Blocked, Program
 from tfmigrate.rules._towers import bound_names, free_names, get_arg, walk
+
+if TYPE_CHECKING:
+    from tfmigrate.rules._keras_model_plan import KerasPlan
 
 # Emitted into the migrated program: it must not import tfmigrate. Lines tagged `[moving]`
 # or `[regularization]` are kept only when the program needs them (see store_source).
@@ -113,11 +117,141 @@ def keep_large_tensors_on_the_heap():
         pass
     libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: the highest value glibc itself would pick
     libc.mallopt(-1, 64 * 2**20)  # M_TRIM_THRESHOLD: twice that, as glibc pairs them
+
+
+# Training steps per tf.function call in main() (StepsInOneCall): the call's fixed cost is paid
+# once for so many steps; a few more batches are held in memory, on the host.
+STEPS_PER_CALL = 20
+
+
+class StepsInOneCall:
+    \"\"\"Training steps run several to a call: one tf.function call takes up to `count` batches from
+    the distributed iterator and runs `one_step` on each, in a loop inside the call.
+
+    Calling a tf.function and taking a batch from a distributed iterator cost a fixed time each,
+    whatever the model, more than a small model's whole step: paid once per call here, not once
+    per step. `self(iterator, count)` returns every step's values in step order (fewer steps than
+    `count` when the batches end): {key: [replica 0's, replica 1's, ...]}, as numpy (the value's
+    strategy.experimental_local_results: one part for a value not per replica). With `watch`
+    (what tfmigrate verify compares), a step is {"outputs": those, "per_replica": [the keys of
+    per-replica values], "watched": [each variable's replica 0 value after the step], "inputs":
+    [[replica 0's part, ...] for each batch array]}.
+    \"\"\"
+
+    def __init__(self, strategy, one_step):
+        self.strategy = strategy
+        self.one_step = one_step
+        self.calls = {}  # the watched variables -> (compiled call, layout of its results)
+
+    def __call__(self, iterator, count, watch=None):
+        key = None if watch is None else tuple(id(v) for v in watch)
+        if key not in self.calls:
+            layout = {}
+
+            def steps(iterator, count):
+                return self.run(iterator, count, watch, layout)
+
+            self.calls[key] = tf.function(steps), layout
+        call, layout = self.calls[key]
+        try:
+            done, stacks, inputs, rows = call(iterator, tf.constant(count))
+        except tf.errors.OutOfRangeError:  # no batch left for the first step
+            return []
+        stacks = [stack.numpy() for stack in stacks]
+        pieces = []
+        for whole, sizes in zip(inputs, rows):
+            whole, start, pieces_of_one = whole.numpy(), 0, []
+            for size in sizes.numpy().tolist():
+                pieces_of_one.append(whole[start:start + size])
+                start += size
+            pieces.append(pieces_of_one)
+        steps = []
+        for index in range(int(done)):
+            values = iter([stack[index] for stack in stacks])
+            outputs = {key: [next(values) for _ in range(n)] for key, n, _ in layout["outputs"]}
+            if watch is None:
+                steps.append(outputs)
+                continue
+            parts = iter([piece[index] for piece in pieces])
+            per_replica = [key for key, _, distributed in layout["outputs"] if distributed]
+            steps.append({"outputs": outputs, "per_replica": per_replica, "watched": list(values),
+                          "inputs": [[next(parts) for _ in range(n)] for n in layout["inputs"]]})
+        return steps
+
+    def run(self, iterator, count, watch, layout):
+        \"\"\"Traced: the steps, each step's values written to growing TensorArrays.\"\"\"
+        local = self.strategy.experimental_local_results
+        graph = tf.compat.v1.get_default_graph()
+        collected = {key: graph.get_collection(key) for key in graph.get_all_collection_keys()}
+
+        def step_values(batch):
+            # TF1 code collects in the graph as it is traced (regularization losses, the train
+            # op, ...): every step traced into this one graph starts from what was there before
+            # the steps, as in a graph of its own.
+            inner = tf.compat.v1.get_default_graph()
+            for key in inner.get_all_collection_keys():
+                inner.get_collection_ref(key)[:] = collected.get(key, [])
+            outputs = self.one_step(batch)
+            values, layout["outputs"] = [], []
+            for key, value in outputs.items():
+                parts = local(value)
+                values.extend(parts)
+                per_replica = isinstance(value, tf.distribute.DistributedValues)
+                layout["outputs"].append((key, len(parts), per_replica))
+            if watch is not None:  # read after the step's updates (automatic control dependencies)
+                values.extend(local(variable)[0].read_value() for variable in watch)
+            return values
+
+        def batch_parts(batch):
+            if watch is None:
+                return []
+            leaves = [local(leaf) for leaf in tf.nest.flatten(batch)]
+            leaves = [parts for parts in leaves if parts[0].shape.rank]
+            layout["inputs"] = [len(parts) for parts in leaves]
+            return [part for parts in leaves for part in parts]
+
+        def start(value, fixed_shape=True):
+            array = tf.TensorArray(value.dtype, size=0, dynamic_size=True, infer_shape=fixed_shape)
+            return array.write(0, value)
+
+        first = next(iterator)  # raises OutOfRangeError before any step when there is none
+        arrays = [start(value) for value in step_values(first)]
+        parts = batch_parts(first)
+        inputs = [start(part, fixed_shape=False) for part in parts]
+        rows = [start(tf.shape(part)[0]) for part in parts]
+        done = tf.constant(1)
+        for index in tf.range(1, count):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():  # the batches ended: the steps so far are returned
+                break
+            arrays = [a.write(index, v) for a, v in zip(arrays, step_values(optional.get_value()))]
+            more = batch_parts(optional.get_value())
+            inputs = [a.write(index, part) for a, part in zip(inputs, more)]
+            rows = [a.write(index, tf.shape(part)[0]) for a, part in zip(rows, more)]
+            done = index + 1
+        return (done, [a.stack() for a in arrays], [a.concat() for a in inputs],
+                [a.stack() for a in rows])
+
+
+def each_step(train_steps, batches, total, per_call=STEPS_PER_CALL):
+    \"\"\"The values of `total` training steps, one step at a time, run `per_call` steps to a call.\"\"\"
+    while total > 0:
+        steps = train_steps(batches, min(per_call, total))
+        if not steps:
+            return
+        total -= len(steps)
+        yield from steps
 """
 
 
-def store_source(moving: bool, regularization: bool) -> str:
-    """The TF1Variables store with only the parts the program uses."""
+def store_source(
+    moving: bool, regularization: bool, keras: bool = False, tower_index: bool = True
+) -> str:
+    """The TF1Variables store with only the parts the program uses (none of it when the model
+    became a Keras model: the helpers after it only, replica_index if the tower reads it)."""
+    if keras:
+        start = "def replica_index():" if tower_index else "def keep_large_tensors_on_the_heap():"
+        return STORE[STORE.index(start) :].strip("\n")
     kept = []
     for line in STORE.splitlines():
         tag = re.search(r"\s*\[(moving|regularization)\]$", line)
@@ -153,26 +287,51 @@ class _FillSlots(cst.CSTTransformer):
 
 class _Collections(cst.CSTTransformer):
     """``tf.compat.v1.trainable_variables()`` / ``moving_average_variables()`` (graph
-    collections) -> the store's lists."""
+    collections) -> the store's lists (or the Keras model's weights)."""
+
+    def __init__(self, keras: KerasPlan | None = None) -> None:
+        super().__init__()
+        self.trainable = keras.trainable if keras else "tf1_variables.trainable"
+        # No layer converted to Keras put a variable in TF1's MOVING_AVERAGE_VARIABLES (batch
+        # norm's moving statistics are not in it on TF 2.21's compat layer, measured): empty.
+        self.moving = "[]" if keras else "tf1_variables.moving_averages"
+
+    def leave_BinaryOperation(self, original, updated):  # type: ignore[no-untyped-def]
+        # `trainable + []` (an empty collection, see above) is the trainable list alone
+        if isinstance(updated.operator, cst.Add) and isinstance(updated.right, cst.List):
+            if not updated.right.elements and self.moving == "[]":
+                return updated.left
+        return updated
 
     def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
         code = cst.Module([]).code_for_node(updated.func)
         if code.endswith("trainable_variables") and not updated.args:
-            return cst.parse_expression("tf1_variables.trainable")
+            return cst.parse_expression(self.trainable)
         if code.endswith("moving_average_variables") and not updated.args:
-            return cst.parse_expression("tf1_variables.moving_averages")
+            return cst.parse_expression(self.moving)
         return updated
 
 
 class _RegularizationReads(cst.CSTTransformer):
-    """Reads of TF1's REGULARIZATION_LOSSES collection -> the store's answer."""
+    """Reads of TF1's REGULARIZATION_LOSSES collection -> the store's answer (or the Keras
+    model's losses: its layers' regularizers, computed in the reading replica)."""
+
+    def __init__(self, keras: KerasPlan | None = None) -> None:
+        super().__init__()
+        self.losses = "tf1_variables.regularization_losses()"
+        self.loss = "tf1_variables.regularization_loss()"
+        if keras is not None:
+            self.losses = f"{keras.instance}.losses"
+            self.loss = (
+                f"tf.add_n({keras.instance}.losses)" if keras.regularized else "tf.constant(0.0)"
+            )
 
     def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
         code = cst.Module([]).code_for_node(updated.func)
         if code.endswith("losses.get_regularization_losses") and not updated.args:
-            return cst.parse_expression("tf1_variables.regularization_losses()")
+            return cst.parse_expression(self.losses)
         if code.endswith("losses.get_regularization_loss") and not updated.args:
-            return cst.parse_expression("tf1_variables.regularization_loss()")
+            return cst.parse_expression(self.loss)
         if (
             code.endswith("get_collection")
             and len(updated.args) == 1
@@ -180,7 +339,7 @@ class _RegularizationReads(cst.CSTTransformer):
             .code_for_node(updated.args[0].value)
             .endswith("GraphKeys.REGULARIZATION_LOSSES")
         ):
-            return cst.parse_expression("tf1_variables.regularization_losses()")
+            return cst.parse_expression(self.losses)
         return updated
 
 
@@ -258,6 +417,8 @@ class Emitter:
         self.code = module.code_for_node
         self.slots: dict[str, list[cst.BaseStatement]] = {}
         self.strategy_count = cst.parse_expression("strategy.num_replicas_in_sync")
+        # Set when the model became a Keras model (see _keras_model_plan).
+        self.keras: KerasPlan | None = None
 
     def slot(self, statements: list[cst.BaseStatement]) -> str:
         key = SLOT.format(len(self.slots))
@@ -371,13 +532,18 @@ class Emitter:
                 f"batches = strategy.experimental_distribute_dataset({p.dataset})\n"
             )
             spec_source = p.dataset
+        store = (
+            "with strategy.scope():"
+            if self.keras is not None
+            else "tf1_variables = TF1Variables(strategy)\n"
+            "                with strategy.scope(), tf1_variables.scope():"
+        )
         head = textwrap.dedent(f'''
             def build_program(strategy, {params}):
                 """The training program under `strategy` (its variables, one step, the batches)."""
                 {python_setup}
                 keep_large_tensors_on_the_heap()
-                tf1_variables = TF1Variables(strategy)
-                with strategy.scope(), tf1_variables.scope():
+                {store}
                     {graph_setup}
             ''').strip("\n")
         sections = [input_section, self._tower_section(keys, spec_source, loop_needs)]
@@ -420,7 +586,7 @@ class Emitter:
                 "slice, as tower i did."
             )
             doc = "What the legacy loop fed the towers, as one global batch per step."
-        return (
+        generator = (
             "\n"
             "def fed_batches():\n"
             f'    """{doc}"""\n'
@@ -428,15 +594,54 @@ class Emitter:
             f"    for {header[0]} in {header[1]}:\n"
             f"        {feed}{fill}\n"
             f"        yield {yielded}\n"
-            "\n"
-            "dataset = tf.data.Dataset.from_generator(\n"
-            "    fed_batches,\n"
-            f"    output_signature=({specs}\n"
-            "    ),\n"
-            ")\n"
-            f"# {slicing}\n"
+        )
+        chunks = self._fed_chunks()
+        if chunks is None:
+            dataset = f"    fed_batches,\n    output_signature=({specs}\n    ),\n)\n"
+        else:
+            stacked = "".join(
+                f"\n        tf.TensorSpec({self._chunk_shape(ph.shape)}, {self.code(ph.dtype)}),"
+                for ph in p.placeholders
+            )
+            generator += chunks
+            dataset = f"    fed_chunks,\n    output_signature=({stacked}\n    ),\n).unbatch()\n"
+        return (
+            generator + "\n"
+            "dataset = tf.data.Dataset.from_generator(\n" + dataset + f"# {slicing}\n"
             "batches = strategy.experimental_distribute_dataset(dataset)\n"
         )
+
+    def _fed_chunks(self) -> str | None:
+        """The fed batches stacked several at a time (needs numpy): tf.data's generator op costs a
+        Python call per element, more than a small model's step when it runs inside the train
+        loop's tf.function; one call per chunk, and Dataset.unbatch() gives back the batches."""
+        try:
+            np_name = self.numpy_name()
+        except Blocked:
+            return None
+        return (
+            "\n"
+            "def fed_chunks(size=STEPS_PER_CALL):\n"
+            '    """fed_batches(), `size` consecutive batches of equal shapes stacked together."""\n'
+            "    chunk, shapes = [], None\n"
+            "    for batch in fed_batches():\n"
+            f"        if chunk and (len(chunk) == size or [{np_name}.shape(a) for a in batch] != shapes):\n"
+            f"            yield tuple({np_name}.stack(arrays) for arrays in zip(*chunk))\n"
+            "            chunk = []\n"
+            "        chunk.append(batch)\n"
+            f"        shapes = [{np_name}.shape(a) for a in batch]\n"
+            "    if chunk:\n"
+            f"        yield tuple({np_name}.stack(arrays) for arrays in zip(*chunk))\n"
+        )
+
+    def _chunk_shape(self, shape: cst.BaseExpression) -> str:
+        """A fed placeholder's shape with a leading axis for the steps of a chunk."""
+        code = self._spec_shape(shape)
+        if code == "None":  # unknown rank
+            return "None"
+        if isinstance(shape, cst.List) or code.startswith("[None"):
+            return f"[None, {code[1:]}" if code != "[]" else "[None]"
+        return f"[None, *{code}]"
 
     def _tower_section(self, keys: dict[str, str], spec_source: str, loop_needs: list[str]) -> str:
         """The replica function, the variable-creating trace, the EMA, the train step."""
@@ -458,8 +663,9 @@ class Emitter:
         }
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in tower_keys.items())
         extra = "".join(f'\n    "{name}": {name},' for name in loop_needs)
-        body = self.slot([s.visit(_RegularizationReads()) for s in p.tower_body])
-        apply = self.slot([s.visit(_Collections()) for s in p.apply])
+        keras = self.keras
+        body = self.slot([s.visit(_RegularizationReads(keras)) for s in p.tower_body])
+        apply = self.slot([s.visit(_Collections(keras)) for s in p.apply])
         reads = "".join(
             f"\n    fetches[{keys[name]!r}] = {name}() if callable({name}) else {name}"
             for name in setup_fetches
@@ -485,7 +691,7 @@ class Emitter:
         if p.ema is not None:
             name = p.ema[0]
             ema_slot = self.slot([p.ema[1]])
-            averaged = self.code(self.ema_variables().visit(_Collections()))
+            averaged = self.code(self.ema_variables().visit(_Collections(keras)))
             ema = (
                 "\n"
                 "with strategy.scope():\n"
@@ -499,8 +705,19 @@ class Emitter:
                 "    if average is not None:\n"
                 f'        variables[f"{{legacy_name}}/{{{name}.name}}"] = average\n'
             )
+            if keras is not None:  # the shadows named after the Keras weight paths
+                ema = (
+                    ema.replace("variables = dict(tf1_variables.variables)\n", "")
+                    .replace(
+                        "for legacy_name, variable in tf1_variables.variables.items():",
+                        "for weight_path, variable in list(variables.items()):",
+                    )
+                    .replace("{legacy_name}", "{weight_path}")
+                )
             variables = "variables"
         loss = self.expr(p.loss)
+        if keras is not None:
+            variables = "variables"
         tower = textwrap.dedent('''
             def tower_fn({inputs}):
                 """One tower of the legacy loop, now one replica."""
@@ -520,6 +737,8 @@ class Emitter:
             build.get_concrete_function(*[
                 tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in {spec_source}.element_spec])
             ''')
+        if keras is not None:
+            tower = self._keras_tower(tower, withs, keras)
         statistics = ""
         if p.update_ops is not None:
             lines = textwrap.wrap(
@@ -534,13 +753,16 @@ class Emitter:
                 {apply}{statistics}
                 return fetches
 
-            @tf.function
-            def train_step(batch):
+            def one_step(batch):
                 {run}
+
+            train_step = tf.function(one_step)
 
             return {{
                 "variables": {variables},
                 "train_step": train_step,
+                # Several steps to a tf.function call: what main() and verify run.
+                "train_steps": StepsInOneCall(strategy, one_step),
                 "batches": batches,
                 # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
                 "checkpoint": tf.train.Checkpoint(variables={variables}, optimizer={p.optimizer}),{extra}
@@ -550,8 +772,44 @@ class Emitter:
             p=p, inputs=inputs, withs=withs, body=body, scale_note=scale_note, loss=loss,
             scale=scale, fetched=fetched, spec_source=spec_source, reads=reads, apply=apply,
             run=run, variables=variables, extra=extra, statistics=statistics,
+            keras_withs=withs[2:],
         )  # fmt: skip
         return tower.format(**values) + ema + step.format(**values)
+
+    def _keras_tower(self, tower: str, withs: str, keras: KerasPlan) -> str:
+        """The tower template for a Keras model: no variable store; the model's weights are
+        what the optimizer updates and verify reads (by Keras weight path)."""
+        tower = tower.replace(
+            ", var_list=tf1_variables.trainable)", f",\n            var_list={keras.trainable})"
+        ).replace(
+            "# Trace once, without training: creates the variables under their legacy names.",
+            "# Trace once, without training: builds the Keras model (its weights, mirrored).",
+        )
+        tower += (
+            # (doubled braces: the template is formatted after this)
+            f"variables = {{{{weight.path: weight.value for weight in {keras.instance}.weights}}}}\n"
+        )
+        if keras.global_step is not None:  # a TF1 variable verify compares too
+            tower += f'variables["global_step"] = {keras.global_step}\n'
+        if not self.uses_tower_index():  # it only chose the variable scope's reuse
+            tower = tower.replace("{p.tower_index} = replica_index()\n    ", "")
+        if withs:
+            return tower.replace("with tf1_variables.scope(){withs}:", "with {keras_withs}:")
+        # No scope left around the tower's statements: they move one level out.
+        lines = tower.split("\n")
+        start = next(i for i, line in enumerate(lines) if "with tf1_variables.scope()" in line)
+        end = next(i for i, line in enumerate(lines) if line.lstrip().startswith("return "))
+        body = [
+            line[4:] if line.startswith("        ") else line for line in lines[start + 1 : end]
+        ]
+        return "\n".join([*lines[:start], *body, *lines[end:]])
+
+    def uses_tower_index(self) -> bool:
+        return any(
+            isinstance(n, cst.Name) and n.value == self.p.tower_index
+            for s in [*self.p.tower_body, *self.p.tower_withs]
+            for n in walk(s)
+        )
 
     def uses_moving_averages(self) -> bool:
         return any(
@@ -562,7 +820,7 @@ class Emitter:
 
     def uses_regularization(self) -> bool:
         module = cst.Module(body=list(self.p.tower_body))
-        return module.visit(_RegularizationReads()).code != module.code
+        return module.visit(_RegularizationReads(self.keras)).code != module.code
 
     def statistics_reason(self) -> str:
         """What the legacy step did with the batch-norm moving statistics, what the migrated
@@ -591,7 +849,13 @@ class Emitter:
             for n in walk(self.module)
             if isinstance(n, cst.Attribute | cst.Name)
         }
-        if "batch_norm" in names and "batch_normalization" not in names:
+        if self.keras is not None:
+            how = (
+                "each replica's Keras batch-norm layers update their own copy of the moving "
+                "statistics from the replica's sub-batch, once per step (the copies drift apart; "
+                "replica 0's is what a checkpoint and verify read)"
+            )
+        elif "batch_norm" in names and "batch_normalization" not in names:
             how = (
                 "with the MEAN of the replicas' batch statistics (assign_moving_average "
                 "all-reduces them)"
@@ -603,6 +867,14 @@ class Emitter:
             )
         else:
             how = "per replica or as the replicas' mean, depending on the layer"
+        if self.keras is not None:
+            # Replica 0 updates from tower 0's sub-batch: what a legacy step keeping only the
+            # first tower's UPDATE_OPS did, and nothing else (measured by verify).
+            return (
+                f"{legacy}; under MirroredStrategy {how}: moving_mean/moving_variance equal the "
+                "legacy values only where the legacy step kept the FIRST tower's updates, and "
+                "differ otherwise; weights and training losses do not depend on them"
+            )
         return (
             f"{legacy}; under MirroredStrategy every step updates the moving statistics once (a "
             f"tf.function runs every stateful op), {how}: moving_mean/moving_variance differ "
@@ -679,17 +951,20 @@ class Emitter:
             ):
                 continue
             if statement is p.run_statement:
-                statements.append(cst.parse_statement("outputs = train_step(next(batches))"))
+                several = self.steps_in_calls()
+                run = "next(step_outputs)" if several else "train_step(next(batches))"
+                statements.append(cst.parse_statement(f"outputs = {run}"))
                 if p.run_fetches_list is not None:
                     # `results = sess.run([train_op] + losses)`: None, then every tower's value.
                     target = p.fetches[1].target
                     key = keys[p.collected[p.fetches[1].tensor]]
-                    statements.append(
-                        cst.parse_statement(
-                            f"{target} = [None] + [value.numpy() for value in "
-                            f"strategy.experimental_local_results(outputs[{key!r}])]"
-                        )
+                    values = (
+                        f"list(outputs[{key!r}])"
+                        if several
+                        else f"[value.numpy() for value in "
+                        f"strategy.experimental_local_results(outputs[{key!r}])]"
                     )
+                    statements.append(cst.parse_statement(f"{target} = [None] + {values}"))
                     continue
                 for fetch in p.fetches:
                     if fetch.target is None or fetch.tensor == p.train_op:
@@ -711,18 +986,10 @@ class Emitter:
                         )
                         statements.append(cst.parse_statement(f"{fetch.target} = {{{values}}}"))
                         continue
-                    key = keys[fetch.tensor]
-                    if fetch.tensor in p.reductions or fetch.tensor in self.setup_fetches():
-                        statements.append(
-                            cst.parse_statement(f"{fetch.target} = outputs[{key!r}].numpy()")
-                        )
-                        continue
-                    statements.append(
-                        cst.parse_statement(
-                            f"{fetch.target} = strategy.experimental_local_results("
-                            f"outputs[{key!r}])[-1].numpy()"
-                        )
-                    )
+                    value = self._fetched_value(fetch.tensor, keys)
+                    if not several:
+                        value += ".numpy()"
+                    statements.append(cst.parse_statement(f"{fetch.target} = {value}"))
                 continue
             logging_names = {p.logging.writer[0]} if p.logging.writer else set()
             if p.logging.saver is not None:
@@ -740,9 +1007,48 @@ class Emitter:
     def _fetched_value(self, tensor: str, keys: dict[str, str]) -> str:
         """The loop's value of a fetched tensor: the last tower's, or the reduced one."""
         key = keys[tensor]
+        several = self.steps_in_calls()  # each step's values, per replica, on the host already
         if tensor in self.p.reductions or tensor in self.setup_fetches():
-            return f"outputs[{key!r}]"
+            return f"outputs[{key!r}][0]" if several else f"outputs[{key!r}]"
+        if several:
+            return f"outputs[{key!r}][-1]"
         return f"strategy.experimental_local_results(outputs[{key!r}])[-1]"
+
+    def steps_in_calls(self) -> bool:
+        """May main() run the loop's steps several to a tf.function call (StepsInOneCall)? Only a
+        `for` over `range(...)` (the number of steps is known before the loop), training at
+        every iteration (no break or continue) and saving no checkpoint in the loop (a checkpoint
+        must hold the weights of its own step, not those of the last step of its call)."""
+        p = self.p
+        loop = p.step_loop
+        if p.monitored is not None or not isinstance(loop, cst.For):
+            return False
+        if not (
+            isinstance(loop.iter, cst.Call)
+            and isinstance(loop.iter.func, cst.Name)
+            and loop.iter.func.value in ("range", "xrange")  # six.moves.xrange: range
+        ):
+            return False
+        nodes = [n for s in loop.body.body for n in walk(s)]  # type: ignore[union-attr]
+        if any(isinstance(n, cst.Break | cst.Continue | cst.Return | cst.Yield) for n in nodes):
+            return False
+        saver = p.logging.saver
+        return saver is None or not any(
+            isinstance(n, cst.Call) and _is_call(n, saver[0], "save") for n in nodes
+        )
+
+    def loop_setup(self) -> str:
+        """main()'s lines before the loop that take the steps' values (4-space indents)."""
+        if not self.steps_in_calls():
+            train_step = '    train_step = program["train_step"]\n'
+            return train_step + '    batches = iter(program["batches"])\n'
+        steps = f"len({self.expr(self.p.step_loop.iter)})"  # type: ignore[attr-defined]
+        return (
+            "    # The loop's steps run STEPS_PER_CALL to a tf.function call; each step's values\n"
+            "    # come back on the host, and the loop logs them as before, step by step.\n"
+            "    step_outputs = each_step(\n"
+            f'        program["train_steps"], iter(program["batches"]), {steps})\n'
+        )
 
     def saved_path(self) -> cst.BaseExpression | None:
         """The path the loop's ``saver.save(sess, path, global_step=...)`` writes to."""

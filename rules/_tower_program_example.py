@@ -131,6 +131,130 @@ def keep_large_tensors_on_the_heap():
     libc.mallopt(-1, 64 * 2**20)  # M_TRIM_THRESHOLD: twice that, as glibc pairs them
 
 
+# Training steps per tf.function call in main() (StepsInOneCall): the call's fixed cost is paid
+# once for so many steps; a few more batches are held in memory, on the host.
+STEPS_PER_CALL = 20
+
+
+class StepsInOneCall:
+    """Training steps run several to a call: one tf.function call takes up to `count` batches from
+    the distributed iterator and runs `one_step` on each, in a loop inside the call.
+
+    Calling a tf.function and taking a batch from a distributed iterator cost a fixed time each,
+    whatever the model, more than a small model's whole step: paid once per call here, not once
+    per step. `self(iterator, count)` returns every step's values in step order (fewer steps than
+    `count` when the batches end): {key: [replica 0's, replica 1's, ...]}, as numpy (the value's
+    strategy.experimental_local_results: one part for a value not per replica). With `watch`
+    (what tfmigrate verify compares), a step is {"outputs": those, "per_replica": [the keys of
+    per-replica values], "watched": [each variable's replica 0 value after the step], "inputs":
+    [[replica 0's part, ...] for each batch array]}.
+    """
+
+    def __init__(self, strategy, one_step):
+        self.strategy = strategy
+        self.one_step = one_step
+        self.calls = {}  # the watched variables -> (compiled call, layout of its results)
+
+    def __call__(self, iterator, count, watch=None):
+        key = None if watch is None else tuple(id(v) for v in watch)
+        if key not in self.calls:
+            layout = {}
+
+            def steps(iterator, count):
+                return self.run(iterator, count, watch, layout)
+
+            self.calls[key] = tf.function(steps), layout
+        call, layout = self.calls[key]
+        try:
+            done, stacks, inputs, rows = call(iterator, tf.constant(count))
+        except tf.errors.OutOfRangeError:  # no batch left for the first step
+            return []
+        stacks = [stack.numpy() for stack in stacks]
+        pieces = []
+        for whole, sizes in zip(inputs, rows):
+            whole, start, pieces_of_one = whole.numpy(), 0, []
+            for size in sizes.numpy().tolist():
+                pieces_of_one.append(whole[start:start + size])
+                start += size
+            pieces.append(pieces_of_one)
+        steps = []
+        for index in range(int(done)):
+            values = iter([stack[index] for stack in stacks])
+            outputs = {key: [next(values) for _ in range(n)] for key, n, _ in layout["outputs"]}
+            if watch is None:
+                steps.append(outputs)
+                continue
+            parts = iter([piece[index] for piece in pieces])
+            per_replica = [key for key, _, distributed in layout["outputs"] if distributed]
+            steps.append({"outputs": outputs, "per_replica": per_replica, "watched": list(values),
+                          "inputs": [[next(parts) for _ in range(n)] for n in layout["inputs"]]})
+        return steps
+
+    def run(self, iterator, count, watch, layout):
+        """Traced: the steps, each step's values written to growing TensorArrays."""
+        local = self.strategy.experimental_local_results
+        graph = tf.compat.v1.get_default_graph()
+        collected = {key: graph.get_collection(key) for key in graph.get_all_collection_keys()}
+
+        def step_values(batch):
+            # TF1 code collects in the graph as it is traced (regularization losses, the train
+            # op, ...): every step traced into this one graph starts from what was there before
+            # the steps, as in a graph of its own.
+            inner = tf.compat.v1.get_default_graph()
+            for key in inner.get_all_collection_keys():
+                inner.get_collection_ref(key)[:] = collected.get(key, [])
+            outputs = self.one_step(batch)
+            values, layout["outputs"] = [], []
+            for key, value in outputs.items():
+                parts = local(value)
+                values.extend(parts)
+                per_replica = isinstance(value, tf.distribute.DistributedValues)
+                layout["outputs"].append((key, len(parts), per_replica))
+            if watch is not None:  # read after the step's updates (automatic control dependencies)
+                values.extend(local(variable)[0].read_value() for variable in watch)
+            return values
+
+        def batch_parts(batch):
+            if watch is None:
+                return []
+            leaves = [local(leaf) for leaf in tf.nest.flatten(batch)]
+            leaves = [parts for parts in leaves if parts[0].shape.rank]
+            layout["inputs"] = [len(parts) for parts in leaves]
+            return [part for parts in leaves for part in parts]
+
+        def start(value, fixed_shape=True):
+            array = tf.TensorArray(value.dtype, size=0, dynamic_size=True, infer_shape=fixed_shape)
+            return array.write(0, value)
+
+        first = next(iterator)  # raises OutOfRangeError before any step when there is none
+        arrays = [start(value) for value in step_values(first)]
+        parts = batch_parts(first)
+        inputs = [start(part, fixed_shape=False) for part in parts]
+        rows = [start(tf.shape(part)[0]) for part in parts]
+        done = tf.constant(1)
+        for index in tf.range(1, count):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():  # the batches ended: the steps so far are returned
+                break
+            arrays = [a.write(index, v) for a, v in zip(arrays, step_values(optional.get_value()))]
+            more = batch_parts(optional.get_value())
+            inputs = [a.write(index, part) for a, part in zip(inputs, more)]
+            rows = [a.write(index, tf.shape(part)[0]) for a, part in zip(rows, more)]
+            done = index + 1
+        return (done, [a.stack() for a in arrays], [a.concat() for a in inputs],
+                [a.stack() for a in rows])
+
+
+def each_step(train_steps, batches, total, per_call=STEPS_PER_CALL):
+    """The values of `total` training steps, one step at a time, run `per_call` steps to a call."""
+    while total > 0:
+        steps = train_steps(batches, min(per_call, total))
+        if not steps:
+            return
+        total -= len(steps)
+        yield from steps
+
+
 def build_program(strategy, flags):
     """The training program under `strategy` (its variables, one step, the batches)."""
     keep_large_tensors_on_the_heap()
@@ -145,13 +269,25 @@ def build_program(strategy, flags):
         for step in range(flags.steps):
             yield x_all[step * 16 % 64:][:16], y_all[step * 16 % 64:][:16]
 
+    def fed_chunks(size=STEPS_PER_CALL):
+        """fed_batches(), `size` consecutive batches of equal shapes stacked together."""
+        chunk, shapes = [], None
+        for batch in fed_batches():
+            if chunk and (len(chunk) == size or [np.shape(a) for a in batch] != shapes):
+                yield tuple(np.stack(arrays) for arrays in zip(*chunk))
+                chunk = []
+            chunk.append(batch)
+            shapes = [np.shape(a) for a in batch]
+        if chunk:
+            yield tuple(np.stack(arrays) for arrays in zip(*chunk))
+
     dataset = tf.data.Dataset.from_generator(
-        fed_batches,
+        fed_chunks,
         output_signature=(
-            tf.TensorSpec([16, 4], tf.float32),
-            tf.TensorSpec([16, 2], tf.float32),
+            tf.TensorSpec([None, 16, 4], tf.float32),
+            tf.TensorSpec([None, 16, 2], tf.float32),
         ),
-    )
+    ).unbatch()
     # Replica i receives the i-th slice of each global batch, as tower i did.
     batches = strategy.experimental_distribute_dataset(dataset)
 
@@ -179,13 +315,16 @@ def build_program(strategy, flags):
         train_op = opt.apply_gradients(grads)
         return fetches
 
-    @tf.function
-    def train_step(batch):
+    def one_step(batch):
         return strategy.run(step_fn, args=batch)
+
+    train_step = tf.function(one_step)
 
     return {
         "variables": dict(tf1_variables.variables),
         "train_step": train_step,
+        # Several steps to a tf.function call: what main() and verify run.
+        "train_steps": StepsInOneCall(strategy, one_step),
         "batches": batches,
         # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
         "checkpoint": tf.train.Checkpoint(variables=dict(tf1_variables.variables), optimizer=opt),
@@ -214,11 +353,13 @@ def train(flags):
         with strategy.scope():  # optimizer slots restored now are created mirrored
             program["checkpoint"].restore(
                 tf.train.latest_checkpoint(flags.restore_from)).assert_existing_objects_matched()
-    train_step = program["train_step"]
-    batches = iter(program["batches"])
+    # The loop's steps run STEPS_PER_CALL to a tf.function call; each step's values
+    # come back on the host, and the loop logs them as before, step by step.
+    step_outputs = each_step(
+        program["train_steps"], iter(program["batches"]), len(range(flags.steps)))
     for step in range(flags.steps):
-        outputs = train_step(next(batches))
-        loss_value = strategy.experimental_local_results(outputs['loss'])[-1].numpy()
+        outputs = next(step_outputs)
+        loss_value = outputs['loss'][-1]
         print(step, loss_value)
 
 

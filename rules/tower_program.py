@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import libcst as cst
 
+from tfmigrate import tree
 from tfmigrate.names import NameResolver
 from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules import _multi_worker_emit as multi_worker
 from tfmigrate.rules import _tower_model_module as model_code
 from tfmigrate.rules import _tower_program_example as example
+from tfmigrate.rules._keras_model_emit import TF1_BATCH_NORM
+from tfmigrate.rules._keras_model_plan import KerasPlan
+from tfmigrate.rules._keras_model_plan import plan as plan_keras_model
 from tfmigrate.rules._tower_emit import Emitter, _indent, store_source
 from tfmigrate.rules._tower_model_module import MODEL_TRIGGERS
 from tfmigrate.rules._tower_program import (
@@ -32,14 +37,15 @@ from tfmigrate.rules._variable_names import VariableNames
 
 # Names the converted program defines; a module already using them is not converted.
 _RESERVED_TOP = frozenset(
-    {"TF1Variables", "replica_index", "build_program", "make_parser", "tfmigrate_program"}
-)
+    {"TF1Variables", "replica_index", "build_program", "make_parser", "tfmigrate_program",
+     "StepsInOneCall", "each_step", "STEPS_PER_CALL"}
+)  # fmt: skip
 _RESERVED_LOCAL = frozenset(
     {
         "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
         "fed_batches", "build", "fetches", "tf1_variables", "variables", "legacy_name",
         "checkpoint", "manager", "average", "summary_tag", "summary_value", "scalar_metadata",
-        "input_dataset",
+        "input_dataset", "weight_path", "one_step", "fed_chunks", "step_outputs",
     }
 )  # fmt: skip
 
@@ -81,9 +87,15 @@ class TowerProgramToMirroredStrategy(TowerRule):
       `tf.app.run` become absl's;
     - `--batch-norm sync` (option `batch-norm`) is refused for TF1 batch norm, which has no
       cross-replica mode on `tf.compat.v1`;
-    - the TF1 model code is kept: its `get_variable` calls go through a small `TF1Variables`
+    - a model function of TF1 layer calls with literal names (tf.layers, slim / contrib.layers,
+      tf.nn activations between them) becomes a `keras.Model` subclass, each legacy API's
+      defaults spelled out, built once in `strategy.scope()` and called by every replica with
+      `training=True`; TF1's fused batch norm keeps its unbiased moving variance
+      (`TF1BatchNorm`); the manifest maps legacy variable names to Keras weight paths;
+    - other TF1 model code is kept: its `get_variable` calls go through a small `TF1Variables`
       store (emitted into the program) that creates every variable once, mirrored, under its
-      legacy name, and hands the same variable to every replica;
+      legacy name, and hands the same variable to every replica (the manifest says why it was
+      not converted to Keras layers);
     - the program gains `tfmigrate_program(strategy, argv)` (tfmigrate's verify protocol) and
       the manifest entry verify needs: the variable mapping, the semantic notes;
     - with the option `strategy = "multi-worker"` (`rewrite --strategy multi-worker`) the program
@@ -251,7 +263,6 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
 
 
 def _aggregations(rule: TowerRule) -> dict[int, bool]:
-    from tfmigrate import tree
     from tfmigrate.rules.manual_gradient_aggregation import ManualGradientAggregation
 
     aggregation = ManualGradientAggregation(rule.context)
@@ -509,14 +520,23 @@ def _convert(
         {**context.options, "_tfm303_inner": True},
     )
     reader_rule = TowerProgramToMirroredStrategy(inner_context)
-    cst.visit_batched(module, [reader_rule])
+    tree.visit_batched(module, [reader_rule])  # read-only: tfmigrate's faster traversal
     loops = reader_rule.tower_loops()
     if len(loops) != 1 or not isinstance(loops[0].replicator, cst.For):
         raise Blocked(context.module, "the tower loop could not be found again after renaming")
     program, main, main_call, absl = _analyse(reader_rule, loops[0].replicator)
     unit = module.default_indent
     _number_after_variables(program, module, reader_rule)
+    keras = plan_keras_model(program, module, reader_rule.qualify)
+    kept_reason = None
+    if isinstance(keras, str):
+        kept_reason, keras = keras, None
+    else:
+        program = dataclasses.replace(
+            program, tower_body=keras.tower_body, graph_setup=keras.graph_setup
+        )
     emitter = Emitter(module, program)
+    emitter.keras = keras
     keys = emitter.fetch_keys()
     needs = emitter.loop_needs()
     function = program.function
@@ -600,7 +620,12 @@ if __name__ == "__main__":
     unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
     signature = module.code_for_node(function.params)
     text = (
-        store_source(emitter.uses_moving_averages(), emitter.uses_regularization())
+        store_source(
+            emitter.uses_moving_averages(),
+            emitter.uses_regularization(),
+            keras is not None,
+            emitter.uses_tower_index(),
+        )
         + (MEMORY_HELPER if program.memory_fetches else "")
         + "\n\n\n"
         + emitter.build_function(params, keys, needs)
@@ -634,9 +659,7 @@ def {function.name.value}({signature}):
         with strategy.scope():  # optimizer slots restored now are created mirrored
             program["checkpoint"].restore(
                 tf.train.latest_checkpoint({param}.restore_from)).assert_existing_objects_matched()
-    train_step = program["train_step"]
-    batches = iter(program["batches"])
-{unpack}{loop_prelude}    {loop_header}:{loop_comment}
+{emitter.loop_setup()}{unpack}{loop_prelude}    {loop_header}:{loop_comment}
         {body_slot}
 {loop_end}{main_text}"""
     )
@@ -668,25 +691,65 @@ def {function.name.value}({signature}):
         if program.queue is not None and statement is program.queue.function:
             body.append(_queue_function(program, unit))
             continue
+        if keras is not None and statement is keras.model.function:
+            body.extend(_keras_classes(keras, statement, unit))
+            continue
         if statement is function:
             two_lines = [cst.EmptyLine(), cst.EmptyLine()]
             body.append(generated.body[0].with_changes(leading_lines=two_lines))
             body.extend(generated.body[1:])
             continue
         body.append(statement)
-    new_module = _contrib_to_tf_slim(module.with_changes(body=body), program.tower_loop)
+    new_module = module.with_changes(body=body)
+    if keras is not None:
+        new_module = _drop_dead_aliases(new_module)
+    new_module = _contrib_to_tf_slim(new_module, program.tower_loop)
     new_module = _v1_layers_to_tf_keras(new_module)
     new_module = _drop_dead_imports(module, new_module)
     new_module = _drop_dead_definitions(function, new_module)
     if absl is not None:
         new_module = _add_imports(new_module, ["from absl import app, flags"])
+    if keras is not None:
+        new_module = _add_imports(new_module, ["import keras"])
     if emitter.saved_path() is not None and "os" not in identifiers(module):
         body = list(new_module.body)  # the CheckpointManager splits the Saver's path with os
         _insert_import(body, cst.parse_statement("import os"))
         new_module = new_module.with_changes(body=body)
-    manifest, summary = _manifest(emitter, keys, reader_rule)
+    manifest, summary = _manifest(emitter, keys, reader_rule, kept_reason)
     manifest["notes"] = [*manifest["notes"], *multi_worker_notes]  # type: ignore[misc]
     return new_module, manifest, summary
+
+
+def _keras_classes(keras: KerasPlan, legacy: cst.FunctionDef, unit: str) -> list[cst.BaseStatement]:
+    """The Keras model class where the legacy model function was (TF1BatchNorm before it)."""
+    source = keras.model.source
+    if keras.model.uses_tf1_batch_norm:
+        source = _indent(TF1_BATCH_NORM, unit) + "\n\n" + source
+    classes = list(cst.parse_module(source).body)
+    classes[0] = classes[0].with_changes(leading_lines=legacy.leading_lines)
+    for position in range(1, len(classes)):
+        classes[position] = classes[position].with_changes(
+            leading_lines=[cst.EmptyLine(), cst.EmptyLine()]
+        )
+    return classes
+
+
+def _drop_dead_aliases(module: cst.Module) -> cst.Module:
+    """`slim = tf.contrib.slim` that only the converted model code used goes with it."""
+    used = _names_used(module)
+    body = []
+    for statement in module.body:
+        assigned = _assign(statement)
+        if (
+            assigned is not None
+            and len(assigned[0]) == 1
+            and used.get(assigned[0][0], 0) == 1
+            and isinstance(assigned[1], cst.Attribute)
+            and module.code_for_node(assigned[1]).endswith(("contrib.slim", "contrib.layers"))
+        ):
+            continue
+        body.append(statement)
+    return module.with_changes(body=body)
 
 
 MEMORY_HELPER = '''
@@ -809,10 +872,12 @@ def _number_after_variables(program: Program, module: cst.Module, rule: TowerRul
 
 def _names_used(module: cst.Module) -> dict[str, int]:
     """How often each variable name occurs (attribute names like `parser.parse_args` aside)."""
-    attributes = {id(n.attr) for n in walk(module) if isinstance(n, cst.Attribute)}
+    attributes: set[int] = set()
     counts: dict[str, int] = {}
-    for node in walk(module):
-        if isinstance(node, cst.Name) and id(node) not in attributes:
+    for node in walk(module):  # pre-order: an Attribute comes before its `attr` Name
+        if isinstance(node, cst.Attribute):
+            attributes.add(id(node.attr))
+        elif isinstance(node, cst.Name) and id(node) not in attributes:
             counts[node.value] = counts.get(node.value, 0) + 1
     return counts
 
@@ -1172,11 +1237,13 @@ def _parse_generated(text: str, unit: str, emitter: Emitter) -> cst.Module:
 
 
 def _manifest(
-    emitter: Emitter, keys: dict[str, str], rule: TowerRule
+    emitter: Emitter, keys: dict[str, str], rule: TowerRule, kept_reason: str | None = None
 ) -> tuple[dict[str, object], str]:
-    module, program = emitter.module, emitter.p
+    module, program, keras = emitter.module, emitter.p, emitter.keras
     reader = VariableNames(module, rule.qualify)
     names = reader.run([*program.graph_setup, *program.tower_body])
+    if keras is not None:
+        names = list(keras.variables)
     if names is not None and program.ema is not None:
         # The EMA's shadows of the trainable variables: `<legacy name>/<ema name>`.
         ema_call = _assign(program.ema[1])[1]  # type: ignore[index]
@@ -1195,11 +1262,29 @@ def _manifest(
         else "the towers SUMMED their gradients, as apply_gradients' SUM all-reduce does: "
         "losses are not rescaled"
     )
+    if keras is not None:
+        model_note = (
+            f"TFM303: the model function `{keras.model.function.name.value}` -> the Keras model "
+            f"`{keras.model.class_name}` (named `{keras.model_name}`, built once in "
+            "strategy.scope(), called by every replica with training=True): the same layers "
+            "with each legacy API's defaults spelled out; Keras 3 names cannot contain '/', so "
+            "the variables map legacy scope paths to Keras weight paths"
+        )
+        if keras.model.uses_tf1_batch_norm:
+            model_note += (
+                "; TF1's fused batch norm fed its moving variance with the unbiased batch "
+                "variance: TF1BatchNorm keeps that"
+            )
+    else:
+        model_note = (
+            "TFM303: the TF1 model code is kept on tf.compat.v1 (variable_scope/get_variable); "
+            "its variables are owned by TF1Variables, mirrored, under their legacy names (not "
+            f"converted to Keras layers: {kept_reason})"
+        )
     notes = [
         f"TFM303: tower loop -> strategy.run(step_fn) in an @tf.function train step; {how}",
-        "TFM303: the TF1 model code is kept on tf.compat.v1 (variable_scope/get_variable); its "
-        "variables are owned by TF1Variables, mirrored, under their legacy names (converting "
-        "it to Keras layers is a later step)",
+        model_note,
+        *(f"TFM303: {note}" for note in (keras.notes if keras is not None else [])),
         f"TFM303: `{program.optimizer}` stays a tf.compat.v1.train optimizer: under "
         "MirroredStrategy it applies exactly the TF1 update (slots included)",
         _input_note(program),
@@ -1290,7 +1375,27 @@ def _manifest(
             {"match": match, "code": "TFM303", "reason": reason},
             *announced,
         ]
-    if names is not None:
+    if keras is not None:
+        mapping = {"global_step": "global_step"} if keras.global_step else {}
+        mapping.update(keras.variables)
+        if program.ema is not None:
+            suffix = names[-1].rsplit("/", 1)[-1] if names else "ExponentialMovingAverage"
+            ema_call = _assign(program.ema[1])[1]  # type: ignore[index]
+            ema_name = get_arg(ema_call, 3, "name")  # type: ignore[arg-type]
+            suffix = (
+                str(ema_name.evaluated_value)
+                if isinstance(ema_name, cst.SimpleString)
+                else "ExponentialMovingAverage"
+            )
+            mapping.update(
+                {
+                    f"{old}/{suffix}": f"{new}/{suffix}"
+                    for old, new in keras.variables.items()
+                    if not old.endswith(("/moving_mean", "/moving_variance"))
+                }
+            )
+        manifest["variables"] = mapping
+    elif names is not None:
         manifest["variables"] = {name: name for name in names}
     else:
         # verify maps by name once both sides have built their variables ({"*": "*"}).
@@ -1308,6 +1413,11 @@ def _manifest(
     summary = (
         f"converted the tower program `{program.function.name.value}` to MirroredStrategy "
         f"({'averaged' if program.averaged else 'summed'} gradients, {source}, "
-        "Session loop -> eager loop, TF1 model code kept with mirrored variables)"
+        "Session loop -> eager loop, "
+        + (
+            f"model -> Keras model `{keras.model.class_name}`)"
+            if keras is not None
+            else "TF1 model code kept with mirrored variables)"
+        )
     )
     return manifest, summary

@@ -391,5 +391,5 @@ def test_damaged_or_mismatched_checkpoints_write_nothing(legacy, tmp_path):
     assert "unknown name in the checkpoint: 'model/fc1/weights'" in mismatched
     assert (
         "shape mismatch: 'model/fc1/weights' is [12, 16] in the checkpoint, "
-        "'model/logits/weights' is [16, 4] in the program"
+        "'model/logits/kernel' is [16, 4] in the program"  # its Keras weight path (TFM303)
     ) in results["swapped"].stdout

@@ -3,7 +3,9 @@
 Imports the TF2 script as a module (its ``__main__`` block does not run), calls its
 ``tfmigrate_program(strategy, argv)`` (protocol.py) with a MirroredStrategy over N logical CPU
 devices, waits for the legacy side's initial variables, loads them through the name mapping, then
-drives ``train_step`` for K batches, recording what the legacy side records (record.py).
+drives ``train_step`` for K batches, recording what the legacy side records (record.py). A program
+that also offers ``train_steps`` (several steps per call) is driven through it instead, with the
+same record: each step's fetches, input fingerprint and traced variables.
 """
 
 from __future__ import annotations
@@ -46,10 +48,14 @@ def configure_devices(tf: Any, replicas: int, device: str) -> list[str]:
     if device == "gpu":
         gpus = tf.config.list_logical_devices("GPU")
         if len(gpus) < replicas:
-            raise SetupProblem(f"--device gpu: {len(gpus)} GPU(s) visible, {replicas} replicas requested")
+            raise SetupProblem(
+                f"--device gpu: {len(gpus)} GPU(s) visible, {replicas} replicas requested"
+            )
         return [d.name for d in gpus[:replicas]]
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
+    )
     return [f"/cpu:{i}" for i in range(replicas)]
 
 
@@ -94,6 +100,7 @@ class MigratedRunner:
         self.variables: dict[str, Any] = dict(program[protocol.KEY_VARIABLES])
         self.train_step = program[protocol.KEY_TRAIN_STEP]
         self.batches = program[protocol.KEY_BATCHES]
+        self.train_steps = program.get(protocol.KEY_TRAIN_STEPS)
         self.record = RunRecord(side="migrated", devices=strategy.num_replicas_in_sync)
         self.trace: dict[str, list[np.ndarray]] = {}
 
@@ -101,16 +108,22 @@ class MigratedRunner:
         problems = []
         for legacy_name, new_name in mapping.items():
             if legacy_name not in init:
-                problems.append(f"legacy variable {legacy_name!r} (mapped to {new_name!r}) does not exist")
+                problems.append(
+                    f"legacy variable {legacy_name!r} (mapped to {new_name!r}) does not exist"
+                )
                 continue
             var = self.variables.get(new_name)
             if var is None:
-                problems.append(f"migrated variable {new_name!r} (mapped from {legacy_name!r}) is not in "
-                                f"the program's variables")
+                problems.append(
+                    f"migrated variable {new_name!r} (mapped from {legacy_name!r}) is not in "
+                    f"the program's variables"
+                )
                 continue
             value = init[legacy_name]
             if tuple(var.shape) != value.shape:
-                problems.append(f"{legacy_name} {value.shape} -> {new_name} {tuple(var.shape)}: shapes differ")
+                problems.append(
+                    f"{legacy_name} {value.shape} -> {new_name} {tuple(var.shape)}: shapes differ"
+                )
                 continue
             var.assign(value.astype(self.tf.as_dtype(var.dtype).as_numpy_dtype))
         if problems:
@@ -133,6 +146,9 @@ class MigratedRunner:
         return {n: local_values(self.strategy, tf_variable(self.variables[n]))[0] for n in names}
 
     def run(self, steps: int, trace_names: list[str]) -> None:
+        if self.train_steps is not None:
+            self.run_several(steps, trace_names)
+            return
         iterator = iter(self.batches)
         for index in range(1, steps + 1):
             # Timed like the legacy Session.run, which feeds its batch or runs its input pipeline:
@@ -141,28 +157,82 @@ class MigratedRunner:
             try:
                 batch = next(iterator)
             except StopIteration:
-                self.record.notes.append(f"the migrated program's batches ended after {index - 1} steps")
+                self.record.notes.append(
+                    f"the migrated program's batches ended after {index - 1} steps"
+                )
                 break
             out = self.train_step(batch)
             fetches = self.fetches(out)  # converting to numpy waits for the step to finish
             seconds = time.perf_counter() - start
             inputs, samples = self.fingerprint(batch)
-            self.record.steps.append(Step(step=index, seconds=seconds, fetches=fetches, inputs=inputs,
-                                          samples=samples))
+            self.record.steps.append(
+                Step(step=index, seconds=seconds, fetches=fetches, inputs=inputs, samples=samples)
+            )
             for name, value in self.read(trace_names).items():
                 self.trace.setdefault(name, []).append(value)
 
-    def fetches(self, out: Any) -> list[Fetch]:
+    def run_several(self, steps: int, trace_names: list[str]) -> None:
+        """Drive ``train_steps``: a first call of one step (it traces), then several per call. A
+        step's time is its call's time over the steps the call ran (what the program's own loop
+        pays per step); its batch is taken inside the call, so it is part of the step, as above."""
+        iterator = iter(self.batches)
+        watch = [tf_variable(self.variables[n]) for n in trace_names]
+        size = sum(int(np.prod(v.shape)) for v in watch)
+        per_call = max(
+            1, min(protocol.STEPS_PER_CALL, protocol.WATCHED_VALUES_PER_CALL // max(size, 1))
+        )
+        count = 1
+        while len(self.record.steps) < steps:
+            count = min(count, steps - len(self.record.steps))
+            start = time.perf_counter()
+            done = self.train_steps(iterator, count, watch)
+            seconds = (time.perf_counter() - start) / max(len(done), 1)
+            for values in done:
+                fetches = self.fetches(values["outputs"], per_replica=values["per_replica"])
+                streams = [
+                    parts
+                    for parts in values["inputs"]
+                    if all(fingerprint.is_data(p) for p in parts)
+                ]
+                inputs = fingerprint.step_fingerprint(streams) if streams else None
+                samples = fingerprint.step_samples(streams) if streams else None
+                self.record.steps.append(
+                    Step(
+                        step=len(self.record.steps) + 1,
+                        seconds=seconds,
+                        fetches=fetches,
+                        inputs=inputs,
+                        samples=samples,
+                    )
+                )
+                for name, value in zip(trace_names, values["watched"], strict=True):
+                    self.trace.setdefault(name, []).append(np.asarray(value))
+            if len(done) < count:
+                self.record.notes.append(
+                    f"the migrated program's batches ended after {len(self.record.steps)} steps"
+                )
+                break
+            count = per_call
+
+    def fetches(self, out: Any, per_replica: list[str] | None = None) -> list[Fetch]:
+        """The scalars of one step's values: train_step's tensors and distributed values, or
+        (``per_replica`` given) train_steps' numpy parts, each key's a list of its replicas'."""
         if not hasattr(out, "items"):
-            raise SetupProblem("train_step must return a mapping {name: per-replica value or tensor}")
+            raise SetupProblem(
+                "train_step must return a mapping {name: per-replica value or tensor}"
+            )
         result = []
+        host = per_replica is not None
         for key, value in out.items():
-            if is_distributed(self.tf, value):
-                for i, v in enumerate(self.replica_values(value)):
+            if key in per_replica if per_replica is not None else is_distributed(self.tf, value):
+                parts = [np.asarray(v) for v in value] if host else self.replica_values(value)
+                for i, v in enumerate(parts):
                     if v.size == 1:
-                        result.append(Fetch(name=f"{key}[{i}]", base=key, tower=i, value=float(v.reshape(()))))
+                        result.append(
+                            Fetch(name=f"{key}[{i}]", base=key, tower=i, value=float(v.reshape(())))
+                        )
             else:
-                v = np.asarray(value)
+                v = np.asarray(value[0] if host else value)
                 if v.size == 1:
                     result.append(Fetch(name=key, base=key, tower=None, value=float(v.reshape(()))))
         return result
@@ -170,7 +240,9 @@ class MigratedRunner:
     def fingerprint(self, batch: Any) -> tuple[list[str] | None, int | None]:
         streams = []
         for leaf in self.tf.nest.flatten(batch):
-            parts = self.replica_values(leaf) if is_distributed(self.tf, leaf) else [np.asarray(leaf)]
+            parts = (
+                self.replica_values(leaf) if is_distributed(self.tf, leaf) else [np.asarray(leaf)]
+            )
             if parts and all(fingerprint.is_data(p) for p in parts):
                 streams.append(parts)
         if not streams:
@@ -182,7 +254,9 @@ class MigratedRunner:
         save_arrays(self.out / FINAL_NPZ, self.read(names))
         for name in names:
             parts = local_values(self.strategy, tf_variable(self.variables[name]))
-            spread = max((float(np.max(np.abs(p - parts[0]))) for p in parts[1:] if p.size), default=0.0)
+            spread = max(
+                (float(np.max(np.abs(p - parts[0]))) for p in parts[1:] if p.size), default=0.0
+            )
             if spread > 0:
                 self.record.replica_spread[name] = spread
         if self.trace:
@@ -203,15 +277,18 @@ def resolve_by_name(init: dict[str, np.ndarray], variables: dict[str, Any]) -> d
         raise SetupProblem(
             "the manifest maps variables by name, but no migrated variable has a legacy variable's "
             f"name (legacy: {sorted(init)[:5]}..., migrated: {sorted(variables)[:5]}...); give "
-            "verify an explicit mapping (--mapping)")
+            "verify an explicit mapping (--mapping)"
+        )
     return mapping
 
 
 def roundtrip_parts(program: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     missing = [k for k in protocol.ROUNDTRIP_KEYS if k not in program]
     if missing:
-        raise SetupProblem(f"--roundtrip needs {protocol.ENTRY_POINT}() to return {missing} as well "
-                            "(see docs/verify.md)")
+        raise SetupProblem(
+            f"--roundtrip needs {protocol.ENTRY_POINT}() to return {missing} as well "
+            "(see docs/verify.md)"
+        )
     return tuple(program[k] for k in protocol.ROUNDTRIP_KEYS)  # type: ignore[return-value]
 
 
@@ -226,14 +303,18 @@ def save_for_roundtrip(program: dict[str, Any], folder: Path) -> None:
 def user_traceback(exc: BaseException) -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     te = traceback.TracebackException.from_exception(exc)
-    te.stack = traceback.StackSummary.from_list([f for f in te.stack if not f.filename.startswith(here)])
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith(here)]
+    )
     return "".join(te.format())
 
 
 def _peak_memory(tf: Any, devices: list[str]) -> tuple[int, str]:
     if devices and "gpu" in devices[0].lower():
         try:
-            return max(tf.config.experimental.get_memory_info(d)["peak"] for d in devices), "GPU peak"
+            return max(
+                tf.config.experimental.get_memory_info(d)["peak"] for d in devices
+            ), "GPU peak"
         except Exception:  # noqa: BLE001
             pass
     import resource
@@ -249,13 +330,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--init", type=Path, required=True, help="legacy side's init.npz (waited for)")
-    parser.add_argument("--mapping", type=Path, required=True, help="JSON {legacy name: migrated name}")
+    parser.add_argument(
+        "--init", type=Path, required=True, help="legacy side's init.npz (waited for)"
+    )
+    parser.add_argument(
+        "--mapping", type=Path, required=True, help="JSON {legacy name: migrated name}"
+    )
     parser.add_argument("--wait", type=float, default=600.0)
-    parser.add_argument("--roundtrip", type=Path, help="save here and record in-strategy predictions")
-    parser.add_argument("--restore", type=Path, help="start from this converted checkpoint folder instead")
-    parser.add_argument("--strategy", choices=("mirrored", "multi-worker"), default="mirrored",
-                        help="multi-worker: one worker of a cluster described by TF_CONFIG")
+    parser.add_argument(
+        "--roundtrip", type=Path, help="save here and record in-strategy predictions"
+    )
+    parser.add_argument(
+        "--restore", type=Path, help="start from this converted checkpoint folder instead"
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("mirrored", "multi-worker"),
+        default="mirrored",
+        help="multi-worker: one worker of a cluster described by TF_CONFIG",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -294,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         program = entry(strategy, list(script_args))
         stage = "setup"
         runner = runner_class(tf, strategy, program, ns.out)
+        if ns.strategy == "multi-worker":
+            runner.train_steps = None  # a worker gathers every step's replica values (collectives)
         record = runner.record
         mapping: dict[str, str] = json.loads(ns.mapping.read_text())
         wait_for(ns.init, ns.wait)
@@ -302,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
             mapping = resolve_by_name(init, runner.variables)
             (ns.out / RESOLVED_MAPPING).write_text(json.dumps(mapping, indent=2))
         runner.describe_variables(set(mapping.values()))
-        if ns.restore is not None:  # convert-checkpoint's check: the converted folder, as users restore it
+        if (
+            ns.restore is not None
+        ):  # convert-checkpoint's check: the converted folder, as users restore it
             from tfmigrate.checkpoint.layout import restore_program
 
             restore_program(tf, strategy, program, ns.restore)

@@ -1,0 +1,825 @@
+"""TF1 layer-call model functions -> Keras 3 model classes (TFM303's model conversion).
+
+Not a rule module. :func:`convert` reads a straight-line model function made of
+``tf.layers`` / ``tf.contrib.layers`` / slim layer calls with literal names (and ``tf.nn``
+activations or plain tensor ops between them) and writes a ``keras.Model`` subclass that
+creates the same layers, with every default of the legacy API spelled out where Keras' differs,
+and the mapping from legacy variable names to the Keras weight paths. Anything it does not know
+raises :class:`NotConvertible` with the reason: the caller then keeps the TF1 code.
+
+No TensorFlow import here (the rewrite path must not need it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from tfmigrate.rules._towers import walk
+
+Qualify = Callable[[cst.BaseExpression], "str | None"]
+
+
+class NotConvertible(Exception):
+    def __init__(self, node: cst.CSTNode, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+# Emitted once into a program whose model has a TF1 fused batch norm. Measured on TF 2.21's
+# compat layer: tf_slim / contrib batch_norm feed the moving variance with the Bessel-corrected
+# batch variance on 2-D and 4-D inputs (fused kernel), tf.layers.batch_normalization on 4-D
+# inputs only (2-D: the biased variance, as Keras does).
+TF1_BATCH_NORM = '''
+class TF1BatchNorm(keras.layers.BatchNormalization):
+    """Keras batch norm whose moving variance follows TF1's fused kernel: updated with the
+    unbiased batch variance n/(n-1) (on inputs of the ranks in `unbiased_ranks`). The batch
+    is normalized with the biased variance, as both did."""
+
+    def __init__(self, unbiased_ranks=(2, 4), **kwargs):
+        super().__init__(**kwargs)
+        self.unbiased_ranks = tuple(unbiased_ranks)
+
+    def call(self, inputs, training=False, mask=None):
+        rank = len(inputs.shape)
+        if not training or rank not in self.unbiased_ranks:
+            return super().call(inputs, training=training, mask=mask)
+        axes = [i for i in range(rank) if i != self.axis % rank]
+        mean, variance = tf.nn.moments(inputs, axes)
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), axes)), inputs.dtype)
+        decay = 1.0 - self.momentum
+        self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
+        self.moving_variance.assign_sub(
+            (self.moving_variance - variance * count / (count - 1.0)) * decay)
+        return tf.nn.batch_normalization(
+            inputs, mean, variance, self.beta, self.gamma, self.epsilon)
+
+    def get_config(self):
+        return {**super().get_config(), "unbiased_ranks": self.unbiased_ranks}
+'''
+
+# tf.nn functions kept as they are between layers (TF2 has them all under the same name).
+_NN_KEPT = frozenset(
+    {
+        "relu", "relu6", "elu", "selu", "tanh", "sigmoid", "softplus", "softsign",
+        "leaky_relu", "swish", "silu", "gelu", "softmax", "log_softmax",
+    }
+)  # fmt: skip
+# Plain tensor ops allowed between layers (stateless, same meaning in TF2).
+_OPS_KEPT = frozenset({"reshape", "identity", "squeeze", "concat", "add", "multiply"})
+_LEGACY_ACTIVATIONS = {f"nn.{n}": n for n in _NN_KEPT} | {"tanh": "tanh", "sigmoid": "sigmoid"}
+
+
+def _short(name: str | None) -> str | None:
+    """``tensorflow.compat.v1.layers.dense`` -> ``layers.dense``; slim -> ``slim.<layer>``."""
+    if name is None:
+        return None
+    for prefix in (
+        "tensorflow.contrib.slim.layers.",
+        "tensorflow.contrib.slim.",
+        "tensorflow.contrib.layers.",
+        "tf_slim.layers.",
+        "tf_slim.",
+    ):
+        if name.startswith(prefix):
+            return "slim." + name[len(prefix) :]
+    for prefix in ("tensorflow.compat.v1.", "tensorflow.compat.v2.", "tensorflow."):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return None
+
+
+@dataclass
+class Layer:
+    attribute: str  # self.<attribute>
+    constructor: str  # keras.layers.Dense(...)
+    weights: dict[str, str]  # legacy variable suffix -> Keras weight name
+    name: str | None  # the legacy scope (and Keras layer name)
+    training: bool = False  # call takes training=
+
+
+@dataclass
+class KerasModel:
+    function: cst.FunctionDef
+    class_name: str
+    input_param: str
+    training_param: str | None
+    training_default: str  # what call() receives when the legacy call passed no flag
+    init_params: list[str]  # legacy parameters that configure layers (constructor arguments)
+    scope: str | None  # the function's own literal variable_scope
+    layers: list[Layer]
+    source: str = ""  # the class (4-space indents)
+    uses_tf1_batch_norm: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def variables(self, prefix: str, model_name: str) -> dict[str, str]:
+        """Legacy variable name -> Keras weight path, for a model instance named `model_name`
+        built where the legacy variables lived under `prefix` (outer scopes, '' for none)."""
+        scopes = "/".join(s for s in (prefix, self.scope) if s)
+        mapping = {}
+        for layer in self.layers:
+            for legacy, new in layer.weights.items():
+                legacy_name = "/".join(s for s in (scopes, layer.name, legacy) if s)
+                mapping[legacy_name] = f"{model_name}/{layer.name}/{new}"
+        return mapping
+
+
+class _Reader:
+    """Reads one model function; builds the Layers and the call() statements."""
+
+    def __init__(self, function: cst.FunctionDef, qualify: Qualify, module: cst.Module) -> None:
+        self.function = function
+        self.qualify = qualify
+        self.code = module.code_for_node
+        self.layers: list[Layer] = []
+        self.aliases: dict[str, cst.BaseExpression] = {}  # `regularizer = slim.l2_regularizer(..)`
+        self.unnamed: dict[str, int] = {}
+        self.tf1_batch_norm = False
+        self.training_param: str | None = None
+        self.params = [p.name.value for p in function.params.params]
+        self.init_uses: set[str] = set()  # parameters read by layer constructors
+        self.notes: list[str] = []
+
+    # -- argument helpers ------------------------------------------------------------------
+    def _args(
+        self, call: cst.Call, positional: tuple[str, ...], known: frozenset[str]
+    ) -> dict[str, cst.BaseExpression]:
+        out: dict[str, cst.BaseExpression] = {}
+        for index, arg in enumerate(call.args):
+            if arg.star:
+                raise NotConvertible(call, "a layer called with *args / **kwargs")
+            if arg.keyword is None:
+                if index >= len(positional):
+                    raise NotConvertible(call, "a layer with more positional arguments than known")
+                out[positional[index]] = arg.value
+            else:
+                out[arg.keyword.value] = arg.value
+        if "inputs" not in out:
+            raise NotConvertible(call, "a layer call without its input")
+        unknown = sorted(set(out) - set(positional) - known)
+        if unknown:
+            raise NotConvertible(
+                call, f"a layer argument without a checked Keras mapping: `{unknown[0]}=`"
+            )
+        return out
+
+    def _literal_bool(self, node: cst.BaseExpression | None, default: bool) -> bool:
+        if node is None:
+            return default
+        if isinstance(node, cst.Name) and node.value in ("True", "False"):
+            return node.value == "True"
+        raise NotConvertible(node, "a layer flag that is not a literal True/False")
+
+    def _config(self, node: cst.BaseExpression) -> str:
+        """A constructor-time value: literals, module constants, the function's parameters."""
+        if isinstance(node, cst.Name) and node.value in self.aliases:
+            node = self.aliases[node.value]
+        for n in walk(node):
+            if isinstance(n, cst.Name) and n.value in self.params:
+                if n.value == self.training_param or n.value == self.params[0]:
+                    raise NotConvertible(node, "a layer configured by the input or training flag")
+                self.init_uses.add(n.value)
+            if isinstance(n, cst.Call):
+                raise NotConvertible(node, "a layer argument computed by a call")
+        return self.code(node)
+
+    def _name(self, call: cst.Call, value: cst.BaseExpression | None, kind: str) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+            name = value.evaluated_value
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                return name
+        raise NotConvertible(call, f"a {kind} whose name is not a literal identifier")
+
+    def _training(self, call: cst.Call, value: cst.BaseExpression | None, default: bool) -> str:
+        if value is None:
+            return "True" if default else "False"
+        if isinstance(value, cst.Name) and value.value in ("True", "False"):
+            return value.value
+        if isinstance(value, cst.Name) and value.value in self.params[1:]:
+            if self.training_param not in (None, value.value):
+                raise NotConvertible(call, "two different training flags")
+            self.training_param = value.value
+            return "training"
+        raise NotConvertible(call, "a training flag that is neither a parameter nor a literal")
+
+    def _activation(self, value: cst.BaseExpression | None, default: str | None) -> str | None:
+        if value is None:
+            return default
+        if isinstance(value, cst.Name) and value.value == "None":
+            return None
+        short = _short(self.qualify(value))
+        if short in _LEGACY_ACTIVATIONS:
+            return _LEGACY_ACTIVATIONS[short]
+        raise NotConvertible(
+            value, f"an activation without a checked Keras mapping: `{self.code(value)}`"
+        )
+
+    def _initializer(self, value: cst.BaseExpression | None, default: str) -> str | None:
+        """Keras spelling of a TF1 initializer; None for Keras' own default."""
+        if value is None:
+            return None if default == "keras" else default
+        if isinstance(value, cst.Name) and value.value in self.aliases:
+            value = self.aliases[value.value]
+        if not isinstance(value, cst.Call):
+            raise NotConvertible(value, "an initializer that is not a call")
+        short = _short(self.qualify(value.func))
+        args = {
+            (a.keyword.value if a.keyword else str(i)): self._config(a.value)
+            for i, a in enumerate(value.args)
+        }
+        if short in ("slim.xavier_initializer", "glorot_uniform_initializer") and not args:
+            return '"glorot_uniform"'
+        if short == "zeros_initializer" and not args:
+            return '"zeros"'
+        if short == "ones_initializer" and not args:
+            return '"ones"'
+        if short == "constant_initializer" and set(args) <= {"0", "value"} and args:
+            return f"keras.initializers.Constant({next(iter(args.values()))})"
+        if short in ("truncated_normal_initializer", "random_normal_initializer") and set(args) <= {
+            "mean",
+            "stddev",
+        }:
+            keras_name = "TruncatedNormal" if short.startswith("truncated") else "RandomNormal"
+            given = ", ".join(f"{k}={v}" for k, v in args.items())
+            # TF1's default stddev is 1.0; Keras' 0.05.
+            if "stddev" not in args:
+                given = ", ".join(filter(None, [given, "stddev=1.0"]))
+            return f"keras.initializers.{keras_name}({given})"
+        raise NotConvertible(
+            value, f"an initializer without a checked Keras mapping: `{self.code(value)}`"
+        )
+
+    def _regularizer(self, value: cst.BaseExpression | None) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, cst.Name) and value.value == "None":
+            return None
+        if isinstance(value, cst.Name) and value.value in self.aliases:
+            value = self.aliases[value.value]
+        if isinstance(value, cst.Call) and len(value.args) == 1:
+            arg = value.args[0]
+            short = _short(self.qualify(value.func))
+            if short == "slim.l2_regularizer" and (
+                arg.keyword is None or arg.keyword.value == "scale"
+            ):
+                # TF1: scale * tf.nn.l2_loss(w) = scale * sum(w**2) / 2; Keras L2: l2 * sum(w**2).
+                return f"keras.regularizers.L2(0.5 * {self._config(arg.value)})"
+        raise NotConvertible(value, "a regularizer without a checked Keras mapping")
+
+    def _attribute(self, name: str | None, kind: str) -> str:
+        base = name or kind
+        count = self.unnamed.get(base, 0)
+        self.unnamed[base] = count + 1
+        attribute = base if count == 0 else f"{base}_{count}"
+        if attribute in {"call", "build", "layers", "weights", "name", "losses", "trainable"}:
+            attribute += "_layer"
+        return attribute
+
+    @staticmethod
+    def _kwargs(pairs: list[tuple[str, str | None]]) -> str:
+        return ", ".join(f"{k}={v}" if k else str(v) for k, v in pairs if v is not None)
+
+    # -- the layers ---------------------------------------------------------------------------
+    def layer(self, call: cst.Call, short: str) -> tuple[Layer, cst.BaseExpression, str | None]:
+        """(the Layer, its input expression, its call-time training expression)."""
+        dispatch = {
+            "layers.dense": self._dense,
+            "layers.conv2d": self._conv2d,
+            "slim.fully_connected": self._fully_connected,
+            "slim.conv2d": self._slim_conv2d,
+            "layers.max_pooling2d": self._max_pooling2d,
+            "slim.max_pool2d": self._max_pool2d,
+            "layers.flatten": self._flatten,
+            "slim.flatten": self._flatten,
+            "layers.batch_normalization": self._batch_normalization,
+            "slim.batch_norm": self._batch_norm,
+            "layers.dropout": self._dropout,
+        }
+        return dispatch[short](call)
+
+    def _dense(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call,
+            ("inputs", "units", "activation"),
+            frozenset({"use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+                       "bias_regularizer", "name"}),
+        )  # fmt: skip
+        return self._dense_like(call, a, "units", "activation", None, "Dense", "dense", "layers")
+
+    def _fully_connected(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call,
+            ("inputs", "num_outputs", "activation_fn"),
+            frozenset({"weights_initializer", "weights_regularizer", "biases_initializer",
+                       "biases_regularizer", "scope"}),
+        )  # fmt: skip
+        return self._dense_like(
+            call, a, "num_outputs", "activation_fn", "relu", "Dense", "fully_connected", "slim"
+        )
+
+    def _dense_like(self, call, a, units, activation, default_activation, keras, kind, style):  # type: ignore[no-untyped-def]
+        slim = style == "slim"
+        name = self._name(call, a.get("scope" if slim else "name"), kind)
+        if name is None:
+            raise NotConvertible(call, f"a {kind} layer without a literal name (TF1 numbers those)")
+        if units not in a:
+            raise NotConvertible(call, f"a {kind} layer without its size")
+        use_bias = True
+        bias_init_arg = a.get("biases_initializer" if slim else "bias_initializer")
+        if slim and isinstance(bias_init_arg, cst.Name) and bias_init_arg.value == "None":
+            use_bias, bias_init_arg = False, None
+        if not slim:
+            use_bias = self._literal_bool(a.get("use_bias"), True)
+        pairs: list[tuple[str, str | None]] = [
+            ("", self._config(a[units])),
+            ("activation", _quoted(self._activation(a.get(activation), default_activation))),
+            ("use_bias", None if use_bias else "False"),
+            # Both legacy APIs default to glorot_uniform (xavier) and zeros: Keras' defaults.
+            ("kernel_initializer", self._initializer(a.get("weights_initializer" if slim else "kernel_initializer"), "keras")),
+            ("bias_initializer", self._initializer(bias_init_arg, "keras") if use_bias else None),
+            ("kernel_regularizer", self._regularizer(a.get("weights_regularizer" if slim else "kernel_regularizer"))),
+            ("bias_regularizer", self._regularizer(a.get("biases_regularizer" if slim else "bias_regularizer"))),
+            ("name", f'"{name}"'),
+        ]  # fmt: skip
+        weights = {"weights" if slim else "kernel": "kernel"}
+        if use_bias:
+            weights["biases" if slim else "bias"] = "bias"
+        layer = Layer(
+            self._attribute(name, kind),
+            f"keras.layers.{keras}({self._kwargs(pairs)})",
+            weights,
+            name,
+        )
+        return layer, a["inputs"], None
+
+    def _conv2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call,
+            ("inputs", "filters", "kernel_size", "strides", "padding"),
+            frozenset({"activation", "use_bias", "kernel_initializer", "bias_initializer",
+                       "kernel_regularizer", "bias_regularizer", "name", "dilation_rate"}),
+        )  # fmt: skip
+        return self._conv_like(call, a, slim=False)
+
+    def _slim_conv2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call,
+            ("inputs", "num_outputs", "kernel_size", "stride", "padding"),
+            frozenset({"activation_fn", "weights_initializer", "weights_regularizer",
+                       "biases_initializer", "biases_regularizer", "scope", "rate"}),
+        )  # fmt: skip
+        return self._conv_like(call, a, slim=True)
+
+    def _conv_like(self, call, a, slim: bool):  # type: ignore[no-untyped-def]
+        kind = "conv2d"
+        name = self._name(call, a.get("scope" if slim else "name"), kind)
+        if name is None:
+            raise NotConvertible(call, "a conv2d layer without a literal name (TF1 numbers those)")
+        filters = a.get("num_outputs" if slim else "filters")
+        if filters is None or "kernel_size" not in a:
+            raise NotConvertible(call, "a conv2d layer without its filters / kernel size")
+        # slim: padding 'SAME', relu; tf.layers: 'valid', no activation.
+        padding = self._padding(a.get("padding"), "same" if slim else "valid")
+        use_bias = True
+        bias_init_arg = a.get("biases_initializer" if slim else "bias_initializer")
+        if slim and isinstance(bias_init_arg, cst.Name) and bias_init_arg.value == "None":
+            use_bias, bias_init_arg = False, None
+        if not slim:
+            use_bias = self._literal_bool(a.get("use_bias"), True)
+        strides = a.get("stride" if slim else "strides")
+        dilation = a.get("rate" if slim else "dilation_rate")
+        pairs: list[tuple[str, str | None]] = [
+            ("", self._config(filters)),
+            ("", self._config(a["kernel_size"])),
+            ("strides", self._config(strides) if strides is not None else None),
+            ("padding", None if padding == "valid" else f'"{padding}"'),
+            ("dilation_rate", self._config(dilation) if dilation is not None else None),
+            ("activation", _quoted(self._activation(a.get("activation_fn" if slim else "activation"), "relu" if slim else None))),
+            ("use_bias", None if use_bias else "False"),
+            ("kernel_initializer", self._initializer(a.get("weights_initializer" if slim else "kernel_initializer"), "keras")),
+            ("bias_initializer", self._initializer(bias_init_arg, "keras") if use_bias else None),
+            ("kernel_regularizer", self._regularizer(a.get("weights_regularizer" if slim else "kernel_regularizer"))),
+            ("bias_regularizer", self._regularizer(a.get("biases_regularizer" if slim else "bias_regularizer"))),
+            ("name", f'"{name}"'),
+        ]  # fmt: skip
+        weights = {"weights" if slim else "kernel": "kernel"}
+        if use_bias:
+            weights["biases" if slim else "bias"] = "bias"
+        layer = Layer(
+            self._attribute(name, kind),
+            f"keras.layers.Conv2D({self._kwargs(pairs)})",
+            weights,
+            name,
+        )
+        return layer, a["inputs"], None
+
+    def _padding(self, value: cst.BaseExpression | None, default: str) -> str:
+        if value is None:
+            return default
+        if isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() in (
+            "same",
+            "valid",
+        ):
+            return str(value.evaluated_value).lower()
+        raise NotConvertible(value, "a padding that is not a literal 'same' / 'valid'")
+
+    def _max_pooling2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(call, ("inputs", "pool_size", "strides", "padding"), frozenset({"name"}))
+        if "pool_size" not in a or "strides" not in a:
+            raise NotConvertible(call, "max_pooling2d without pool_size / strides")
+        return self._pool(
+            call, a, a["pool_size"], a["strides"], self._padding(a.get("padding"), "valid")
+        )
+
+    def _max_pool2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(call, ("inputs", "kernel_size", "stride", "padding"), frozenset({"scope"}))
+        if "kernel_size" not in a:
+            raise NotConvertible(call, "max_pool2d without kernel_size")
+        stride = a.get("stride") or cst.Integer("2")  # slim's default stride is 2
+        return self._pool(
+            call, a, a["kernel_size"], stride, self._padding(a.get("padding"), "valid")
+        )
+
+    def _pool(self, call, a, size, strides, padding):  # type: ignore[no-untyped-def]
+        name = self._name(call, a.get("name") or a.get("scope"), "max pooling")
+        pairs: list[tuple[str, str | None]] = [
+            ("", self._config(size)),
+            ("", self._config(strides)),
+            ("padding", None if padding == "valid" else f'"{padding}"'),
+            ("name", f'"{name}"' if name else None),
+        ]
+        layer = Layer(
+            self._attribute(name, "max_pooling2d"),
+            f"keras.layers.MaxPooling2D({self._kwargs(pairs)})",
+            {},
+            name,
+        )
+        return layer, a["inputs"], None
+
+    def _flatten(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(call, ("inputs",), frozenset({"name", "scope"}))
+        name = self._name(call, a.get("name") or a.get("scope"), "flatten")
+        pairs = [("name", f'"{name}"' if name else None)]
+        layer = Layer(
+            self._attribute(name, "flatten"),
+            f"keras.layers.Flatten({self._kwargs(pairs)})",
+            {},
+            name,
+        )
+        return layer, a["inputs"], None
+
+    def _dropout(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call, ("inputs", "rate", "noise_shape", "seed", "training"), frozenset({"name"})
+        )
+        if "rate" not in a or "noise_shape" in a:
+            raise NotConvertible(call, "a dropout without its rate (or with a noise_shape)")
+        name = self._name(call, a.get("name"), "dropout")
+        training = self._training(call, a.get("training"), False)
+        pairs = [
+            ("", self._config(a["rate"])),
+            ("seed", self._config(a["seed"]) if "seed" in a else None),
+            ("name", f'"{name}"' if name else None),
+        ]
+        layer = Layer(
+            self._attribute(name, "dropout"),
+            f"keras.layers.Dropout({self._kwargs(pairs)})",
+            {},
+            name,
+            training=True,
+        )
+        self.notes.append(
+            "dropout -> keras.layers.Dropout with the same rate: its random masks are not TF1's"
+        )
+        return layer, a["inputs"], training
+
+    def _batch_normalization(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call,
+            ("inputs", "axis", "momentum", "epsilon", "center", "scale"),
+            frozenset({"training", "name", "fused"}),
+        )
+        return self._bn(call, a, slim=False)
+
+    def _batch_norm(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call,
+            ("inputs", "decay", "center", "scale", "epsilon"),
+            frozenset({"is_training", "scope", "fused", "updates_collections"}),
+        )
+        updates = a.get("updates_collections")
+        if updates is not None and not (
+            (isinstance(updates, cst.Name) and updates.value == "None")
+            or (_short(self.qualify(updates)) or "").endswith("GraphKeys.UPDATE_OPS")
+        ):
+            raise NotConvertible(call, "batch_norm with its own updates_collections")
+        return self._bn(call, a, slim=True)
+
+    def _bn(self, call, a, slim: bool):  # type: ignore[no-untyped-def]
+        name = self._name(call, a.get("scope" if slim else "name"), "batch norm")
+        if name is None:
+            raise NotConvertible(call, "a batch norm without a literal name (TF1 numbers those)")
+        if "axis" in a and not (
+            isinstance(a["axis"], cst.UnaryOperation) and self.code(a["axis"]) == "-1"
+        ):
+            raise NotConvertible(call, "a batch norm over an axis other than the last")
+        # Each legacy API's own defaults (slim: decay 0.999, scale False; tf.layers: 0.99, True).
+        momentum = a.get("decay" if slim else "momentum")
+        center = self._literal_bool(a.get("center"), True)
+        scale = self._literal_bool(a.get("scale"), not slim)
+        fused = self._literal_bool(a.get("fused"), True) if "fused" in a else None
+        if fused is None and "fused" in a:
+            raise NotConvertible(call, "a batch norm with a non-literal `fused`")
+        training = self._training(call, a.get("is_training" if slim else "training"), slim)
+        pairs: list[tuple[str, str | None]] = [
+            ("momentum", self._config(momentum) if momentum is not None else ("0.999" if slim else "0.99")),
+            ("epsilon", self._config(a["epsilon"]) if "epsilon" in a else "0.001"),
+            ("center", "True" if center else "False"),
+            ("scale", "True" if scale else "False"),
+        ]  # fmt: skip
+        if fused is False:
+            constructor = "keras.layers.BatchNormalization"
+        else:
+            constructor = "TF1BatchNorm"
+            self.tf1_batch_norm = True
+            pairs.insert(0, ("unbiased_ranks", "(2, 4)" if slim else "(4,)"))
+        pairs.append(("name", f'"{name}"'))
+        weights = {}
+        if scale:
+            weights["gamma"] = "gamma"
+        if center:
+            weights["beta"] = "beta"
+        weights.update(moving_mean="moving_mean", moving_variance="moving_variance")
+        layer = Layer(
+            self._attribute(name, "batch_norm"),
+            f"{constructor}({self._kwargs(pairs)})",
+            weights,
+            name,
+            training=True,
+        )
+        return layer, a["inputs"], training
+
+
+def _quoted(value: str | None) -> str | None:
+    return f'"{value}"' if value is not None else None
+
+
+class _Calls(cst.CSTTransformer):
+    """Layer calls -> ``self.<layer>(inputs[, training=...])``; other calls must be kept ops."""
+
+    def __init__(self, reader: _Reader) -> None:
+        super().__init__()
+        self.reader = reader
+        self.error: NotConvertible | None = None
+        self.replaced: dict[int, cst.Call] = {}
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        """A layer call is replaced whole: only its input is read further (its other
+        arguments are constructor-time values, read by the layer's mapping)."""
+        short = _short(self.reader.qualify(node.func))
+        if short not in _LAYER_KINDS:
+            return True
+        try:
+            layer, inputs, training = self.reader.layer(node, short)
+        except NotConvertible as exc:
+            self.error = self.error or exc
+            return False
+        self.reader.layers.append(layer)
+        args = [cst.Arg(inputs.visit(self))]  # type: ignore[arg-type]
+        if layer.training:
+            args.append(
+                cst.Arg(
+                    cst.parse_expression(training or "training"),
+                    keyword=cst.Name("training"),
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                )
+            )
+        self.replaced[id(node)] = cst.Call(cst.parse_expression(f"self.{layer.attribute}"), args)
+        return False
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if id(original) in self.replaced:
+            return self.replaced[id(original)]
+        short = _short(self.reader.qualify(original.func))
+        if short in _LAYER_KINDS:  # refused in visit_Call
+            return updated
+        if short is not None and (
+            (short.startswith("nn.") and short[3:] in _NN_KEPT) or short in _OPS_KEPT
+        ):
+            return updated
+        if self.error is None:
+            self.error = NotConvertible(
+                original, f"a call Keras layers do not cover: `{self.reader.code(original.func)}`"
+            )
+        return updated
+
+
+_LAYER_KINDS = frozenset(
+    {
+        "layers.dense", "layers.conv2d", "slim.fully_connected", "slim.conv2d",
+        "layers.max_pooling2d", "slim.max_pool2d", "layers.flatten", "slim.flatten",
+        "layers.batch_normalization", "slim.batch_norm", "layers.dropout",
+    }
+)  # fmt: skip
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part) or "Model"
+
+
+def convert(
+    function: cst.FunctionDef, qualify: Qualify, module: cst.Module, class_name: str | None = None
+) -> KerasModel:
+    """The Keras model class for `function`, or NotConvertible with the reason."""
+    reader = _Reader(function, qualify, module)
+    params = function.params
+    if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.star_kwarg or params.kwonly_params or params.posonly_params:  # fmt: skip
+        raise NotConvertible(
+            function, "a model function with *args / **kwargs / keyword-only parameters"
+        )
+    if not reader.params:
+        raise NotConvertible(function, "a model function without an input parameter")
+    if function.decorators:
+        raise NotConvertible(function, "a decorated model function")
+    body = list(function.body.body)  # type: ignore[union-attr]
+    docstring = function.get_docstring(clean=False)
+    if docstring is not None:
+        body = body[1:]
+    scope = None
+    if body and isinstance(body[-1], cst.With):
+        # `with tf.variable_scope('mlp'):` ending the body (after constructor-time aliases).
+        scope, inner = _own_scope(body[-1], qualify, module)
+        body = body[:-1] + inner
+    statements: list[cst.BaseStatement] = []
+    calls = _Calls(reader)
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            raise NotConvertible(statement, "a model function that is not straight-line code")
+        small = statement.body[0]
+        if isinstance(small, cst.Assign) and _is_alias(small, qualify):
+            # `regularizer = slim.l2_regularizer(wd)`: a constructor-time value, inlined.
+            reader.aliases[small.targets[0].target.value] = small.value  # type: ignore[attr-defined]
+            continue
+        if scope is not None and statement not in inner:
+            raise NotConvertible(statement, "model code outside the function's variable_scope")
+        if not isinstance(small, cst.Assign | cst.Return):
+            raise NotConvertible(statement, "a statement other than an assignment or return")
+        if isinstance(small, cst.Assign) and not all(
+            isinstance(t.target, cst.Name) for t in small.targets
+        ):
+            raise NotConvertible(statement, "an assignment to something other than a name")
+        new = statement.visit(calls)
+        if calls.error is not None:
+            raise calls.error
+        statements.append(new)  # type: ignore[arg-type]
+    if not reader.layers or not any(layer.weights for layer in reader.layers):
+        raise NotConvertible(function, "no layer with weights in the model function")
+    names = [layer.name for layer in reader.layers if layer.name]
+    if len(names) != len(set(names)):
+        raise NotConvertible(function, "two layers with the same name (TF1 shared their weights)")
+    input_param = reader.params[0]
+    init_params = [p for p in reader.params[1:] if p in reader.init_uses]
+    used_at_call = {
+        n.value
+        for s in statements
+        for n in walk(s)
+        if isinstance(n, cst.Name) and n.value in reader.params
+    }
+    for param in reader.params[1:]:
+        if param == reader.training_param or param in init_params:
+            if param in used_at_call and param != reader.training_param:
+                raise NotConvertible(function, f"the parameter `{param}` is used between layers")
+            continue
+        if param in used_at_call:
+            raise NotConvertible(function, f"the parameter `{param}` is used between layers")
+    training_default = "False"
+    for p in function.params.params:
+        if p.name.value == reader.training_param and p.default is not None:
+            training_default = module.code_for_node(p.default)
+    if reader.training_param is not None and input_param == reader.training_param:
+        raise NotConvertible(function, "the training flag is the first parameter")
+    result = KerasModel(
+        function=function,
+        class_name=class_name or _camel(function.name.value),
+        input_param=input_param,
+        training_param=reader.training_param,
+        training_default=training_default,
+        init_params=init_params,
+        scope=scope,
+        layers=reader.layers,
+        uses_tf1_batch_norm=reader.tf1_batch_norm,
+        notes=list(dict.fromkeys(reader.notes)),
+    )
+    unit = module.default_indent
+    result.source = _class_source(result, statements, docstring, unit, 2 if scope else 1)
+    return result
+
+
+def _own_scope(
+    statement: cst.With, qualify: Qualify, module: cst.Module
+) -> tuple[str, list[cst.BaseStatement]]:
+    """``with tf.variable_scope('mlp'):`` around the whole body -> ('mlp', the body)."""
+    if len(statement.items) != 1 or not isinstance(statement.items[0].item, cst.Call):
+        raise NotConvertible(
+            statement, "a `with` in the model function other than one variable_scope"
+        )
+    call = statement.items[0].item
+    if _short(qualify(call.func)) != "variable_scope" or len(call.args) != 1:
+        raise NotConvertible(
+            statement, "a `with` in the model function other than variable_scope('name')"
+        )
+    name = call.args[0].value
+    if call.args[0].keyword is not None or not (
+        isinstance(name, cst.SimpleString)
+        and isinstance(name.evaluated_value, str)
+        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.evaluated_value)
+    ):
+        raise NotConvertible(statement, "a variable_scope whose name is not a literal identifier")
+    return name.evaluated_value, list(statement.body.body)  # type: ignore[return-value]
+
+
+def _is_alias(small: cst.Assign, qualify: Qualify) -> bool:
+    if len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
+        return False
+    if not isinstance(small.value, cst.Call):
+        return False
+    short = _short(qualify(small.value.func)) or ""
+    return short.endswith(("_regularizer", "_initializer"))
+
+
+def _class_source(
+    model: KerasModel,
+    statements: list[cst.BaseStatement],
+    doc: str | None,
+    unit: str,
+    depth: int,
+) -> str:
+    """The class in the module's indent `unit`; `depth`: the legacy statements' block depth."""
+    init = "".join(f", {p}" for p in model.init_params)
+    constructors = "".join(
+        _wrapped(f"{unit * 2}self.{layer.attribute} = ", layer.constructor, unit * 3)
+        for layer in model.layers
+    )
+    described = f"`{model.function.name.value}`" + (
+        f" (variable scope `{model.scope}`)" if model.scope else ""
+    )
+    doc = (
+        doc.strip()
+        if doc
+        else f"The layers of the TF1 model function {described}, as Keras layers."
+    )
+    training = ", training=False" if model.training_param else ""
+    return (
+        f"class {model.class_name}(keras.Model):\n"
+        f'{unit}"""{doc}"""\n\n'
+        f"{unit}def __init__(self{init}, **kwargs):\n"
+        f"{unit * 2}super().__init__(**kwargs)\n"
+        f"{constructors}\n"
+        f"{unit}def call(self, {model.input_param}{training}):\n"
+        f"{_call_body(statements, model, unit, depth)}"
+    )
+
+
+def _wrapped(head: str, call: str, indent: str, width: int = 100) -> str:
+    """`head + call` on one line, or its arguments on the next when that is too long."""
+    if len(head) + len(call) <= width or "(" not in call:
+        return f"{head}{call}\n"
+    name, arguments = call.split("(", 1)
+    return f"{head}{name}(\n{indent}{arguments}\n"
+
+
+def _call_body(
+    statements: list[cst.BaseStatement], model: KerasModel, unit: str, depth: int
+) -> str:
+    """The call() statements at the method's indent (continuation lines shifted with them),
+    the training flag renamed to Keras' `training`."""
+    flag = model.training_param
+
+    class _Rename(cst.CSTTransformer):
+        def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+            return updated.with_changes(value="training") if updated.value == flag else updated
+
+    indent = unit * 2
+    shift = len(indent) - len(unit) * depth
+    out = []
+    for statement in statements:
+        if flag is not None:
+            statement = statement.visit(_Rename())  # type: ignore[assignment]
+        leading = len(getattr(statement, "leading_lines", ()))
+        lines = cst.Module(body=[statement]).code.splitlines()
+        for index, line in enumerate(lines):
+            if not line.strip():
+                out.append("")
+            elif index <= leading:  # its comments and its first line
+                out.append(indent + line.lstrip())
+            elif shift >= 0:
+                out.append(" " * shift + line)
+            else:
+                out.append(line[min(-shift, len(line) - len(line.lstrip())) :])
+    return "\n".join(out) + "\n"

@@ -1,0 +1,158 @@
+"""Run a legacy TF1 model function and the Keras model TFM303 writes for it; print what differs.
+
+Used by test_keras_model_emit.py in a subprocess (TF_USE_LEGACY_KERAS=1 must be set before
+TensorFlow starts, for tf.compat.v1.layers). Input: a JSON list of cases on stdin, each
+{"source": module text, "function": name, "shape": input shape, "dropout": bool}. Output: one
+JSON object per case: the largest differences measured, and what the conversion produced.
+
+The legacy side builds the function in a tf.Graph under `variable_scope('model')` twice (training
+and inference, shared variables) and runs it in a Session; the Keras side (eager, Keras 3) gets
+the legacy initial weights through the conversion's name mapping, then both run one inference
+and one training-mode call on the same batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import PurePosixPath
+
+import libcst as cst
+import numpy as np
+import tensorflow as tf
+
+# tf_slim 1.1 on TF 2.21 (as the converted programs do it, see TFM303).
+_ops = importlib.import_module("tensorflow.python.framework.ops")
+if not hasattr(_ops, "Tensor"):
+    _ops.Tensor = tf.Tensor
+for _name in ("legacy_tf_layers", "legacy_tf_layers.normalization"):
+    sys.modules.setdefault(f"tf_keras.{_name}", importlib.import_module(f"tf_keras.src.{_name}"))
+
+import keras  # noqa: E402
+import tf_slim  # noqa: E402
+
+from tfmigrate.names import NameResolver  # noqa: E402
+from tfmigrate.rule import RuleContext  # noqa: E402
+from tfmigrate.rules import _keras_model_emit as emit  # noqa: E402
+from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy  # noqa: E402
+
+
+def convert(source: str, function: str) -> emit.KerasModel:
+    module = cst.parse_module(source)
+    context = RuleContext(
+        PurePosixPath("model.py"), NameResolver.for_module(module), module, {"_tfm303_inner": True}
+    )
+    rule = TowerProgramToMirroredStrategy(context)
+    cst.visit_batched(module, [rule])
+    node = next(
+        s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == function
+    )
+    return emit.convert(node, rule.qualify, module)
+
+
+def legacy_run(
+    source: str, function: str, x: np.ndarray, training_kw: str | None, extra: dict
+) -> dict:
+    namespace: dict = {"tf": tf, "tf_slim": tf_slim, "slim": tf_slim, "NUM_CLASSES": 3}
+    exec(compile(source, "legacy_model.py", "exec"), namespace)
+    fn = namespace[function]
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(1)
+        inputs = tf.compat.v1.placeholder(tf.float32, x.shape)
+        kwargs = lambda on: {**extra, **({training_kw: on} if training_kw else {})}  # noqa: E731
+        with tf.compat.v1.variable_scope("model"):
+            train_out = fn(inputs, **kwargs(True))
+        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        with tf.compat.v1.variable_scope("model", reuse=True):
+            eval_out = fn(inputs, **kwargs(False))
+        regularization = tf.compat.v1.losses.get_regularization_losses()
+        variables = tf.compat.v1.global_variables()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            initial = {v.op.name: sess.run(v) for v in variables}
+            eval_value = sess.run(eval_out, {inputs: x})
+            reg_value = float(sess.run(tf.add_n(regularization))) if regularization else None
+            train_value, _ = sess.run([train_out, updates], {inputs: x})
+            after = {v.op.name: sess.run(v) for v in variables}
+    return dict(initial=initial, eval=eval_value, train=train_value, after=after, reg=reg_value)
+
+
+def init_values(model_info: emit.KerasModel) -> dict:
+    return {p: 0.01 for p in model_info.init_params}  # weight decay and the like
+
+
+def keras_run(model_info: emit.KerasModel, source: str, x: np.ndarray, legacy: dict) -> dict:
+    namespace: dict = {"tf": tf, "keras": keras, "NUM_CLASSES": 3}
+    exec(emit.TF1_BATCH_NORM, namespace)
+    exec(model_info.source, namespace)
+    init_kwargs = init_values(model_info)
+    model = namespace[model_info.class_name](name="model", **init_kwargs)
+    model(x)  # builds every layer (inference: no statistics update)
+    mapping = model_info.variables("model", "model")  # legacy: under variable_scope("model")
+    weights = {w.path: w for w in model.weights}
+    init_report = {}
+    for legacy_name, new_name in mapping.items():
+        fresh = np.asarray(weights[new_name].numpy())
+        old = legacy["initial"][legacy_name]
+        if legacy_name.rsplit("/", 1)[-1] in ("weights", "kernel"):
+            # Random: the same distribution (glorot uniform limit), not the same draw.
+            receptive = int(np.prod(old.shape[:-2])) if old.ndim > 2 else 1
+            limit = np.sqrt(6.0 / (receptive * (old.shape[-2] + old.shape[-1])))
+            init_report[legacy_name] = [
+                float(abs(fresh).max() / limit),
+                float(abs(old).max() / limit),
+            ]
+        else:
+            init_report[legacy_name] = float(abs(fresh - old).max())
+        weights[new_name].assign(old)
+    kwargs = {"training": False} if model_info.training_param else {}
+    eval_value = model(x, **kwargs).numpy()
+    kwargs = {"training": True} if model_info.training_param else {}
+    train_value = model(x, **kwargs).numpy()
+    after = {n: weights[mapping[n]].numpy() for n in mapping}
+    reg = float(tf.add_n(model.losses)) if model.losses else None
+    unmapped = sorted(set(legacy["initial"]) - set(mapping))
+    return dict(eval=eval_value, train=train_value, after=after, reg=reg, init=init_report,
+                unmapped=unmapped)  # fmt: skip
+
+
+def main() -> None:
+    results = []
+    for case in json.load(sys.stdin):
+        info = convert(case["source"], case["function"])
+        x = np.random.RandomState(0).randn(*case["shape"]).astype(np.float32) * 2.0 + 0.5
+        legacy = legacy_run(
+            case["source"], case["function"], x, case.get("training_kw"), init_values(info)
+        )
+        migrated = keras_run(info, case["source"], x, legacy)
+        statistics = {
+            n: float(abs(migrated["after"][n] - legacy["after"][n]).max())
+            for n in migrated["after"]
+            if n.endswith(("moving_mean", "moving_variance"))
+        }
+        results.append(
+            dict(
+                eval=float(abs(migrated["eval"] - legacy["eval"]).max()),
+                train=None
+                if case.get("dropout")
+                else float(abs(migrated["train"] - legacy["train"]).max()),
+                statistics=statistics,
+                statistics_moved=any(
+                    float(abs(legacy["after"][n] - legacy["initial"][n]).max()) > 1e-3
+                    for n in statistics
+                ),
+                regularization=None
+                if legacy["reg"] is None
+                else abs((migrated["reg"] or 0.0) - legacy["reg"]),
+                init=migrated["init"],
+                unmapped=migrated["unmapped"],
+                source=info.source,
+            )
+        )
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

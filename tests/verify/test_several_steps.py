@@ -1,0 +1,171 @@
+"""Several training steps per call (the protocol's optional ``train_steps``): verify records each
+step as it does when it drives ``train_step`` one batch at a time, and the emitted helper
+(StepsInOneCall) trains exactly what one step per call trains."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tfmigrate.verify.migrated_boot import MigratedRunner
+
+CALL_SECONDS = 0.04  # one call of train_steps, whatever its step count
+
+
+class ToyProgram:
+    """train_steps over 7 batches: step s fetches loss s (replica 0) and s + 0.5 (replica 1), a
+    learning rate not per replica, and the watched variable is s after step s."""
+
+    def __init__(self, batches: int = 7) -> None:
+        self.left = batches
+        self.taken = 0
+        self.calls: list[int] = []
+
+    def train_steps(self, iterator, count, watch=None):  # noqa: ANN001
+        assert watch is not None and len(watch) == 1
+        time.sleep(CALL_SECONDS)
+        self.calls.append(count)
+        steps = []
+        for _ in range(min(count, self.left)):
+            self.left -= 1
+            self.taken += 1
+            s = float(self.taken)
+            rows = np.full((4, 3), s, dtype=np.float32)
+            steps.append({
+                "outputs": {"loss": [np.float32(s), np.float32(s + 0.5)], "lr": [np.float32(0.1)]},
+                "per_replica": ["loss"],
+                "watched": [np.full((2,), s, dtype=np.float32)],
+                "inputs": [[rows[:2], rows[2:]]],
+            })  # fmt: skip
+        return steps
+
+
+def _runner(tmp_path: Path, program: ToyProgram) -> MigratedRunner:
+    fake_tf = SimpleNamespace(distribute=SimpleNamespace(DistributedValues=tuple))
+    strategy = SimpleNamespace(num_replicas_in_sync=2)
+    protocol = {
+        "variables": {"w": SimpleNamespace(shape=(2,))},
+        "train_step": None,
+        "batches": [],
+        "train_steps": program.train_steps,
+    }
+    return MigratedRunner(fake_tf, strategy, protocol, tmp_path)
+
+
+def test_each_step_of_a_call_is_recorded_like_a_step_driven_alone(tmp_path: Path):
+    program = ToyProgram()
+    runner = _runner(tmp_path, program)
+    runner.run(6, ["w"])
+    # a first call of one step (it traces), then the rest in one call
+    assert program.calls == [1, 5]
+    steps = runner.record.steps
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5, 6]
+    assert [f.name for f in steps[2].fetches] == ["loss[0]", "loss[1]", "lr"]
+    assert [f.value for f in steps[2].fetches] == [3.0, 3.5, pytest.approx(0.1)]
+    assert [f.tower for f in steps[2].fetches] == [0, 1, None]
+    assert steps[2].samples == 4 and steps[2].inputs != steps[1].inputs
+    # a step's time is its call's over the steps the call ran
+    assert steps[0].seconds >= CALL_SECONDS
+    assert CALL_SECONDS / 5 <= steps[3].seconds < CALL_SECONDS
+    assert [v[0] for v in runner.trace["w"]] == [1, 2, 3, 4, 5, 6]
+    assert not runner.record.notes
+
+
+def test_batches_ending_inside_a_call_end_the_run_with_a_note(tmp_path: Path):
+    program = ToyProgram(batches=4)
+    runner = _runner(tmp_path, program)
+    runner.run(10, ["w"])
+    assert [s.step for s in runner.record.steps] == [1, 2, 3, 4]
+    assert runner.record.notes == ["the migrated program's batches ended after 4 steps"]
+
+
+# The emitted helper against one step per call, on 2 logical CPU devices, in a fresh process.
+SCRIPT = r"""
+import json, sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+from tfmigrate.rules._tower_emit import STORE
+
+# AutoGraph converts the loop from its source: the helpers go into a module file.
+helpers = Path(sys.argv[1]) / "emitted_helpers.py"
+helpers.write_text("import tensorflow as tf\n\n" + STORE[STORE.index("STEPS_PER_CALL = "):])
+sys.path.insert(0, sys.argv[1])
+import emitted_helpers
+rng = np.random.RandomState(0)
+x = rng.rand(7 * 8, 3).astype(np.float32)
+y = x.dot([[1.0], [-2.0], [0.5]]).astype(np.float32)
+
+
+def program():
+    with strategy.scope():  # each replica's update is summed into the mirrored variable
+        w = tf.Variable(tf.zeros([3, 1]), aggregation=tf.VariableAggregation.SUM)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # 7 batches
+
+    def step_fn(xb, yb):
+        error = tf.matmul(xb, w) - yb
+        loss = tf.reduce_mean(error**2)
+        gradient = tf.matmul(xb, error, transpose_a=True) * (2.0 / 4)  # d loss / d w
+        w.assign_sub(0.1 * gradient / 2)  # the replicas' mean
+        return {"loss": loss}
+
+    def one_step(batch):
+        out = strategy.run(step_fn, args=batch)
+        out["sum"] = strategy.reduce("SUM", out["loss"], axis=None)
+        return out
+
+    return w, iter(strategy.experimental_distribute_dataset(dataset)), one_step
+
+
+w, it, one_step = program()
+train_step = tf.function(one_step)
+alone = []
+for _ in range(7):
+    out = train_step(next(it))
+    alone.append({"loss": [float(v) for v in strategy.experimental_local_results(out["loss"])],
+                  "sum": float(out["sum"]), "w": w.numpy().ravel().tolist()})
+w, it, one_step = program()
+train_steps = emitted_helpers.StepsInOneCall(strategy, one_step)
+calls = [train_steps(it, 5, [w]) for _ in range(3)]
+several = [{"loss": [float(v) for v in s["outputs"]["loss"]],
+            "sum": float(s["outputs"]["sum"][0]), "w": s["watched"][0].ravel().tolist(),
+            "per_replica": s["per_replica"],
+            "rows": [[p.shape[0] for p in parts] for parts in s["inputs"]],
+            "x0": float(s["inputs"][0][0][0, 0])} for call in calls for s in call]
+json.dump({"alone": alone, "calls": [len(c) for c in calls], "several": several}, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_steps_in_one_call_train_what_one_step_per_call_trains(tmp_path: Path):
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    # 7 batches: 5 steps, the 2 left (the batches end inside the call), then none
+    assert result["calls"] == [5, 2, 0]
+    alone, several = result["alone"], result["several"]
+    assert len(several) == 7
+    for one, many in zip(alone, several, strict=True):
+        assert many["loss"] == pytest.approx(one["loss"], abs=1e-6)
+        assert many["sum"] == pytest.approx(one["sum"], abs=1e-6)
+        assert many["w"] == pytest.approx(one["w"], abs=1e-6)  # read after the step's update
+        assert many["per_replica"] == ["loss"]
+        assert many["rows"] == [[4, 4], [4, 4]]  # x and y, half a batch per replica
+    assert [s["x0"] for s in several] == pytest.approx(
+        [float(v) for v in np.random.RandomState(0).rand(56, 3).astype(np.float32)[::8, 0]]
+    )
