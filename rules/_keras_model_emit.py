@@ -330,26 +330,12 @@ class _Reader:
             raise NotConvertible(call, f"a {kind} layer without a literal name (TF1 numbers those)")
         if units not in a:
             raise NotConvertible(call, f"a {kind} layer without its size")
-        use_bias = True
-        bias_init_arg = a.get("biases_initializer" if slim else "bias_initializer")
-        if slim and isinstance(bias_init_arg, cst.Name) and bias_init_arg.value == "None":
-            use_bias, bias_init_arg = False, None
-        if not slim:
-            use_bias = self._literal_bool(a.get("use_bias"), True)
         pairs: list[tuple[str, str | None]] = [
             ("", self._config(a[units])),
             ("activation", _quoted(self._activation(a.get(activation), default_activation))),
-            ("use_bias", None if use_bias else "False"),
-            # Both legacy APIs default to glorot_uniform (xavier) and zeros: Keras' defaults.
-            ("kernel_initializer", self._initializer(a.get("weights_initializer" if slim else "kernel_initializer"), "keras")),
-            ("bias_initializer", self._initializer(bias_init_arg, "keras") if use_bias else None),
-            ("kernel_regularizer", self._regularizer(a.get("weights_regularizer" if slim else "kernel_regularizer"))),
-            ("bias_regularizer", self._regularizer(a.get("biases_regularizer" if slim else "bias_regularizer"))),
-            ("name", f'"{name}"'),
         ]  # fmt: skip
-        weights = {"weights" if slim else "kernel": "kernel"}
-        if use_bias:
-            weights["biases" if slim else "bias"] = "bias"
+        tail, weights = self._kernel_and_bias(a, slim, name)
+        pairs += tail
         layer = Layer(
             self._attribute(name, kind),
             f"keras.layers.{keras}({self._kwargs(pairs)})",
@@ -386,12 +372,6 @@ class _Reader:
             raise NotConvertible(call, "a conv2d layer without its filters / kernel size")
         # slim: padding 'SAME', relu; tf.layers: 'valid', no activation.
         padding = self._padding(a.get("padding"), "same" if slim else "valid")
-        use_bias = True
-        bias_init_arg = a.get("biases_initializer" if slim else "bias_initializer")
-        if slim and isinstance(bias_init_arg, cst.Name) and bias_init_arg.value == "None":
-            use_bias, bias_init_arg = False, None
-        if not slim:
-            use_bias = self._literal_bool(a.get("use_bias"), True)
         strides = a.get("stride" if slim else "strides")
         dilation = a.get("rate" if slim else "dilation_rate")
         pairs: list[tuple[str, str | None]] = [
@@ -401,7 +381,27 @@ class _Reader:
             ("padding", None if padding == "valid" else f'"{padding}"'),
             ("dilation_rate", self._config(dilation) if dilation is not None else None),
             ("activation", _quoted(self._activation(a.get("activation_fn" if slim else "activation"), "relu" if slim else None))),
+        ]  # fmt: skip
+        tail, weights = self._kernel_and_bias(a, slim, name)
+        pairs += tail
+        layer = Layer(
+            self._attribute(name, kind),
+            f"keras.layers.Conv2D({self._kwargs(pairs)})",
+            weights,
+            name,
+        )
+        return layer, a["inputs"], None
+
+    def _kernel_and_bias(self, a, slim: bool, name: str):  # type: ignore[no-untyped-def]
+        """The arguments dense and conv2d layers share, and their legacy -> Keras weight names."""
+        bias_init_arg = a.get("biases_initializer" if slim else "bias_initializer")
+        if slim:  # slim drops the bias with biases_initializer=None
+            use_bias = not (isinstance(bias_init_arg, cst.Name) and bias_init_arg.value == "None")
+        else:
+            use_bias = self._literal_bool(a.get("use_bias"), True)
+        pairs: list[tuple[str, str | None]] = [
             ("use_bias", None if use_bias else "False"),
+            # Both legacy APIs default to glorot_uniform (xavier) and zeros: Keras' defaults.
             ("kernel_initializer", self._initializer(a.get("weights_initializer" if slim else "kernel_initializer"), "keras")),
             ("bias_initializer", self._initializer(bias_init_arg, "keras") if use_bias else None),
             ("kernel_regularizer", self._regularizer(a.get("weights_regularizer" if slim else "kernel_regularizer"))),
@@ -411,13 +411,7 @@ class _Reader:
         weights = {"weights" if slim else "kernel": "kernel"}
         if use_bias:
             weights["biases" if slim else "bias"] = "bias"
-        layer = Layer(
-            self._attribute(name, kind),
-            f"keras.layers.Conv2D({self._kwargs(pairs)})",
-            weights,
-            name,
-        )
-        return layer, a["inputs"], None
+        return pairs, weights
 
     def _padding(self, value: cst.BaseExpression | None, default: str) -> str:
         if value is None:

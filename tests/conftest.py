@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +59,23 @@ def tree(tmp_path):
         return write_tree(tmp_path / name, files)
 
     return make
+
+
+def run_harness(harness: str, payload: object, env: dict[str, str] | None = None) -> dict:
+    """Run a measuring script in a fresh Python (TensorFlow's devices are fixed per process).
+
+    `payload` goes to its stdin as JSON; its last stdout line starting with "RESULT " carries the
+    measured numbers as JSON. Printed too, so `pytest -s` shows what the rule docs quote."""
+    proc = subprocess.run(
+        [sys.executable, "-c", harness],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})},
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    data = json.loads(lines[-1][len("RESULT ") :])
+    print(json.dumps(data, indent=1))
+    return data

@@ -16,9 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from pathlib import PurePosixPath
 
-import libcst as cst
 import numpy as np
 import tensorflow as tf
 
@@ -31,24 +29,9 @@ for _name in ("legacy_tf_layers", "legacy_tf_layers.normalization"):
 
 import keras  # noqa: E402
 import tf_slim  # noqa: E402
+from keras_model_source import convert  # noqa: E402
 
-from tfmigrate.names import NameResolver  # noqa: E402
-from tfmigrate.rule import RuleContext  # noqa: E402
 from tfmigrate.rules import _keras_model_emit as emit  # noqa: E402
-from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy  # noqa: E402
-
-
-def convert(source: str, function: str) -> emit.KerasModel:
-    module = cst.parse_module(source)
-    context = RuleContext(
-        PurePosixPath("model.py"), NameResolver.for_module(module), module, {"_tfm303_inner": True}
-    )
-    rule = TowerProgramToMirroredStrategy(context)
-    cst.visit_batched(module, [rule])
-    node = next(
-        s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == function
-    )
-    return emit.convert(node, rule.qualify, module)
 
 
 def legacy_run(

@@ -9,13 +9,10 @@ The numbers quoted in the rule docs come from this file.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import run_harness
 
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.rules.restore_outside_strategy_scope import RestoreOutsideStrategyScope
@@ -264,19 +261,7 @@ def measured() -> dict:
         "load": LOAD_SOURCE,
         "load_fixed": _fixed(LOAD_SOURCE, RestoreOutsideStrategyScope),
     }
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS],
-        input=json.dumps(sources),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    data = json.loads(lines[-1][len("RESULT ") :])
-    print(json.dumps(data, indent=1))  # the numbers the rule docs quote (pytest -s shows them)
+    data = run_harness(HARNESS, sources)
     return data
 
 

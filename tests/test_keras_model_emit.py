@@ -12,14 +12,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-import libcst as cst
 import pytest
+from keras_model_source import convert
 
 from tfmigrate.engine import Settings, process_source
-from tfmigrate.names import NameResolver
-from tfmigrate.rule import RuleContext
 from tfmigrate.rules import _keras_model_emit as emit
 from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
@@ -82,16 +80,7 @@ CASES = [
 
 
 def _convert(source: str, function: str) -> emit.KerasModel:
-    module = cst.parse_module(textwrap.dedent(source))
-    context = RuleContext(
-        PurePosixPath("model.py"), NameResolver.for_module(module), module, {"_tfm303_inner": True}
-    )
-    rule = TowerProgramToMirroredStrategy(context)
-    cst.visit_batched(module, [rule])
-    node = next(
-        s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == function
-    )
-    return emit.convert(node, rule.qualify, module)
+    return convert(textwrap.dedent(source), function)
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,10 @@ trains is the source below, as written and as the rule fixes it.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import run_harness
 
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.rules.unscaled_replica_loss import UnscaledReplicaLoss
@@ -123,19 +120,7 @@ def test_per_pixel_loss_fixed_takes_the_one_device_step():
             "return tf.nn.compute_average_loss(per_pixel, global_batch_size=GLOBAL_BATCH)",
         ),
     }
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.run(
-        [sys.executable, "-c", HARNESS],
-        input=json.dumps(sources),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    m = json.loads(lines[-1][len("RESULT ") :])
-    print(json.dumps(m, indent=1))  # the numbers the rule docs quote (pytest -s shows them)
+    m = run_harness(HARNESS, sources)
     one = m["one_device_moved"]
     assert m["original"]["moved"] / one == pytest.approx(2.0, rel=1e-3)
     assert m["sum_of_pixels"]["moved"] / one == pytest.approx(256.0, rel=1e-3)

@@ -1,0 +1,29 @@
+"""TFM303's Keras conversion of one model function, from module source (no TensorFlow import).
+
+Shared by test_keras_model_emit.py and the keras_model_numerics.py subprocess it starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import libcst as cst
+
+from tfmigrate.names import NameResolver
+from tfmigrate.rule import RuleContext
+from tfmigrate.rules import _keras_model_emit as emit
+from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
+
+
+def convert(source: str, function: str) -> emit.KerasModel:
+    """The Keras model TFM303 writes for `function` of `source` (read as a model module)."""
+    module = cst.parse_module(source)
+    context = RuleContext(
+        PurePosixPath("model.py"), NameResolver.for_module(module), module, {"_tfm303_inner": True}
+    )
+    rule = TowerProgramToMirroredStrategy(context)
+    cst.visit_batched(module, [rule])
+    node = next(
+        s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == function
+    )
+    return emit.convert(node, rule.qualify, module)
