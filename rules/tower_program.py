@@ -1402,8 +1402,9 @@ def _manifest(
         manifest["variables"] = {"*": "*"}
         notes.append(
             "TFM303: the legacy variable names could not be listed statically (the model is "
-            "built in another module): the migrated variables keep the legacy names, so they "
-            "are mapped by name"
+            "built in another module, or by a call whose variable names are not read statically, "
+            "such as a conv2d layer): the migrated variables keep the legacy names, so they are "
+            "mapped by name"
         )
     source = (
         "tf.data iterator -> distributed dataset" if program.dataset else "feed_dict -> tf.data"
