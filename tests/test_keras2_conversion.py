@@ -298,10 +298,10 @@ VERIFY_ARGS = ["--", "--epochs", "2", "--samples", "16", "--image-size", "16", "
                "--no-shuffle"]  # fmt: skip
 
 
-def _verify(legacy: Path, migrated: Path, report: Path) -> tuple[int, dict[str, object]]:
+def _verify(legacy: Path, migrated: Path, report: Path, *options: str) -> tuple[int, dict[str, object]]:
     proc = subprocess.run(
         [sys.executable, "-m", "tfmigrate", "verify", str(legacy), str(migrated), "--steps", "4",
-         "--report", str(report), *VERIFY_ARGS],
+         "--report", str(report), *options, *VERIFY_ARGS],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -314,23 +314,20 @@ def _rows(report: dict[str, object]) -> dict[str, dict[str, object]]:
 
 @pytest.mark.slow
 def test_verify_finds_the_rewritten_dice_program_equivalent(tmp_path):
-    """The fixture as it is (UNet, dice loss over the whole batch, multi_gpu_model) but trained
-    with plain SGD at 0.01, which shows the gradients as they are: `rewrite` (safe fixes only)
-    computes the dice loss on the global batch, and verify finds loss and every weight equal;
+    """The fixture as it is (UNet, dice loss over the whole batch, multi_gpu_model, Adam 1e-3):
+    `rewrite` (safe fixes only) computes the dice loss on the global batch; verify finds the loss
+    equal and every weight within tolerance or within the legacy program's own rounding drift;
     only the announced batch-norm moving statistics differ.
 
-    With the fixture's Adam at 1e-3 the loss matches too (4.2e-7 over 4 steps) but 3 of the 42
-    kernels end 1.2e-6 to 2.0e-6 apart after step 1, just over atol 1e-6: Adam's first update
-    is lr * g / (|g| + 1e-7 / sqrt(1 - 0.999)) = lr * g / (|g| + 3.16e-6), whose slope near 0,
-    lr / 3.16e-6 = 316, turns the ~3.5e-9 float differences of near-zero gradient entries into
-    1e-6 on near-zero weights; with epsilon 1e-3 the run is equivalent. The legacy program
-    against itself with its dice sums reordered ends 5.7e-7 apart the same way."""
+    Without --noise-floor 3 of the 42 kernels end 1.2e-6 to 2.0e-6 apart after step 1, just
+    over atol 1e-6: Adam's first update is lr * g / (|g| + 1e-7 / sqrt(1 - 0.999)) =
+    lr * g / (|g| + 3.16e-6), whose slope near 0, lr / 3.16e-6 = 316, turns the ~3.5e-9 float
+    differences of near-zero gradient entries into 1e-6 on near-zero weights. The legacy program
+    started from weights one float step away drifts from its first run by as much (measured:
+    1.6e-6 to 2.3e-6 on those kernels), which is what --noise-floor measures and reports."""
     legacy = tmp_path / "legacy"
     shutil.copytree(FIXTURE, legacy)
     script = legacy / "train.py"
-    text = script.read_text(encoding="utf-8")
-    text = text.replace("import Adam", "import SGD").replace("Adam(lr=1e-3)", "SGD(lr=0.01)")
-    script.write_text(text, "utf-8")
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "tfmigrate", "rewrite", "--out", str(out),
                            str(legacy)], capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -338,13 +335,17 @@ def test_verify_finds_the_rewritten_dice_program_equivalent(tmp_path):
     train = (out / "train.py").read_text("utf-8")
     assert "def tfmigrate_program(strategy, argv):" in train
     assert "loss=global_batch_loss(dice_loss)" in train
-    code, report = _verify(script, out / "train.py", tmp_path / "report")
+    code, report = _verify(script, out / "train.py", tmp_path / "report", "--noise-floor")
     assert code == 0 and report["verdict"] == "equivalent", report["reason"]
     rows = _rows(report)
     assert rows["loss (reduced)"]["status"] == "pass"
     assert rows["loss (reduced)"]["steps_compared"] == 4
     weights = [r for r in rows.values() if r["category"] == "weight"]
-    assert len(weights) == 42 and all(r["status"] == "pass" for r in weights)
+    assert len(weights) == 42 and all(r["status"] in ("pass", "within-noise") for r in weights)
+    # the noise floor ran because something was over tolerance, and says how far the legacy drifted
+    assert any(r["status"] == "within-noise" for r in weights)
+    assert all("legacy vs itself nudged" in r["note"] for r in weights if r["status"] == "within-noise")
+    assert report["sides"]["legacy (nudged)"]["status"] == "ok"
     stats = [r for r in rows.values() if r["category"] == "bn_stat"]
     assert len(stats) == 20 and all(r["status"] in ("pass", "expected") for r in stats)
     assert any(r["status"] == "expected" for r in stats)

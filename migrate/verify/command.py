@@ -56,6 +56,10 @@ def verify(
         typer.Option(help="Reuse the legacy run from this cache while its script folder and the run "
                           "parameters are unchanged (fast iteration on the migrated side)."),
     ] = None,
+    noise_floor: Annotated[
+        bool, typer.Option(help="If something diverges, run the legacy program again from weights one float "
+                                "step away and accept differences within 3x its drift from itself (rounding).")
+    ] = False,
     roundtrip: Annotated[
         bool, typer.Option(help="Also save the trained migrated model the program's way, reload it without a "
                                 "strategy in a fresh process, and compare predictions.")
@@ -80,7 +84,7 @@ def verify(
         tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
                               weights_rtol=weights_rtol),
         script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
-        roundtrip=roundtrip, workers=workers,
+        roundtrip=roundtrip, workers=workers, noise_floor=noise_floor,
     )
     problem = _argument_problem(opts) or _workers_problem(opts)
     if problem:

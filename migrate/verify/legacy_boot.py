@@ -73,6 +73,7 @@ class LegacyRecorder:
         self.restore_from: str | None = None  # TF1 checkpoint prefix the variables start from
         self.restore_ema: str | None = None  # load `<var>/<restore_ema>` shadows into the variables
         self.save_to: str | None = None  # TF1 checkpoint prefix written after step K
+        self.nudge_seed: int | None = None  # move each trainable float one ulp (verify's noise floor)
         self.trace_request = trace
         self.record = RunRecord(side="legacy")
         self.train_op_names: set[str] = set()
@@ -451,8 +452,21 @@ class LegacyRecorder:
         # the migrated side reads which variables to trace, then waits for init.npz (written last)
         write_json_atomic(self.out / TRACED_JSON, self.trace_names)
         save_arrays(self.out / INIT_NPZ, values)
+        if self.nudge_seed is not None:
+            self._nudge(sess, [v for v in variables if v.op.name in trainable], values)
         by_name = {v.op.name: v for v in variables}
         self._trace_vars = [by_name[n] for n in self.trace_names]
+
+    def _nudge(self, sess: Any, variables: list[Any], values: dict[str, np.ndarray]) -> None:
+        """Start from weights one float step away, up or down at random: the same program a
+        rounding apart, to measure how far training carries a rounding difference."""
+        rng = np.random.default_rng(self.nudge_seed)
+        for v in variables:
+            value = values[v.op.name]
+            if not np.issubdtype(value.dtype, np.floating):
+                continue
+            direction = np.where(rng.random(value.shape) < 0.5, -np.inf, np.inf).astype(value.dtype)
+            v.load(np.nextafter(value, direction), sess)
 
     def _slot_names(self) -> set[str]:
         names = set()
@@ -645,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restore-checkpoint", help="TF1 checkpoint prefix every variable starts from")
     parser.add_argument("--restore-ema", help="with --restore-checkpoint: load these EMA shadows into the weights")
     parser.add_argument("--save-checkpoint", help="save a TF1 checkpoint here after the last step")
+    parser.add_argument("--nudge-initial", type=int, metavar="SEED",
+                        help="move every trainable weight one float step after init.npz (noise floor)")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -653,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder = LegacyRecorder(ns.out, ns.steps, ns.towers, trace, ns.device)
     recorder.restore_from, recorder.restore_ema = ns.restore_checkpoint, ns.restore_ema
     recorder.save_to = ns.save_checkpoint
+    recorder.nudge_seed = ns.nudge_initial
     record = recorder.record
 
     random.seed(ns.seed)

@@ -15,7 +15,7 @@ from tfmigrate.verify import compare as cmp
 from tfmigrate.verify.verifier import Outcome
 
 EXACT_FLOOR = 1e-10  # where a zero difference is drawn on the log axis
-STATUS_STYLE = {cmp.PASS: "green", cmp.FAIL: "bold red", cmp.EXPECTED: "yellow", cmp.UNMATCHED: "dim"}
+STATUS_STYLE = {cmp.PASS: "green", cmp.FAIL: "bold red", cmp.EXPECTED: "yellow", cmp.UNMATCHED: "dim", cmp.NOISE: "cyan"}
 VERDICT_TEXT = {
     cmp.EQUIVALENT: ("EQUIVALENT", "green"),
     cmp.DIVERGED: ("DIVERGED", "red"),
@@ -30,7 +30,7 @@ def _num(x: float | None) -> str:
 
 def _side_summary(outcome: Outcome) -> dict[str, dict[str, Any]]:
     sides: dict[str, dict[str, Any]] = {}
-    for run in (outcome.legacy, outcome.migrated, *outcome.workers, outcome.roundtrip):
+    for run in (outcome.legacy, outcome.migrated, *outcome.workers, outcome.roundtrip, outcome.noise):
         if run is None:
             continue
         rec = run.record

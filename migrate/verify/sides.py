@@ -184,6 +184,25 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
                                migrated_proc.pid in timed_out_sides)
 
 
+def run_noise(plan: RunPlan, seed: int = 1) -> SideRun:
+    """The legacy program once more, from weights one float step away from the first run's: how
+    far its own training carries a rounding difference (verify --noise-floor)."""
+    cmd = side_commands(plan).legacy
+    out = plan.workdir / "noise" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd[cmd.index("--out") + 1] = str(out)
+    cmd += ["--nudge-initial", str(seed), "--", *plan.script_args]
+    proc = _start(cmd, plan.workdir / "noise" / "cwd", _env(LEGACY_ENV, plan.seed, plan.device),
+                  plan.workdir / "noise" / "log")
+    try:
+        proc.wait(timeout=plan.timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    _stop(proc)
+    return _finish("legacy (nudged)", proc, out, plan.workdir / "noise" / "log", timed_out)
+
+
 def run_roundtrip(plan: RunPlan) -> SideRun:
     """Reload what the migrated run saved in a fresh process without a strategy (one device)."""
     folder = plan.roundtrip_dir

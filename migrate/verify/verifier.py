@@ -34,7 +34,7 @@ from tfmigrate.verify.record import (
     RunRecord,
     load_arrays,
 )
-from tfmigrate.verify.sides import RunPlan, SideRun, run_roundtrip, run_sides
+from tfmigrate.verify.sides import RunPlan, SideRun, run_noise, run_roundtrip, run_sides
 
 
 @dataclass
@@ -55,6 +55,7 @@ class VerifyOptions:
     legacy_cache: Path | None = None  # reuse legacy runs across verify calls (same inputs → same run)
     roundtrip: bool = False
     workers: int = 0  # >0: the migrated side runs as W MultiWorkerMirroredStrategy workers (workers.py)
+    noise_floor: bool = False  # on a divergence, measure the legacy program's drift from itself nudged
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Outcome:
     crash: SideRun | None = None  # the side whose user code crashed, for the traceback
     roundtrip: SideRun | None = None
     workers: list[SideRun] = field(default_factory=list)  # --workers: the workers after the chief
+    noise: SideRun | None = None  # --noise-floor: the nudged legacy run
 
 
 def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
@@ -187,6 +189,8 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     else:
         outcome.comparison = cmp.compare(side_data(legacy_run), side_data(migrated_run), manifest,
                                          opts.tolerances)
+        if opts.noise_floor and outcome.comparison.verdict == cmp.DIVERGED:
+            _noise_floor(plan, outcome, side_data(legacy_run))
         if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
             _roundtrip(plan, outcome)
         if worker_runs and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
@@ -204,6 +208,18 @@ def run_verify(opts: VerifyOptions) -> Outcome:
 def _problem_first(runs: list[SideRun]) -> list[SideRun]:
     """A side whose user code crashed explains the others (stopped while waiting for it)."""
     return sorted(runs, key=lambda r: 0 if r.record is not None and r.record.status == CRASHED else 1)
+
+
+def _noise_floor(plan: RunPlan, outcome: Outcome, legacy: cmp.SideData) -> None:
+    run = run_noise(plan)
+    outcome.noise = run
+    problem = side_problem(run, plan.timeout)
+    if problem:
+        outcome.comparison.notes.append(f"noise floor not measured: {problem}")
+        return
+    assert outcome.manifest is not None
+    floor = cmp.compare(legacy, side_data(run), cmp.noise_manifest(outcome.manifest), outcome.options.tolerances)
+    cmp.apply_noise_floor(outcome.comparison, floor)
 
 
 def _roundtrip(plan: RunPlan, outcome: Outcome) -> None:

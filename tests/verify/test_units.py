@@ -210,3 +210,32 @@ def test_legacy_rev_takes_the_script_folder_from_git(tmp_path):
     taken = legacy_from_git(script, "HEAD", tmp_path / "out")
     assert taken.read_text() == "print('legacy')\n"
     assert (taken.parent / "model.py").read_text() == "X = 1\n"
+
+
+def _row(quantity: str, max_abs: float, status: str = cmp.FAIL, step: int | None = 1) -> cmp.Row:
+    return cmp.Row(quantity, "weight", quantity, quantity, status, steps_compared=4, max_abs=max_abs,
+                   first_step=step, phase=cmp.VARIABLE_PHASE, note=f"max |diff| {max_abs:.3g}")
+
+
+def _judged(rows: list[cmp.Row]) -> cmp.Comparison:
+    result = cmp.Comparison(verdict=cmp.EQUIVALENT, rows=rows, steps_compared=4)
+    cmp._judge(result)
+    return result
+
+
+def test_noise_floor_accepts_only_differences_the_legacy_program_makes_with_itself():
+    result = _judged([_row("a", 2e-6), _row("b", 5e-8, cmp.PASS, None)])
+    assert result.verdict == cmp.DIVERGED
+    floor = cmp.Comparison(verdict=cmp.DIVERGED, rows=[_row("a", 1e-6), _row("b", 1e-8)])
+    cmp.apply_noise_floor(result, floor)
+    assert result.verdict == cmp.EQUIVALENT and result.first_divergence is None
+    assert [r.status for r in result.rows] == [cmp.NOISE, cmp.PASS]
+    assert "legacy vs itself nudged: 1e-06" in result.rows[0].note
+    assert any("noise floor" in n and "3×" in n for n in result.notes)
+
+    # 4x the drift is a difference of the migration; so is any change where the nudge moved nothing
+    result = _judged([_row("a", 4e-6), _row("c", 1e-9, step=2)])
+    cmp.apply_noise_floor(result, cmp.Comparison(verdict=cmp.DIVERGED, rows=[_row("a", 1e-6), _row("c", 0.0)]))
+    assert result.verdict == cmp.DIVERGED
+    assert [r.status for r in result.rows] == [cmp.FAIL, cmp.FAIL]
+    assert result.first_divergence["quantity"] == "a"
