@@ -7,7 +7,9 @@ global batch. The script's own code stays the one description of the program; no
 `fit` may take arrays, a `tf.data.Dataset`, a Python generator of global batches (Keras 2's
 `fit_generator(gen, steps_per_epoch=...)` after TFM112: `steps_per_epoch * epochs` batches of one
 generator) or a `keras.utils.PyDataset`/`Sequence` (read as Keras 3's fit reads it, including
-the `on_epoch_end` it calls before the first step); the batches are replayed in order.
+the `on_epoch_end` it calls before the first step); the batches are replayed in order, and
+`LearningRateScheduler` callbacks given to `fit` set the rate at each epoch's first batch, as in
+`fit`.
 Module-level training code goes under `if __name__ == "__main__":` first, so that importing the
 script (as verify does) does not train.
 """
@@ -45,7 +47,7 @@ def {ENTRY_POINT}(strategy, argv):
     def stop_at_fit(model, x=None, y=None, batch_size=None, epochs=1, **kwargs):
         found.update(model=model, x=x, y=y, batch_size=batch_size or 32, epochs=epochs,
                      split=kwargs.get("validation_split") or 0.0,
-                     steps=kwargs.get("steps_per_epoch"))
+                     steps=kwargs.get("steps_per_epoch"), callbacks=kwargs.get("callbacks") or [])
         raise {STOP}
 
     def batches_of(source, steps, epochs):
@@ -83,9 +85,13 @@ def {ENTRY_POINT}(strategy, argv):
         raise RuntimeError("the script ended without calling Model.fit")
     model, x, y = found["model"], found["x"], found["y"]
     probe = None
+    per_epoch = found["steps"]  # batches in an epoch, where fit knows it
     if isinstance(x, tf.data.Dataset):
         dataset = x.repeat(found["epochs"])
+        per_epoch = per_epoch or max(int(x.cardinality()), 0)
     elif hasattr(x, "__next__") or isinstance(x, keras.utils.PyDataset):
+        if not hasattr(x, "__next__"):
+            per_epoch = per_epoch or len(x)
         items = batches_of(x, found["steps"], found["epochs"])
         first = next(items)
         first = tuple(first) if isinstance(first, list) else first
@@ -99,6 +105,8 @@ def {ENTRY_POINT}(strategy, argv):
             rows = len(tf.nest.flatten(x)[0])
             keep = int(rows * (1.0 - found["split"]))
             data = tf.nest.map_structure(lambda a: a[:keep], data)
+        rows = len(tf.nest.flatten(data)[0])
+        per_epoch = per_epoch or -(-rows // found["batch_size"])
         dataset = tf.data.Dataset.from_tensor_slices(data)
         dataset = dataset.batch(found["batch_size"]).repeat(found["epochs"])
     else:
@@ -110,8 +118,17 @@ def {ENTRY_POINT}(strategy, argv):
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     model.make_train_function()
+    # fit's learning-rate schedule callbacks set the rate at the start of each epoch
+    schedules = [c for c in found["callbacks"] if isinstance(c, keras.callbacks.LearningRateScheduler)]
+    for callback in schedules:
+        callback.set_model(model)
+    done = []
 
     def train_step(batch):
+        if schedules and per_epoch and len(done) % per_epoch == 0:
+            for callback in schedules:
+                callback.on_epoch_begin(len(done) // per_epoch)
+        done.append(1)
         model.reset_metrics()  # fit logs running means over the epoch: verify compares each step
         return model.train_function(iter([batch]))  # tfmigrate: ignore[TFM205] (made above)
 

@@ -670,10 +670,11 @@ def train(x, y):
         }
 
     def _random_layers(self) -> bool:
-        """Whether this file uses a Keras layer that draws random numbers in training."""
+        """Whether this file makes a Keras layer that draws random numbers in training (an
+        imported but unused `Dropout` does not count)."""
         for node in tree.walk(self.context.module):
-            if isinstance(node, cst.Name | cst.Attribute):
-                name = self.qualify(node) or ""
+            if isinstance(node, cst.Call):
+                name = self.qualify(node.func) or ""
                 if name.startswith(_KERAS_LAYERS) and name.endswith(_RANDOM_LAYERS):
                     return True
         return False

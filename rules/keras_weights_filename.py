@@ -94,7 +94,11 @@ class KerasWeightsFilename(Rule):
     `ValueError: The filepath provided must end in .keras` at construction (so does
     `'{epoch:02d}.hdf5'`); `ModelCheckpoint('unet.h5')` is accepted and writes a legacy HDF5
     model, which is not flagged (`model.save('m.h5')` too); `.keras` writes the Keras 3
-    format, which `load_model` reads back.
+    format, which `load_model` reads back. Reading such a legacy file back is where it breaks:
+    `load_model('m.h5')` of a model compiled with `loss='mse'` raises `ValueError: Could not
+    deserialize 'keras.metrics.mse'` on Keras 3.15 (`compile=False` loads it; `.keras` loads
+    it compiled). So a script that saves a whole model to a `.h5` name and loads that same name
+    with `load_model` (without `compile=False`) is flagged at both calls.
 
     ## Example
     ```python
@@ -113,6 +117,9 @@ class KerasWeightsFilename(Rule):
     Safe: the `.h5`/`.hdf5` suffix of the literal becomes `.weights.h5` (the format stays HDF5);
     a full-model checkpoint's `.hdf5` becomes `.keras` (the program could not start; the file
     is then a Keras 3 model archive, and loads of the same literal are renamed with it).
+    A `model.save('m.h5')` that the script reloads with `load_model('m.h5')` becomes `.keras` at
+    both calls, unsafe: the program then writes another file in another format, which other
+    programs that read `m.h5` do not find.
     Names without that suffix (TF checkpoint prefixes such as `ckpt/model`) are reported
     without a fix: the right replacement (`.weights.h5` or `tf.train.Checkpoint`) depends on the
     files that already exist. A load with `by_name=True` is not renamed (Keras 3 reads `by_name`
@@ -120,7 +127,7 @@ class KerasWeightsFilename(Rule):
     """
 
     code = "TFM206"
-    triggers = ("save_weights", "load_weights", "ModelCheckpoint")
+    triggers = ("save_weights", "load_weights", "ModelCheckpoint", "load_model")
     name = "keras-weights-filename"
     summary = "Keras 3 file names: weights end in .weights.h5, full-model checkpoints in .keras"
     fix_safety = FixSafety.SAFE
@@ -136,6 +143,9 @@ cb2 = tf.keras.callbacks.ModelCheckpoint('best.keras', save_weights_only=False)
         "import keras\ncb = keras.callbacks.ModelCheckpoint('m.hdf5', save_weights_only=flag)\n",
         # Loading a legacy HDF5 file this script does not write.
         "import keras\nmodel.load_weights('pretrained_imagenet.h5')\n",
+        "import keras\nmodel = keras.models.load_model('pretrained.h5')\n",
+        # Saved and loaded without its compile settings: Keras 3 reads it.
+        "import keras\nmodel.save('m.h5')\nm = keras.models.load_model('m.h5', compile=False)\n",
         # Keras 2 code: the Keras 2 conversion comes first.
         """import keras
 from keras.utils import multi_gpu_model
@@ -245,6 +255,22 @@ model.save_weights('model.h5')
             checkpoint = ModelCheckpoint('weights.{epoch:02d}.weights.h5', save_weights_only=True)
             """,
         ),
+        # A whole model saved as legacy HDF5 and loaded back: Keras 3 fails on the compile config.
+        Example(
+            """
+            import keras
+            model.fit(x, y)
+            model.save('final_model.h5')
+            restored = keras.models.load_model('final_model.h5', custom_objects={'rmse': rmse})
+            """,
+            fixed="""
+            import keras
+            model.fit(x, y)
+            model.save('final_model.keras')
+            restored = keras.models.load_model('final_model.keras', custom_objects={'rmse': rmse})
+            """,
+            message="Could not deserialize",
+        ),
         # A TF checkpoint prefix: reported, not renamed.
         Example(
             """
@@ -291,10 +317,22 @@ model.save_weights('model.h5')
                         saved.add(_literal_text(_file_literal(arg.value)) or "")
                 elif only is None or is_false(only.value):
                     models |= self._check_model(arg)
+        whole = self._whole_model_saves(facts.calls)
         for call, arg in loads:
             literal = _file_literal(arg.value)
             text = _literal_text(literal)
-            if text in models:
+            if text in whole and keyword(call, "compile", 2) is None and self._is_load_model(call):
+                save = whole[text]
+                for node in (save, literal):
+                    self.report(
+                        node,
+                        "a whole model saved as legacy HDF5 and read back with `load_model`: "
+                        "Keras 3 fails on the compile settings Keras 2 names (`ValueError: Could "
+                        f"not deserialize 'keras.metrics.mse'`); save and load `{MODEL}`",
+                        replacement=_renamed(node, MODEL),
+                        safety=FixSafety.UNSAFE,
+                    )
+            elif text in models:
                 self.report(
                     literal,
                     "this loads the full-model checkpoint the script saves: rename it with the "
@@ -312,6 +350,22 @@ model.save_weights('model.h5')
                     f"(Keras 3 weight files end in `{WEIGHTS}`)",
                     replacement=_renamed(literal),
                 )
+
+    def _is_load_model(self, call: cst.Call) -> bool:
+        return (self.call_name(call) or "").endswith(_LOAD_MODEL)
+
+    @staticmethod
+    def _whole_model_saves(calls: list[cst.Call]) -> dict[str, cst.BaseExpression]:
+        """`x.save('name.h5')` calls with a literal HDF5 name: name -> the literal."""
+        saves: dict[str, cst.BaseExpression] = {}
+        for call in calls:
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "save":
+                arg = keyword(call, "filepath", 0)
+                literal = _file_literal(arg.value) if arg is not None else None
+                text = _literal_text(literal) if literal is not None else None
+                if literal is not None and text is not None and text.lower().endswith(_H5):
+                    saves[text] = literal
+        return saves
 
     def _renamed_before(self, calls: list[cst.Call]) -> set[str]:
         """The `.h5`/`.hdf5` names of weight saves already named `.weights.h5` (an earlier fix

@@ -349,3 +349,16 @@ def test_verify_finds_the_rewritten_dice_program_equivalent(tmp_path):
     stats = [r for r in rows.values() if r["category"] == "bn_stat"]
     assert len(stats) == 20 and all(r["status"] in ("pass", "expected") for r in stats)
     assert any(r["status"] == "expected" for r in stats)
+
+
+def test_tabular_script_names_only_what_it_uses_and_saves_a_model_keras_3_can_load(tmp_path):
+    """A Keras 2 script that imports `Dropout` without using it has no random layer: nothing is
+    announced but the batch-norm statistics (verify then expects equal losses). Its whole model,
+    saved as `.h5` and loaded back, becomes `.keras` at both calls (TFM206, unsafe), which Keras 3
+    loads with its compile settings."""
+    train, entry = _rewritten("keras2_tabular", tmp_path / "out")
+    assert [a["match"] for a in entry["announced"]] == [["*/moving_mean", "*/moving_variance"]]
+    assert "base.save('final_model.keras')" in train
+    assert "load_model('final_model.keras', custom_objects={'rmse': rmse})" in train
+    assert "ModelCheckpoint('weights.{epoch:02d}.weights.h5', save_weights_only=True)" in train
+    assert "with tf.device('/cpu:0')" not in train and "multi_gpu_model(" not in train

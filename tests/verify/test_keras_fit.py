@@ -147,6 +147,7 @@ KERAS2_GENERATOR_SCRIPT = textwrap.dedent(
     import sys
 
     import numpy as np
+    from keras.callbacks import LearningRateScheduler
     from keras.layers import Dense, Input
     from keras.models import Model
     from keras.optimizers import SGD
@@ -174,7 +175,8 @@ KERAS2_GENERATOR_SCRIPT = textwrap.dedent(
     model = multi_gpu_model(template, gpus=2)
     model.compile(optimizer=SGD(lr=0.05), loss='mse')
     source = Rows() if sys.argv[1:] == ['--sequence'] else batches()
-    model.fit_generator(source, steps_per_epoch=3, epochs=2, shuffle=False)
+    halve = LearningRateScheduler(lambda epoch: 0.05 * 0.5 ** epoch)
+    model.fit_generator(source, steps_per_epoch=3, epochs=2, shuffle=False, callbacks=[halve])
     """
 )
 
@@ -182,7 +184,8 @@ KERAS2_GENERATOR_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_rewritten_fit_generator_script_is_verified_equivalent(tmp_path):
     """`rewrite` turns `fit_generator` into `fit` on a generator / Sequence; verify's entry point
-    replays the same batches (3 per epoch, 2 epochs) and finds the runs equivalent."""
+    replays the same batches (3 per epoch, 2 epochs), with the learning rate the schedule callback
+    sets at each epoch's start, and finds the runs equivalent."""
     legacy = tmp_path / "legacy" / "train.py"
     legacy.parent.mkdir()
     legacy.write_text(KERAS2_GENERATOR_SCRIPT, "utf-8")
