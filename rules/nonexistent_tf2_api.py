@@ -32,6 +32,8 @@ _ALTERNATIVES = {
     "max_queue_size": "Keras 3 dropped it: use `keras.utils.PyDataset(max_queue_size=...)`",
 }
 _MODEL_METHODS = ("predict", "predict_on_batch", "evaluate")
+# Strategy methods TF renamed without changing what they do: the fix is the new name.
+_RENAMED_STRATEGY_METHODS = {"experimental_run_v2": "run"}
 
 
 def _keras(name: str) -> str:
@@ -83,7 +85,9 @@ class NonexistentTf2Api(ApiNameRule):
     ```
 
     ## Fix safety
-    Manual: what to call instead depends on what the code meant. Methods are checked on
+    Manual: what to call instead depends on what the code meant. One exception is safe: a
+    strategy's `experimental_run_v2`, which TF 2.2 renamed `run` (same arguments and
+    behaviour; TF 2.4 removed the old name), becomes `run`. Methods are checked on
     variables assigned from a TF/Keras constructor (or a Keras model factory) in the same file;
     `predict`/`evaluate` with `training=` are flagged on any receiver.
     """
@@ -111,6 +115,19 @@ class NonexistentTf2Api(ApiNameRule):
         "import keras\nfrom keras.utils import multi_gpu_model\np = multi_gpu_model(m, gpus=2)\n",
     )
     invalid = (
+        Example(
+            """
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            losses = strategy.experimental_run_v2(step_fn, args=(batch,))
+            """,
+            fixed="""
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            losses = strategy.run(step_fn, args=(batch,))
+            """,
+            message="has no method `experimental_run_v2`",
+        ),
         Example(
             """
             import tensorflow as tf
@@ -271,10 +288,16 @@ class NonexistentTf2Api(ApiNameRule):
         if entry is None:
             if tfapi.exists(cls):
                 hint = _ALTERNATIVES.get(method, "")
+                renamed = _RENAMED_STRATEGY_METHODS.get(method)
+                fix = None
+                if renamed and cls.startswith("tf.distribute.") and tfapi.lookup(f"{cls}.{renamed}"):
+                    fix = call.with_changes(func=call.func.with_changes(attr=cst.Name(renamed)))
                 self.report(
                     call,
                     f"`{receiver}.{method}`: `{cls}` has no method `{method}` in TensorFlow "
                     f"{tfapi.versions()['tensorflow']}" + (f"; {hint}" if hint else ""),
+                    replacement=fix,
+                    safety=FixSafety.SAFE if fix is not None else None,
                 )
             return
         self._check_keywords(call, f"{cls}.{method}", entry.params, keywords)
