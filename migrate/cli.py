@@ -186,11 +186,17 @@ def _summary_table(results: list[FileResult]) -> None:
         table.add_column("rule")
         table.add_column("count", justify="right")
         table.add_column("fix")
+        # What these findings' fixes are (a rule's findings may differ: TFM107 is safe for a
+        # per-sample loss and unsafe for a loss over the whole batch).
+        fixes: dict[str, set[str]] = {}
+        for r in results:
+            for f in r.findings:
+                fixes.setdefault(f.code, set()).add(f.safety.value if f.fixable else "manual")
+        order = ("safe", "unsafe", "manual")
         for code, count in sorted(counts.items()):
             rule = names.get(code)
-            table.add_row(
-                code, rule.name if rule else "?", str(count), rule.fix_safety.value if rule else ""
-            )
+            kinds = "/".join(k for k in order if k in fixes.get(code, ()))
+            table.add_row(code, rule.name if rule else "?", str(count), kinds)
         out.print()
         out.print(table)
     total = sum(counts.values())
