@@ -24,6 +24,7 @@ _MARKERS = (b"tensorflow", b"keras", b"tf_slim", b"horovod")
 # A whole-program fix (TFM107, TFM303) takes a pass of its own; the rules it unblocks need more.
 _MAX_FIX_PASSES = 8
 _SUPPRESS = re.compile(r"#\s*tfmigrate:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")
+_SUPPRESS_BYTES = re.compile(rb"#\s*tfmigrate:\s*ignore")
 
 
 @dataclass
@@ -101,7 +102,7 @@ def process_source(
         # The light pass found the same bindings NameResolver would, and which rules can fire.
         if not facts.uses_any(prefilter.TF_ROOTS):
             return SourceResult(bindings=dict(facts.bindings))
-        possible = prefilter.possible_rules(facts, rules)
+        possible = prefilter.possible_rules(facts, rules, PurePosixPath(path))
         if not possible:
             return SourceResult(bindings=dict(facts.bindings))
         first_pass = replace(settings, rules=possible)
@@ -112,7 +113,9 @@ def process_source(
         return SourceResult(error=check_syntax(source, path) or _libcst_error(exc))
 
     # Fix passes run every triggered rule: a fix may write code another rule then fixes.
-    findings, fixes, bindings = _run_rules(module, path, first_pass, inherited, resolver)
+    findings, fixes, bindings = _run_rules(
+        module, path, first_pass, inherited, resolver, _may_suppress(source)
+    )
     result = SourceResult(findings=findings, bindings=bindings)
     if not fixes:
         return result
@@ -128,20 +131,24 @@ def process_source(
             if fix is not None and fix.manifest:
                 contributed.update(fix.manifest)
         new_code = None
-        pass_settings, pass_resolver = settings, None
+        pass_settings, pass_resolver, suppressible = settings, None, True
         if facts is not None:
             # The fixed text gets its own light pass: only rules that could report on it run.
             new_code = new_module.code
             pass_facts = prefilter.code_facts(new_code, inherited)
             if pass_facts is not None:
                 pass_settings = replace(
-                    settings, rules=prefilter.possible_rules(pass_facts, settings.rules)
+                    settings,
+                    rules=prefilter.possible_rules(pass_facts, settings.rules, PurePosixPath(path)),
                 )
                 pass_resolver = _resolver_from(pass_facts)
-        _, pending, _ = _run_rules(new_module, path, pass_settings, inherited, pass_resolver)
+            suppressible = _may_suppress(new_code)
+        _, pending, _ = _run_rules(
+            new_module, path, pass_settings, inherited, pass_resolver, suppressible
+        )
         if not pending:
             break
-    original = module.code
+    original = _text_of(source, module)
     if new_code is None:
         new_code = new_module.code
     if new_code == original:
@@ -173,6 +180,25 @@ def _libcst_error(exc: cst.ParserSyntaxError) -> str:
     return f"syntax error at line {exc.raw_line}:{exc.raw_column + 1}: {message}"
 
 
+def _text_of(source: str | bytes, module: cst.Module) -> str:
+    """``module.code`` of the module parsed from ``source`` without generating it (libcst
+    round-trips exactly: the text is the source, decoded as libcst decoded it)."""
+    if isinstance(source, str):
+        return source
+    try:
+        return source.decode(module.encoding)
+    except (LookupError, UnicodeDecodeError):
+        return module.code
+
+
+def _may_suppress(source: str | bytes) -> bool:
+    """Whether ``source`` has a suppression comment at all: else findings need no line text,
+    whose generation from the tree (``module.code``) costs as much as a parse."""
+    if isinstance(source, bytes):
+        return _SUPPRESS_BYTES.search(source) is not None
+    return _SUPPRESS.search(source) is not None
+
+
 def _suppressed(lines: list[str], line: int, code: str) -> bool:
     if not 1 <= line <= len(lines):
         return False
@@ -189,6 +215,7 @@ def _run_rules(
     settings: Settings,
     inherited: dict[str, str] | None = None,
     resolver: NameResolver | None = None,
+    suppressible: bool = True,
 ) -> tuple[list[Finding], list[tuple[Finding, Fix | None]], dict[str, str]]:
     if resolver is None:
         resolver = NameResolver.for_module(module, inherited)
@@ -205,7 +232,7 @@ def _run_rules(
         raise RuleCrashed(f"a rule crashed on {path}: {type(exc).__name__}: {exc}") from exc
     if not any(rule.reports for rule in rules):
         return [], [], bindings
-    lines = module.code.splitlines()
+    lines = module.code.splitlines() if suppressible else []
 
     findings: list[Finding] = []
     fixes: list[tuple[Finding, Fix]] = []
@@ -217,7 +244,7 @@ def _run_rules(
             if (line, col, rule.code) in seen:
                 continue
             seen.add((line, col, rule.code))
-            if _suppressed(lines, line, rule.code):
+            if suppressible and _suppressed(lines, line, rule.code):
                 continue
             safety = report.fix.safety if report.fix else rule.fix_safety
             finding = Finding(

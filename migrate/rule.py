@@ -17,11 +17,11 @@ from pathlib import PurePosixPath
 from typing import ClassVar, TypeVar
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
 
 from tfmigrate import tree
 from tfmigrate.names import NameResolver
-from tfmigrate.prefilter import Trigger
+from tfmigrate.prefilter import CodeFacts, Trigger
 
 T = TypeVar("T")
 _UNSET = object()
@@ -129,8 +129,7 @@ class RuleContext:
 
     def position_of(self, node: cst.CSTNode) -> CodeRange:
         if self._positions is None:
-            wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-            self._positions = wrapper.resolve(PositionProvider)
+            self._positions = positions(self.module)
         return self._positions[node]
 
     def shared(self, key: str, compute: Callable[[], T]) -> T:
@@ -138,6 +137,16 @@ class RuleContext:
         if key not in self._shared:
             self._shared[key] = compute()
         return self._shared[key]  # type: ignore[return-value]
+
+
+def positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
+    """PositionProvider's positions of every node. Run directly: ``MetadataWrapper.resolve``
+    would then also walk the whole tree with libcst's re-validating visitor for the batchable
+    providers, of which there are none here (that walk cost as much as the positions)."""
+    provider = PositionProvider()
+    provider._computed = {}
+    provider._gen_impl(module)
+    return provider._computed
 
 
 @dataclass
@@ -179,6 +188,13 @@ class Rule(cst.BatchableCSTVisitor):
         super().__init__()
         self.context = context
         self.reports: list[Report] = []
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        """Asked by the light pass once the triggers matched, before any libcst tree: False
+        when the rule cannot report in the file at ``path`` with these facts. For rules whose
+        findings depend on other files (their light pass is cheap); must be conservative."""
+        return True
 
     # -- helpers for subclasses ---------------------------------------------------------------
     def qualify(self, node: cst.BaseExpression) -> str | None:

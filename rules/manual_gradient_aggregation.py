@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.rule import Example, FixSafety
+from tfmigrate import tree
+from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules._towers import (
     ADD_N,
     CONCAT,
@@ -33,6 +34,24 @@ class _Site:
     helper: str | None  # the helper function's name, when anchored at its def
     averages: list[str] = field(default_factory=list)
     sums: list[str] = field(default_factory=list)
+
+
+SITES_KEY = "gradient-aggregation-sites"
+
+
+def aggregations_for(context: RuleContext) -> dict[int, bool]:
+    """``ManualGradientAggregation.aggregations`` for the tree of ``context``: from the rule's
+    visit in the same batch when it ran (TFM303 asks in its leave_Module), else from a visit of
+    its own."""
+    fresh = ManualGradientAggregation(context)  # registers its sites only if none are
+    sites = context.shared(SITES_KEY, lambda: fresh._sites)
+    if sites is fresh._sites:
+        tree.visit_batched(context.module, [fresh])
+    return _aggregations(sites)
+
+
+def _aggregations(sites: dict[int, _Site]) -> dict[int, bool]:
+    return {anchor: bool(site.averages) for anchor, site in sites.items()}
 
 
 class ManualGradientAggregation(TowerRule):
@@ -227,6 +246,10 @@ train_op = opt.apply_gradients(grads)
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)
         self._sites: dict[int, _Site] = {}
+        # The first instance's sites are the ones the tower conversion (TFM303) reads: run in
+        # the same batched visit, they are complete when TFM303's leave_Module asks. (The dict,
+        # not the rule: a rule in its own context would be a cycle keeping the tree alive.)
+        context.shared(SITES_KEY, lambda: self._sites)
 
     # -- collection ---------------------------------------------------------------------------
     def on_call(self, node: cst.Call) -> None:
@@ -367,7 +390,7 @@ train_op = opt.apply_gradients(grads)
     def aggregations(self) -> dict[int, bool]:
         """id(helper def or aggregating statement) -> True if it AVERAGES, False if it SUMS.
         Complete after the module was visited; the tower conversion (TFM303) reads it."""
-        return {anchor: bool(site.averages) for anchor, site in self._sites.items()}
+        return _aggregations(self._sites)
 
     # -- reporting ----------------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:

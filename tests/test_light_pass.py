@@ -12,7 +12,7 @@ import json
 import re
 import shutil
 import textwrap
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import libcst as cst
 import pytest
@@ -123,6 +123,7 @@ def test_triggers_leave_out_only_rules_that_cannot_report(fix, monkeypatch):
     triggered = [_outcome(path, settings) for path in paths], _example_outcomes(settings)
     for rule in all_rules():
         monkeypatch.setattr(rule, "triggers", None)
+        monkeypatch.setattr(rule, "may_report", classmethod(lambda cls, path, facts: True))
     untriggered = [_outcome(path, settings) for path in paths], _example_outcomes(settings)
     assert [p for p, a, b in zip(paths, triggered[0], untriggered[0], strict=True) if a != b] == []
     assert triggered[1] == untriggered[1]
@@ -383,3 +384,86 @@ def test_notebook_cell_is_not_ruled_out_by_its_bytes():
         "with dev('/gpu:0'):\n    pass\n", "c.py", settings, {"dev": "tensorflow.device"}
     )
     assert [f.code for f in result.findings] == ["TFM999"]
+
+
+# -- what the engine computes per file ------------------------------------------------------
+def test_positions_equal_libcst_metadata_wrapper():
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from tfmigrate.rule import positions
+
+    compared = 0
+    for path in [p for p in FIXTURE_SOURCES if p.suffix == ".py"] + SITE_SAMPLE[:6]:
+        try:
+            module = cst.parse_module(path.read_bytes())
+        except cst.ParserSyntaxError:
+            continue
+        expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        assert dict(positions(module)) == dict(expected), path
+        compared += 1
+    assert compared > 20
+
+
+_MODEL = """\
+import tensorflow as tf
+
+def net(x):
+    return tf.layers.dense(x, 10, name='fc')
+"""
+_PROGRAM = """\
+import tensorflow as tf
+import model
+
+def train():
+    for i in range(2):
+        with tf.device('/gpu:%d' % i):
+            model.net(x)
+"""
+
+
+def test_model_module_reaches_libcst_for_tfm303_only_next_to_an_importing_program(tmp_path):
+    """TFM303 reports on a model module only when a neighbouring tower program imports it: the
+    light pass asks the neighbours before the module is parsed by libcst."""
+    from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy as TFM303
+
+    model = tmp_path / "model.py"
+    model.write_text(_MODEL)
+    facts = prefilter.code_facts(_MODEL)
+    assert facts is not None and facts.matches("tensorflow.layers")
+
+    def possible() -> tuple[type, ...]:
+        return prefilter.possible_rules(facts, (TFM303,), PurePosixPath(model))
+
+    assert possible() == ()  # alone
+    (tmp_path / "notes.py").write_text("import model  # device placement is done elsewhere\n")
+    assert possible() == ()  # an importer that cannot be a tower program
+    (tmp_path / "train.py").write_text(_PROGRAM)
+    assert possible() == (TFM303,)
+    # Without the path (no neighbours to ask) the triggers alone decide, as before.
+    assert prefilter.possible_rules(facts, (TFM303,)) == (TFM303,)
+
+
+def test_tower_conversion_reuses_tfm102s_analysis(monkeypatch):
+    """TFM303 reads the gradient aggregation from TFM102's visit of the same tree when both
+    run; alone it makes its own, with the same result."""
+    from tfmigrate.rules import tower_program
+    from tfmigrate.rules.manual_gradient_aggregation import ManualGradientAggregation as TFM102
+    from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy as TFM303
+
+    source = (FIXTURES / "towers" / "cifar_average" / "train.py").read_text()
+    own_visits = []
+    batched = tower_program.tree.visit_batched
+
+    def counting(module, visitors):  # type: ignore[no-untyped-def]
+        visitors = list(visitors)
+        own_visits.extend(v for v in visitors if isinstance(v, TFM102))
+        return batched(module, visitors)
+
+    monkeypatch.setattr(tower_program.tree, "visit_batched", counting)
+    both = process_source(source, "train.py", Settings(rules=(TFM102, TFM303)))
+    reused = len(own_visits)
+    alone = process_source(source, "train.py", Settings(rules=(TFM303,)))
+    assert reused == 1  # the engine's one batched visit, TFM102 in it
+    assert len(own_visits) == 2  # alone: TFM303's own visit
+    converted = [f.message for f in both.findings if f.code == "TFM303"]
+    assert converted and converted == [f.message for f in alone.findings]
