@@ -1,20 +1,21 @@
 """Training throughput: legacy TF1 towers against their migrated TF2 programs, in one run.
 
-    .venv/bin/python bench/training.py [--steps 60] [--replicas 2] [--rounds 1]
+    .venv/bin/python bench/training.py [--steps 60] [--replicas 2] [--rounds 1] [--jit]
         [--only cifar_average [--variant other/train.py]] [-- --batch_size 256]
 
 For every bundled tower program (fixtures/towers/*) it trains, on the same N logical CPU devices,
 with the same model and batch: the legacy program (TF1 graph on TF2's compat layer), the program
-that `tfmigrate rewrite` makes of it (when the rewriter converts it) and the hand-migrated one in
-fixtures/migrated/ (when there is one). Each pair runs through `tfmigrate verify`, which also
+that `tfmigrate rewrite` makes of it (when the rewriter converts it; with `--jit`, also the one
+`rewrite --jit` makes) and the hand-migrated one in fixtures/migrated/ (when there is one). Each pair runs through `tfmigrate verify`, which also
 checks that both sides trained the same; the table shows steps/s after warm-up and peak memory of
 each side (1 / median step time), and the ratio migrated/legacy (above 1.0: the migrated program is faster).
 
 What is timed, per step, is what each program's own loop pays: the legacy side's Session.run of
 the train op (feeding its batch, or running its in-graph input pipeline); the migrated side's
 next(iterator) over its distributed batches plus the train_step call until its fetched values
-are on the host -- or, for a program that runs several steps per call (the protocol's
-train_steps), each call's time over the steps it ran (batches taken inside the call). No side is timed while the other one runs: the legacy program first trains
+are on the host -- or, for a program that offers its step for several steps per call (the
+protocol's one_step), each of verify's calls' time over the steps it ran (batches taken inside
+the call). No side is timed while the other one runs: the legacy program first trains
 alone, then each migrated program is verified against that legacy run (verify's --legacy-cache),
 so only the migrated process is busy while it is timed. `--rounds R` repeats that sequence; the
 table shows medians (a shared machine's load drifts between runs).
@@ -161,10 +162,12 @@ def measure(name: str, work: Path, opts: argparse.Namespace) -> list[Row]:
     legacy = TOWERS / name / "train.py"
     cache = work / "legacy-cache"
     versions: list[tuple[str, Path]] = []
-    rewritten = work / "rewritten" / name
-    done = _tfmigrate("rewrite", "--out", str(rewritten), str(legacy.parent))
-    if done.returncode in (0, 1) and "tfmigrate_program" in (rewritten / "train.py").read_text():
-        versions.append(("tfmigrate rewrite", rewritten / "train.py"))
+    for flags in [[], ["--jit"]] if opts.jit else [[]]:
+        rewritten = work / ("rewritten" + "".join(flags)) / name
+        done = _tfmigrate("rewrite", *flags, "--out", str(rewritten), str(legacy.parent))
+        script = rewritten / "train.py"
+        if done.returncode in (0, 1) and "tfmigrate_program" in script.read_text():
+            versions.append((" ".join(["tfmigrate rewrite", *flags]), script))
     hand = HAND_MIGRATED / name / "train.py"
     if hand.exists():
         versions.append(("by hand", hand))
@@ -236,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only", action="append", help="a program under fixtures/towers (repeatable)"
+    )
+    parser.add_argument(
+        "--jit", action="store_true", help="also the rewrite with --jit (XLA), as its own row"
     )
     parser.add_argument(
         "--variant",

@@ -369,6 +369,14 @@ def rewrite(
             "Config: options.batch-norm.",
         ),
     ] = None,
+    jit: Annotated[
+        bool,
+        typer.Option(
+            "--jit",
+            help="Whole-program conversions compile each replica's forward and backward pass "
+            "with XLA (jit_compile); the manifest says what it changed. Config: options.jit.",
+        ),
+    ] = False,
 ) -> None:
     """Show the migration as diffs (default), or apply it with --write / --out DIR."""
     if sum(bool(x) for x in (write, out_dir, check)) > 1:
@@ -393,6 +401,7 @@ def rewrite(
         options={
             **({"strategy": strategy.value} if strategy is not None else {}),
             **({"batch-norm": batch_norm.value} if batch_norm is not None else {}),
+            **({"jit": "on"} if jit else {}),
         },
     )
     result = _execute(options, include_other_files=out_dir is not None)

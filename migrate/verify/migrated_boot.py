@@ -4,8 +4,9 @@ Imports the TF2 script as a module (its ``__main__`` block does not run), calls 
 ``tfmigrate_program(strategy, argv)`` (protocol.py) with a MirroredStrategy over N logical CPU
 devices, waits for the legacy side's initial variables, loads them through the name mapping, then
 drives ``train_step`` for K batches, recording what the legacy side records (record.py). A program
-that also offers ``train_steps`` (several steps per call) is driven through it instead, with the
-same record: each step's fetches, input fingerprint and traced variables.
+that also offers ``one_step`` (the step before tf.function) has it run several steps per call
+instead (watched_steps.py), with the same record: each step's fetches, input fingerprint and
+traced variables.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class MigratedRunner:
         self.variables: dict[str, Any] = dict(program[protocol.KEY_VARIABLES])
         self.train_step = program[protocol.KEY_TRAIN_STEP]
         self.batches = program[protocol.KEY_BATCHES]
-        self.train_steps = program.get(protocol.KEY_TRAIN_STEPS)
+        self.one_step = program.get(protocol.KEY_ONE_STEP)
         self.record = RunRecord(side="migrated", devices=strategy.num_replicas_in_sync)
         self.trace: dict[str, list[np.ndarray]] = {}
 
@@ -146,7 +147,7 @@ class MigratedRunner:
         return {n: local_values(self.strategy, tf_variable(self.variables[n]))[0] for n in names}
 
     def run(self, steps: int, trace_names: list[str]) -> None:
-        if self.train_steps is not None:
+        if self.one_step is not None:
             self.run_several(steps, trace_names)
             return
         iterator = iter(self.batches)
@@ -171,21 +172,31 @@ class MigratedRunner:
             for name, value in self.read(trace_names).items():
                 self.trace.setdefault(name, []).append(value)
 
+    def watched_steps(self, watch: list[Any]) -> Any:
+        """``one_step`` several to a call, recording each step (watched_steps.WatchedSteps)."""
+        from tfmigrate.verify.watched_steps import WatchedSteps
+
+        return WatchedSteps(self.strategy, self.one_step, watch)
+
     def run_several(self, steps: int, trace_names: list[str]) -> None:
-        """Drive ``train_steps``: a first call of one step (it traces), then several per call. A
-        step's time is its call's time over the steps the call ran (what the program's own loop
-        pays per step); its batch is taken inside the call, so it is part of the step, as above."""
+        """``one_step`` in verify's own loop: a first call of two steps, then several per call. The
+        loop's first step and its body are two call sites of the step: the first call runs both,
+        so that tracing and compiling (XLA compiles each site when it first runs) stay in the
+        warm-up steps. A step's time is its call's time over the steps the call ran (what a program
+        whose loop runs several steps per call pays per step); its batch is taken inside the
+        call, so it is part of the step, as above."""
         iterator = iter(self.batches)
         watch = [tf_variable(self.variables[n]) for n in trace_names]
+        train_steps = self.watched_steps(watch)
         size = sum(int(np.prod(v.shape)) for v in watch)
         per_call = max(
             1, min(protocol.STEPS_PER_CALL, protocol.WATCHED_VALUES_PER_CALL // max(size, 1))
         )
-        count = 1
+        count = 2
         while len(self.record.steps) < steps:
             count = min(count, steps - len(self.record.steps))
             start = time.perf_counter()
-            done = self.train_steps(iterator, count, watch)
+            done = train_steps(iterator, count)
             seconds = (time.perf_counter() - start) / max(len(done), 1)
             for values in done:
                 fetches = self.fetches(values["outputs"], per_replica=values["per_replica"])
@@ -216,7 +227,8 @@ class MigratedRunner:
 
     def fetches(self, out: Any, per_replica: list[str] | None = None) -> list[Fetch]:
         """The scalars of one step's values: train_step's tensors and distributed values, or
-        (``per_replica`` given) train_steps' numpy parts, each key's a list of its replicas'."""
+        (``per_replica`` given) numpy parts from verify's loop, each key's a list of its
+        replicas'."""
         if not hasattr(out, "items"):
             raise SetupProblem(
                 "train_step must return a mapping {name: per-replica value or tensor}"
@@ -309,6 +321,18 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
+def allow_xla(record: RunRecord) -> None:
+    """Op determinism off for a step compiled with XLA (protocol.KEY_JIT_COMPILE), said in the
+    report: XLA refuses to compile some gradients (MaxPool's) deterministically."""
+    from tensorflow.python.framework import config  # no public way back exists
+
+    config.disable_op_determinism()
+    record.notes.append(
+        "the migrated program compiles its step with XLA (jit_compile): it ran without "
+        "TensorFlow's op determinism, which XLA cannot honour for every gradient"
+    )
+
+
 def _peak_memory(tf: Any, devices: list[str]) -> tuple[int, str]:
     if devices and "gpu" in devices[0].lower():
         try:
@@ -387,8 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         program = entry(strategy, list(script_args))
         stage = "setup"
         runner = runner_class(tf, strategy, program, ns.out)
+        if program.get(protocol.KEY_JIT_COMPILE):
+            allow_xla(runner.record)
         if ns.strategy == "multi-worker":
-            runner.train_steps = None  # a worker gathers every step's replica values (collectives)
+            runner.one_step = None  # a worker gathers every step's replica values (collectives)
         record = runner.record
         mapping: dict[str, str] = json.loads(ns.mapping.read_text())
         wait_for(ns.init, ns.wait)

@@ -24,19 +24,24 @@ tfmigrate. It additionally defines, at module level::
 
 Optional key for speed, used by verify when present::
 
-    "train_steps":    train_steps(iterator, count, watch=None) -> [one entry per step run]
+    "one_step":       one_step                    # what train_step compiles: tf.function(one_step)
 
-- ``train_steps``: up to ``count`` training steps in one call, taking their batches from
-  ``iterator`` (an iterator over ``batches``), fewer when the batches end, none when they have
-  ended. A tf.function call and a distributed iterator's ``next`` cost a fixed time each, more than
-  a small model's whole step: a program that runs several steps per call pays it once per call
-  (Keras' ``steps_per_execution``). With ``watch`` (a list of variables, possibly empty) each entry
-  is ``{"outputs": {key: [replica 0's part, ...]}, "per_replica": [keys], "watched": [each watched
-  variable's replica 0 value after the step], "inputs": [[replica 0's part, ...] for each batch
-  array]}`` (numpy): what verify records of a step when it drives ``train_step`` one batch at a
-  time. ``outputs`` holds what ``train_step`` returns for that batch, each value as its
-  ``strategy.experimental_local_results`` (one part for a value not per replica); ``per_replica``
-  names the values that were per-replica (compared tower i against replica i).
+- ``one_step``: the training step before ``tf.function`` (``train_step = tf.function(one_step)``).
+  A tf.function call and a distributed iterator's ``next`` cost a fixed time each, more than a
+  small model's whole step, so a program's own loop may run several steps per call (Keras'
+  ``steps_per_execution``; the rewrite's ``StepsInOneCall``). verify then does the same: it
+  traces ``one_step`` into a loop of its own, several steps to a call, taking the batches inside
+  the call, and reads what it compares of each step (its values, the traced variables, its
+  batch) inside the call too, after that step. Without it verify calls ``train_step`` once per
+  batch.
+
+Optional key for a step compiled with XLA::
+
+    "jit_compile":    True                        # some of the step runs under jit_compile=True
+
+- ``jit_compile``: verify then trains the program without TensorFlow's op determinism (which
+  it otherwise enables on both sides): XLA has no deterministic implementation of some gradients
+  (MaxPool's) and refuses to compile them under it. The report says so.
 
 Optional keys for ``--roundtrip`` (save in-strategy, reload in a fresh process without a strategy,
 compare predictions)::
@@ -54,8 +59,9 @@ KEY_VARIABLES = "variables"
 KEY_TRAIN_STEP = "train_step"
 KEY_BATCHES = "batches"
 REQUIRED_KEYS = (KEY_VARIABLES, KEY_TRAIN_STEP, KEY_BATCHES)
-KEY_TRAIN_STEPS = "train_steps"
-STEPS_PER_CALL = 20  # verify's calls of train_steps, after a first call of one step (tracing)
+KEY_ONE_STEP = "one_step"
+KEY_JIT_COMPILE = "jit_compile"
+STEPS_PER_CALL = 20  # steps per call of one_step's loop, after a first call of one step (tracing)
 WATCHED_VALUES_PER_CALL = 4_000_000  # fewer steps per call when the traced variables are large
 ROUNDTRIP_KEYS = ("save", "restore", "predict", "predict_inputs")
 ROUNDTRIP_BEFORE = "roundtrip_before.npz"
