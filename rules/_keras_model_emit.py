@@ -18,48 +18,67 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from tfmigrate.rules._slim_arg_scope import (
+    ArgScope,
+    NotConvertible,
+    defaults_for,
+    is_arg_scope,
+    scopes_of,
+)
+from tfmigrate.rules._slim_arg_scope import short_name as _short
 from tfmigrate.rules._towers import walk
 
 Qualify = Callable[[cst.BaseExpression], "str | None"]
 
-
-class NotConvertible(Exception):
-    def __init__(self, node: cst.CSTNode, reason: str) -> None:
-        super().__init__(reason)
-        self.node = node
-        self.reason = reason
+__all__ = ["NotConvertible", "convert", "layer_variables", "LAYER_KINDS", "TF1_BATCH_NORM"]
 
 
 # Emitted once into a program whose model has a TF1 fused batch norm. Measured on TF 2.21's
 # compat layer: tf_slim / contrib batch_norm feed the moving variance with the Bessel-corrected
 # batch variance on 2-D and 4-D inputs (fused kernel), tf.layers.batch_normalization on 4-D
-# inputs only (2-D: the biased variance, as Keras does).
+# inputs only (2-D: the biased variance, as Keras does). slim's batch_norm(trainable=False)
+# still normalizes with the batch's statistics in training and updates its moving statistics
+# on 2-D inputs (its own fused code) but not on 4-D ones (tf_keras' layer collects no updates
+# from a layer that is not trainable); Keras 3's trainable=False would mean inference mode.
 TF1_BATCH_NORM = '''
 class TF1BatchNorm(keras.layers.BatchNormalization):
     """Keras batch norm whose moving variance follows TF1's fused kernel: updated with the
     unbiased batch variance n/(n-1) (on inputs of the ranks in `unbiased_ranks`). The batch
-    is normalized with the biased variance, as both did."""
+    is normalized with the biased variance, as both did. `frozen`: TF1's trainable=False --
+    gamma/beta are not trained, training still uses the batch's statistics, and the moving
+    statistics are updated only on inputs of the ranks in `frozen_update_ranks`."""
 
-    def __init__(self, unbiased_ranks=(2, 4), **kwargs):
+    def __init__(self, unbiased_ranks=(2, 4), frozen=False, frozen_update_ranks=(2,), **kwargs):
         super().__init__(**kwargs)
         self.unbiased_ranks = tuple(unbiased_ranks)
+        self.frozen = frozen
+        self.frozen_update_ranks = tuple(frozen_update_ranks)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        for weight in (self.gamma, self.beta) if self.frozen else ():
+            if weight is not None:
+                weight.trainable = False
 
     def call(self, inputs, training=False, mask=None):
         rank = len(inputs.shape)
-        if not training or rank not in self.unbiased_ranks:
+        update = not self.frozen or rank in self.frozen_update_ranks
+        if not training or (update and rank not in self.unbiased_ranks):
             return super().call(inputs, training=training, mask=mask)
         axes = [i for i in range(rank) if i != self.axis % rank]
         mean, variance = tf.nn.moments(inputs, axes)
-        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), axes)), inputs.dtype)
-        decay = 1.0 - self.momentum
-        self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
-        self.moving_variance.assign_sub(
-            (self.moving_variance - variance * count / (count - 1.0)) * decay)
+        if update:
+            count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), axes)), inputs.dtype)
+            decay = 1.0 - self.momentum
+            self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
+            self.moving_variance.assign_sub(
+                (self.moving_variance - variance * count / (count - 1.0)) * decay)
         return tf.nn.batch_normalization(
             inputs, mean, variance, self.beta, self.gamma, self.epsilon)
 
     def get_config(self):
-        return {**super().get_config(), "unbiased_ranks": self.unbiased_ranks}
+        return {**super().get_config(), "unbiased_ranks": self.unbiased_ranks,
+                "frozen": self.frozen, "frozen_update_ranks": self.frozen_update_ranks}
 '''
 
 # tf.nn functions kept as they are between layers (TF2 has them all under the same name).
@@ -70,27 +89,11 @@ _NN_KEPT = frozenset(
     }
 )  # fmt: skip
 # Plain tensor ops allowed between layers (stateless, same meaning in TF2).
-_OPS_KEPT = frozenset({"reshape", "identity", "squeeze", "concat", "add", "multiply"})
+_OPS_KEPT = frozenset(
+    {"reshape", "identity", "squeeze", "concat", "add", "multiply", "reduce_mean", "reduce_max",
+     "reduce_sum", "math.reduce_mean", "math.reduce_max", "math.reduce_sum"}
+)  # fmt: skip
 _LEGACY_ACTIVATIONS = {f"nn.{n}": n for n in _NN_KEPT} | {"tanh": "tanh", "sigmoid": "sigmoid"}
-
-
-def _short(name: str | None) -> str | None:
-    """``tensorflow.compat.v1.layers.dense`` -> ``layers.dense``; slim -> ``slim.<layer>``."""
-    if name is None:
-        return None
-    for prefix in (
-        "tensorflow.contrib.slim.layers.",
-        "tensorflow.contrib.slim.",
-        "tensorflow.contrib.layers.",
-        "tf_slim.layers.",
-        "tf_slim.",
-    ):
-        if name.startswith(prefix):
-            return "slim." + name[len(prefix) :]
-    for prefix in ("tensorflow.compat.v1.", "tensorflow.compat.v2.", "tensorflow."):
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return None
 
 
 @dataclass
@@ -98,8 +101,28 @@ class Layer:
     attribute: str  # self.<attribute>
     constructor: str  # keras.layers.Dense(...)
     weights: dict[str, str]  # legacy variable suffix -> Keras weight name
-    name: str | None  # the legacy scope (and Keras layer name)
+    name: str | None  # the Keras layer name (the legacy scope, "/" -> "_")
     training: bool = False  # call takes training=
+    scope: str | None = None  # the legacy scope when it is not `name` (`conv1/BatchNorm`)
+    non_trainable: frozenset[str] = frozenset()  # legacy suffixes of non-trainable variables
+
+    @property
+    def legacy_scope(self) -> str | None:
+        return self.scope or self.name
+
+
+@dataclass
+class Stages:
+    """What one legacy layer call becomes: steps applied in turn, each a Keras layer (with its
+    call-time training expression) or a ``tf.nn`` activation -- slim's layer, its normalizer,
+    its activation; or the steps of each layer of a ``slim.repeat``."""
+
+    steps: list[tuple[Layer | str, str | None]]
+    inputs: cst.BaseExpression
+
+    @property
+    def layers(self) -> list[Layer]:
+        return [step for step, _ in self.steps if isinstance(step, Layer)]
 
 
 @dataclass
@@ -115,6 +138,7 @@ class KerasModel:
     source: str = ""  # the class (4-space indents)
     uses_tf1_batch_norm: bool = False
     notes: list[str] = field(default_factory=list)
+    scope_param: str | None = None  # the parameter that names `scope` (its default)
 
     def variables(self, prefix: str, model_name: str) -> dict[str, str]:
         """Legacy variable name -> Keras weight path, for a model instance named `model_name`
@@ -123,7 +147,7 @@ class KerasModel:
         mapping = {}
         for layer in self.layers:
             for legacy, new in layer.weights.items():
-                legacy_name = "/".join(s for s in (scopes, layer.name, legacy) if s)
+                legacy_name = "/".join(s for s in (scopes, layer.legacy_scope, legacy) if s)
                 mapping[legacy_name] = f"{model_name}/{layer.name}/{new}"
         return mapping
 
@@ -131,16 +155,28 @@ class KerasModel:
 class _Reader:
     """Reads one model function; builds the Layers and the call() statements."""
 
-    def __init__(self, function: cst.FunctionDef, qualify: Qualify, module: cst.Module) -> None:
+    def __init__(
+        self,
+        function: cst.FunctionDef | None,
+        qualify: Qualify,
+        module: cst.Module,
+        strings: dict[str, str] | None = None,
+    ) -> None:
+        """`function` None: only the variable names are wanted (layer_variables): values that
+        only configure the layers are not checked, names may come from `strings`."""
         self.function = function
+        self.names_only = function is None
+        self.strings = strings or {}
         self.qualify = qualify
         self.code = module.code_for_node
+        self.arg_scopes: list[ArgScope] = []  # the slim arg_scopes around the current call
+        self.kind = ""  # the short name of the layer call being read
         self.layers: list[Layer] = []
         self.aliases: dict[str, cst.BaseExpression] = {}  # `regularizer = slim.l2_regularizer(..)`
         self.unnamed: dict[str, int] = {}
         self.tf1_batch_norm = False
         self.training_param: str | None = None
-        self.params = [p.name.value for p in function.params.params]
+        self.params = [p.name.value for p in function.params.params] if function else []
         self.init_uses: set[str] = set()  # parameters read by layer constructors
         self.notes: list[str] = []
 
@@ -148,7 +184,8 @@ class _Reader:
     def _args(
         self, call: cst.Call, positional: tuple[str, ...], known: frozenset[str]
     ) -> dict[str, cst.BaseExpression]:
-        out: dict[str, cst.BaseExpression] = {}
+        # slim arg_scope defaults first: the call's own arguments win (dicts replaced whole).
+        out = defaults_for(self.kind, self.arg_scopes)
         for index, arg in enumerate(call.args):
             if arg.star:
                 raise NotConvertible(call, "a layer called with *args / **kwargs")
@@ -176,6 +213,8 @@ class _Reader:
 
     def _config(self, node: cst.BaseExpression) -> str:
         """A constructor-time value: literals, module constants, the function's parameters."""
+        if self.names_only:
+            return self.code(node)
         if isinstance(node, cst.Name) and node.value in self.aliases:
             node = self.aliases[node.value]
         for n in walk(node):
@@ -190,6 +229,8 @@ class _Reader:
     def _name(self, call: cst.Call, value: cst.BaseExpression | None, kind: str) -> str | None:
         if value is None:
             return None
+        if isinstance(value, cst.Name) and value.value in self.strings:
+            return self.strings[value.value]
         if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
             name = value.evaluated_value
             if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -199,6 +240,8 @@ class _Reader:
     def _training(self, call: cst.Call, value: cst.BaseExpression | None, default: bool) -> str:
         if value is None:
             return "True" if default else "False"
+        if self.names_only:
+            return "training"
         if isinstance(value, cst.Name) and value.value in ("True", "False"):
             return value.value
         if isinstance(value, cst.Name) and value.value in self.params[1:]:
@@ -209,7 +252,7 @@ class _Reader:
         raise NotConvertible(call, "a training flag that is neither a parameter nor a literal")
 
     def _activation(self, value: cst.BaseExpression | None, default: str | None) -> str | None:
-        if value is None:
+        if value is None or self.names_only:
             return default
         if isinstance(value, cst.Name) and value.value == "None":
             return None
@@ -222,7 +265,7 @@ class _Reader:
 
     def _initializer(self, value: cst.BaseExpression | None, default: str) -> str | None:
         """Keras spelling of a TF1 initializer; None for Keras' own default."""
-        if value is None:
+        if value is None or self.names_only:
             return None if default == "keras" else default
         if isinstance(value, cst.Name) and value.value in self.aliases:
             value = self.aliases[value.value]
@@ -251,12 +294,42 @@ class _Reader:
             if "stddev" not in args:
                 given = ", ".join(filter(None, [given, "stddev=1.0"]))
             return f"keras.initializers.{keras_name}({given})"
+        if short == "slim.variance_scaling_initializer":
+            return self._variance_scaling(value)
         raise NotConvertible(
             value, f"an initializer without a checked Keras mapping: `{self.code(value)}`"
         )
 
+    def _variance_scaling(self, call: cst.Call) -> str:
+        """slim's variance_scaling_initializer(factor=2.0, mode='FAN_IN', uniform=False): a
+        normal truncated at 2 stddev of stddev sqrt(1.3 * factor / n), or a uniform of limit
+        sqrt(3 * factor / n). Keras' truncated normal divides sqrt(scale / n) by 0.8796...
+        (the stddev of a unit normal truncated at 2), hence the scale below."""
+        names = ("factor", "mode", "uniform", "seed")
+        given: dict[str, cst.BaseExpression] = {}
+        for index, arg in enumerate(call.args):
+            if arg.star or (arg.keyword is None and index >= len(names)):
+                raise NotConvertible(call, "variance_scaling_initializer with extra arguments")
+            given[arg.keyword.value if arg.keyword else names[index]] = arg.value
+        factor = self._config(given["factor"]) if "factor" in given else "2.0"
+        mode = given.get("mode")
+        modes = {"FAN_IN": "fan_in", "FAN_OUT": "fan_out", "FAN_AVG": "fan_avg"}
+        if mode is not None and not (
+            isinstance(mode, cst.SimpleString) and mode.evaluated_value in modes
+        ):
+            raise NotConvertible(call, "variance_scaling_initializer with a non-literal mode")
+        keras_mode = modes[mode.evaluated_value] if mode is not None else "fan_in"  # type: ignore[index, union-attr]
+        uniform = self._literal_bool(given.get("uniform"), False)
+        seed = f", seed={self._config(given['seed'])}" if "seed" in given else ""
+        if uniform:
+            return f'keras.initializers.VarianceScaling({factor}, "{keras_mode}", "uniform"{seed})'
+        return (
+            f"keras.initializers.VarianceScaling(1.3 * {factor} * 0.87962566103423978**2, "
+            f'"{keras_mode}", "truncated_normal"{seed})'
+        )
+
     def _regularizer(self, value: cst.BaseExpression | None) -> str | None:
-        if value is None:
+        if value is None or self.names_only:
             return None
         if isinstance(value, cst.Name) and value.value == "None":
             return None
@@ -286,8 +359,8 @@ class _Reader:
         return ", ".join(f"{k}={v}" if k else str(v) for k, v in pairs if v is not None)
 
     # -- the layers ---------------------------------------------------------------------------
-    def layer(self, call: cst.Call, short: str) -> tuple[Layer, cst.BaseExpression, str | None]:
-        """(the Layer, its input expression, its call-time training expression)."""
+    def layer(self, call: cst.Call, short: str) -> Stages:
+        """The Keras layers of one legacy layer call (with the arg_scope defaults for it)."""
         dispatch = {
             "layers.dense": self._dense,
             "layers.conv2d": self._conv2d,
@@ -300,8 +373,123 @@ class _Reader:
             "layers.batch_normalization": self._batch_normalization,
             "slim.batch_norm": self._batch_norm,
             "layers.dropout": self._dropout,
+            "slim.dropout": self._slim_dropout,
+            "slim.repeat": self._repeat,
         }
-        return dispatch[short](call)
+        outer, self.kind = self.kind, short
+        try:
+            result = dispatch[short](call)
+        finally:
+            self.kind = outer
+        if isinstance(result, Stages):
+            return result
+        layer, inputs, training = result
+        return Stages([(layer, training)], inputs)
+
+    def _repeat(self, call: cst.Call) -> Stages:
+        """``slim.repeat(net, 2, slim.conv2d, 64, [3, 3], scope='conv2')``: the layer called
+        twice, under scopes ``conv2/conv2_1`` and ``conv2/conv2_2`` (tf_slim's naming)."""
+        args = list(call.args)
+        if len(args) < 3 or any(a.keyword is not None or a.star for a in args[:3]):
+            raise NotConvertible(call, "slim.repeat without its input, count and layer")
+        count = args[1].value
+        if not isinstance(count, cst.Integer):
+            raise NotConvertible(call, "slim.repeat with a count that is not a literal")
+        kind = _short(self.qualify(args[2].value))
+        if kind not in ("slim.conv2d", "slim.fully_connected", "slim.max_pool2d"):
+            raise NotConvertible(call, "slim.repeat of a layer without a checked Keras mapping")
+        rest = [a for a in args[3:] if not (a.keyword and a.keyword.value == "scope")]
+        scope = self._name(
+            call,
+            next((a.value for a in args[3:] if a.keyword and a.keyword.value == "scope"), None),
+            "slim.repeat",
+        )
+        if scope is None:
+            raise NotConvertible(call, "slim.repeat without a literal scope")
+        steps: list[tuple[Layer | str, str | None]] = []
+        for index in range(1, int(count.value) + 1):
+            inner = call.with_changes(
+                func=args[2].value,
+                args=[
+                    args[0],
+                    *rest,
+                    cst.Arg(
+                        cst.SimpleString(f"'{scope}_{index}'"),
+                        keyword=cst.Name("scope"),
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                    ),
+                ],
+            )
+            built = self.layer(inner, kind)
+            for layer in built.layers:
+                layer.scope = f"{scope}/{layer.legacy_scope}"
+            steps += built.steps
+        return Stages(steps, args[0].value)
+
+    def _slim_dropout(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        a = self._args(
+            call,
+            ("inputs", "keep_prob", "noise_shape", "is_training", "outputs_collections", "scope",
+             "seed"),
+            frozenset(),
+        )  # fmt: skip
+        if "noise_shape" in a or "outputs_collections" in a:
+            raise NotConvertible(call, "a slim dropout with a noise_shape / outputs_collections")
+        name = self._name(call, a.get("scope"), "dropout")
+        # tf_slim: rate = 1 - keep_prob (default 0.5), is_training=True by default.
+        keep = self._config(a["keep_prob"]) if "keep_prob" in a else "0.5"
+        training = self._training(call, a.get("is_training"), True)
+        pairs = [
+            ("", f"1 - {keep}"),
+            ("seed", self._config(a["seed"]) if "seed" in a else None),
+            ("name", f'"{name}"' if name else None),
+        ]
+        self.notes.append(
+            "dropout -> keras.layers.Dropout with the same rate: its random masks are not TF1's"
+        )
+        layer = Layer(
+            self._attribute(name, "dropout"),
+            f"keras.layers.Dropout({self._kwargs(pairs)})",
+            {},
+            name,
+            training=True,
+        )
+        return layer, a["inputs"], training
+
+    def _normalizer(self, call: cst.Call, a: dict, name: str) -> Stages | None:
+        """slim's ``normalizer_fn=slim.batch_norm, normalizer_params={...}``: the batch norm
+        under ``<layer scope>/BatchNorm``, called with the params (and the arg_scope defaults
+        for slim.batch_norm: slim calls it under the same scopes). None without one."""
+        fn = a.get("normalizer_fn")
+        if fn is None or (isinstance(fn, cst.Name) and fn.value == "None"):
+            return None
+        if _short(self.qualify(fn)) != "slim.batch_norm":
+            raise NotConvertible(call, "a normalizer_fn other than slim.batch_norm")
+        params = a.get("normalizer_params")
+        keywords: list[cst.Arg] = []
+        if params is not None and not (isinstance(params, cst.Name) and params.value == "None"):
+            if not isinstance(params, cst.Dict):
+                raise NotConvertible(call, "normalizer_params that are not a literal dict")
+            for element in params.elements:
+                key = getattr(element, "key", None)
+                if not (isinstance(key, cst.SimpleString) and isinstance(key.evaluated_value, str)):
+                    raise NotConvertible(call, "normalizer_params with a non-literal key")
+                keywords.append(
+                    cst.Arg(element.value, keyword=cst.Name(key.evaluated_value))  # type: ignore[union-attr]
+                )
+        if not any(k.keyword.value == "scope" for k in keywords):  # type: ignore[union-attr]
+            keywords.append(cst.Arg(cst.SimpleString("'BatchNorm'"), keyword=cst.Name("scope")))
+        bn_call = cst.Call(fn, [cst.Arg(cst.Name("inputs")), *keywords])
+        outer, self.kind = self.kind, "slim.batch_norm"
+        try:
+            layer, _, training = self._batch_norm(bn_call)
+        finally:
+            self.kind = outer
+        layer.scope = f"{name}/{layer.legacy_scope}"
+        layer.name = f"{name}_{layer.name}"  # Keras names cannot contain "/"
+        layer.attribute = self._attribute(layer.name, "batch_norm")
+        layer.constructor = re.sub(r'name="[^"]*"\)$', f'name="{layer.name}")', layer.constructor)
+        return Stages([(layer, training)], a["inputs"])
 
     def _dense(self, call: cst.Call):  # type: ignore[no-untyped-def]
         a = self._args(
@@ -317,7 +505,7 @@ class _Reader:
             call,
             ("inputs", "num_outputs", "activation_fn"),
             frozenset({"weights_initializer", "weights_regularizer", "biases_initializer",
-                       "biases_regularizer", "scope"}),
+                       "biases_regularizer", "scope", "normalizer_fn", "normalizer_params"}),
         )  # fmt: skip
         return self._dense_like(
             call, a, "num_outputs", "activation_fn", "relu", "Dense", "fully_connected", "slim"
@@ -330,19 +518,17 @@ class _Reader:
             raise NotConvertible(call, f"a {kind} layer without a literal name (TF1 numbers those)")
         if units not in a:
             raise NotConvertible(call, f"a {kind} layer without its size")
+        act = self._activation(a.get(activation), default_activation)
+        attribute = self._attribute(name, kind)
+        normalizer = self._normalizer(call, a, name) if slim else None
         pairs: list[tuple[str, str | None]] = [
             ("", self._config(a[units])),
-            ("activation", _quoted(self._activation(a.get(activation), default_activation))),
+            ("activation", _quoted(act) if normalizer is None else None),
         ]  # fmt: skip
-        tail, weights = self._kernel_and_bias(a, slim, name)
+        tail, weights = self._kernel_and_bias(a, slim, name, normalizer is None)
         pairs += tail
-        layer = Layer(
-            self._attribute(name, kind),
-            f"keras.layers.{keras}({self._kwargs(pairs)})",
-            weights,
-            name,
-        )
-        return layer, a["inputs"], None
+        layer = Layer(attribute, f"keras.layers.{keras}({self._kwargs(pairs)})", weights, name)
+        return _with_normalizer(layer, a["inputs"], normalizer, act)
 
     def _conv2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
         a = self._args(
@@ -358,7 +544,8 @@ class _Reader:
             call,
             ("inputs", "num_outputs", "kernel_size", "stride", "padding"),
             frozenset({"activation_fn", "weights_initializer", "weights_regularizer",
-                       "biases_initializer", "biases_regularizer", "scope", "rate"}),
+                       "biases_initializer", "biases_regularizer", "scope", "rate",
+                       "normalizer_fn", "normalizer_params"}),
         )  # fmt: skip
         return self._conv_like(call, a, slim=True)
 
@@ -374,29 +561,30 @@ class _Reader:
         padding = self._padding(a.get("padding"), "same" if slim else "valid")
         strides = a.get("stride" if slim else "strides")
         dilation = a.get("rate" if slim else "dilation_rate")
+        act = self._activation(a.get("activation_fn" if slim else "activation"), "relu" if slim else None)  # fmt: skip
+        attribute = self._attribute(name, kind)
+        normalizer = self._normalizer(call, a, name) if slim else None
         pairs: list[tuple[str, str | None]] = [
             ("", self._config(filters)),
             ("", self._config(a["kernel_size"])),
             ("strides", self._config(strides) if strides is not None else None),
             ("padding", None if padding == "valid" else f'"{padding}"'),
             ("dilation_rate", self._config(dilation) if dilation is not None else None),
-            ("activation", _quoted(self._activation(a.get("activation_fn" if slim else "activation"), "relu" if slim else None))),
+            ("activation", _quoted(act) if normalizer is None else None),
         ]  # fmt: skip
-        tail, weights = self._kernel_and_bias(a, slim, name)
+        tail, weights = self._kernel_and_bias(a, slim, name, normalizer is None)
         pairs += tail
-        layer = Layer(
-            self._attribute(name, kind),
-            f"keras.layers.Conv2D({self._kwargs(pairs)})",
-            weights,
-            name,
-        )
-        return layer, a["inputs"], None
+        layer = Layer(attribute, f"keras.layers.Conv2D({self._kwargs(pairs)})", weights, name)
+        return _with_normalizer(layer, a["inputs"], normalizer, act)
 
-    def _kernel_and_bias(self, a, slim: bool, name: str):  # type: ignore[no-untyped-def]
-        """The arguments dense and conv2d layers share, and their legacy -> Keras weight names."""
+    def _kernel_and_bias(self, a, slim: bool, name: str, bias: bool = True):  # type: ignore[no-untyped-def]
+        """The arguments dense and conv2d layers share, and their legacy -> Keras weight names.
+        `bias` False: slim's layer with a normalizer_fn, which has no bias."""
         bias_init_arg = a.get("biases_initializer" if slim else "bias_initializer")
         if slim:  # slim drops the bias with biases_initializer=None
-            use_bias = not (isinstance(bias_init_arg, cst.Name) and bias_init_arg.value == "None")
+            use_bias = bias and not (
+                isinstance(bias_init_arg, cst.Name) and bias_init_arg.value == "None"
+            )
         else:
             use_bias = self._literal_bool(a.get("use_bias"), True)
         pairs: list[tuple[str, str | None]] = [
@@ -505,7 +693,7 @@ class _Reader:
         a = self._args(
             call,
             ("inputs", "decay", "center", "scale", "epsilon"),
-            frozenset({"is_training", "scope", "fused", "updates_collections"}),
+            frozenset({"is_training", "scope", "fused", "updates_collections", "trainable"}),
         )
         updates = a.get("updates_collections")
         if updates is not None and not (
@@ -531,18 +719,31 @@ class _Reader:
         if fused is None and "fused" in a:
             raise NotConvertible(call, "a batch norm with a non-literal `fused`")
         training = self._training(call, a.get("is_training" if slim else "training"), slim)
+        # slim's trainable=False: TF1's frozen gamma/beta (see TF1_BATCH_NORM), never Keras'
+        # trainable=False (inference mode).
+        frozen = not self._literal_bool(a.get("trainable"), True)
         pairs: list[tuple[str, str | None]] = [
             ("momentum", self._config(momentum) if momentum is not None else ("0.999" if slim else "0.99")),
             ("epsilon", self._config(a["epsilon"]) if "epsilon" in a else "0.001"),
             ("center", "True" if center else "False"),
             ("scale", "True" if scale else "False"),
         ]  # fmt: skip
-        if fused is False:
+        if fused is False and not frozen:
             constructor = "keras.layers.BatchNormalization"
+        elif fused is False:
+            raise NotConvertible(call, "a frozen batch norm with fused=False")
         else:
             constructor = "TF1BatchNorm"
             self.tf1_batch_norm = True
             pairs.insert(0, ("unbiased_ranks", "(2, 4)" if slim else "(4,)"))
+            if frozen:
+                pairs.insert(1, ("frozen", "True"))
+                self.notes.append(
+                    "slim batch_norm(trainable=False) -> TF1BatchNorm(frozen=True): gamma/beta "
+                    "not trained, batch statistics used in training, moving statistics updated "
+                    "on 2-D inputs only, as tf_slim did (Keras 3's trainable=False would mean "
+                    "inference mode)"
+                )
         pairs.append(("name", f'"{name}"'))
         weights = {}
         if scale:
@@ -556,8 +757,23 @@ class _Reader:
             weights,
             name,
             training=True,
+            non_trainable=frozenset(
+                ["moving_mean", "moving_variance", *(["gamma", "beta"] if frozen else [])]
+            ),
         )
         return layer, a["inputs"], training
+
+
+def _with_normalizer(
+    layer: Layer, inputs: cst.BaseExpression, normalizer: Stages | None, activation: str | None
+) -> Stages:
+    """slim's order: the layer (no bias, no activation), its batch norm, the activation."""
+    if normalizer is None:
+        return Stages([(layer, None)], inputs)
+    after: list[tuple[Layer | str, str | None]] = (
+        [(f"tf.nn.{activation}", None)] if activation else []
+    )
+    return Stages([(layer, None), *normalizer.steps, *after], inputs)
 
 
 def _quoted(value: str | None) -> str | None:
@@ -571,7 +787,8 @@ class _Calls(cst.CSTTransformer):
         super().__init__()
         self.reader = reader
         self.error: NotConvertible | None = None
-        self.replaced: dict[int, cst.Call] = {}
+        self.replaced: dict[int, cst.BaseExpression] = {}
+        self.stages: dict[int, tuple[Stages, cst.BaseExpression]] = {}  # by legacy call
 
     def visit_Call(self, node: cst.Call) -> bool:
         """A layer call is replaced whole: only its input is read further (its other
@@ -580,21 +797,18 @@ class _Calls(cst.CSTTransformer):
         if short not in _LAYER_KINDS:
             return True
         try:
-            layer, inputs, training = self.reader.layer(node, short)
+            stages = self.reader.layer(node, short)
         except NotConvertible as exc:
             self.error = self.error or exc
             return False
-        self.reader.layers.append(layer)
-        args = [cst.Arg(inputs.visit(self))]  # type: ignore[arg-type]
-        if layer.training:
-            args.append(
-                cst.Arg(
-                    cst.parse_expression(training or "training"),
-                    keyword=cst.Name("training"),
-                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-                )
-            )
-        self.replaced[id(node)] = cst.Call(cst.parse_expression(f"self.{layer.attribute}"), args)
+        inputs = stages.inputs.visit(self)
+        expression = inputs
+        for step, training in stages.steps:
+            if isinstance(step, Layer):
+                self.reader.layers.append(step)
+            expression = _stage_call(step, training, expression)  # type: ignore[arg-type]
+        self.replaced[id(node)] = expression  # type: ignore[assignment]
+        self.stages[id(node)] = (stages, inputs)  # type: ignore[assignment]
         return False
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -614,13 +828,58 @@ class _Calls(cst.CSTTransformer):
         return updated
 
 
-_LAYER_KINDS = frozenset(
+def _stage_call(
+    layer: Layer | str, training: str | None, inputs: cst.BaseExpression
+) -> cst.BaseExpression:
+    """``self.<layer>(inputs[, training=...])``, or ``tf.nn.<activation>(inputs)``."""
+    args = [cst.Arg(inputs)]
+    if isinstance(layer, str):
+        return cst.Call(cst.parse_expression(layer), args)
+    if layer.training:
+        args.append(
+            cst.Arg(
+                cst.parse_expression(training or "training"),
+                keyword=cst.Name("training"),
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+            )
+        )
+    return cst.Call(cst.parse_expression(f"self.{layer.attribute}"), args)
+
+
+def _expanded(
+    statement: cst.SimpleStatementLine, calls: _Calls, legacy: cst.BaseSmallStatement
+) -> list[cst.BaseStatement]:
+    """``net = slim.conv2d(..., normalizer_fn=...)`` -> one line per stage (layer, batch norm,
+    activation), each assigning `net`; other statements as they are."""
+    if not (
+        isinstance(legacy, cst.Assign)
+        and len(legacy.targets) == 1
+        and isinstance(legacy.targets[0].target, cst.Name)
+        and id(legacy.value) in calls.stages
+    ):
+        return [statement]
+    stages, inputs = calls.stages[id(legacy.value)]
+    if len(stages.steps) < 2:
+        return [statement]
+    target = legacy.targets[0].target
+    lines: list[cst.BaseStatement] = []
+    current: cst.BaseExpression = inputs
+    for step, training in stages.steps:
+        lines.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], _stage_call(step, training, current))]))  # fmt: skip
+        current = target
+    lines[0] = lines[0].with_changes(leading_lines=statement.leading_lines)
+    return lines
+
+
+LAYER_KINDS = frozenset(
     {
         "layers.dense", "layers.conv2d", "slim.fully_connected", "slim.conv2d",
         "layers.max_pooling2d", "slim.max_pool2d", "layers.flatten", "slim.flatten",
-        "layers.batch_normalization", "slim.batch_norm", "layers.dropout",
+        "layers.batch_normalization", "slim.batch_norm", "layers.dropout", "slim.dropout",
+        "slim.repeat",
     }
 )  # fmt: skip
+_LAYER_KINDS = LAYER_KINDS
 
 
 def _camel(name: str) -> str:
@@ -628,9 +887,14 @@ def _camel(name: str) -> str:
 
 
 def convert(
-    function: cst.FunctionDef, qualify: Qualify, module: cst.Module, class_name: str | None = None
+    function: cst.FunctionDef,
+    qualify: Qualify,
+    module: cst.Module,
+    class_name: str | None = None,
+    arg_scopes: list[ArgScope] | None = None,
 ) -> KerasModel:
-    """The Keras model class for `function`, or NotConvertible with the reason."""
+    """The Keras model class for `function`, or NotConvertible with the reason. `arg_scopes`:
+    the slim arg_scopes around the legacy model call (outermost first)."""
     reader = _Reader(function, qualify, module)
     params = function.params
     if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.star_kwarg or params.kwonly_params or params.posonly_params:  # fmt: skip
@@ -645,14 +909,12 @@ def convert(
     docstring = function.get_docstring(clean=False)
     if docstring is not None:
         body = body[1:]
-    scope = None
-    if body and isinstance(body[-1], cst.With):
-        # `with tf.variable_scope('mlp'):` ending the body (after constructor-time aliases).
-        scope, inner = _own_scope(body[-1], qualify, module)
-        body = body[:-1] + inner
-    statements: list[cst.BaseStatement] = []
+    functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    own = _OwnScope(function, qualify)
+    flat = _flatten(body, 1, list(arg_scopes or []), own, qualify, functions)
+    statements: list[tuple[cst.BaseStatement, int]] = []
     calls = _Calls(reader)
-    for statement in body:
+    for statement, depth, stack, scoped in flat:
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             raise NotConvertible(statement, "a model function that is not straight-line code")
         small = statement.body[0]
@@ -660,7 +922,7 @@ def convert(
             # `regularizer = slim.l2_regularizer(wd)`: a constructor-time value, inlined.
             reader.aliases[small.targets[0].target.value] = small.value  # type: ignore[attr-defined]
             continue
-        if scope is not None and statement not in inner:
+        if own.name is not None and not scoped and _has_layer(statement, qualify):
             raise NotConvertible(statement, "model code outside the function's variable_scope")
         if not isinstance(small, cst.Assign | cst.Return):
             raise NotConvertible(statement, "a statement other than an assignment or return")
@@ -668,20 +930,24 @@ def convert(
             isinstance(t.target, cst.Name) for t in small.targets
         ):
             raise NotConvertible(statement, "an assignment to something other than a name")
+        reader.arg_scopes = stack
         new = statement.visit(calls)
         if calls.error is not None:
             raise calls.error
-        statements.append(new)  # type: ignore[arg-type]
+        for line in _expanded(new, calls, small):  # type: ignore[arg-type]
+            statements.append((line, depth))
     if not reader.layers or not any(layer.weights for layer in reader.layers):
         raise NotConvertible(function, "no layer with weights in the model function")
     names = [layer.name for layer in reader.layers if layer.name]
     if len(names) != len(set(names)):
         raise NotConvertible(function, "two layers with the same name (TF1 shared their weights)")
     input_param = reader.params[0]
-    init_params = [p for p in reader.params[1:] if p in reader.init_uses]
+    init_params = [p for p in reader.params[1:] if p in reader.init_uses and p != own.param]
+    if own.param is not None and own.param in reader.init_uses:
+        raise NotConvertible(function, f"the scope parameter `{own.param}` configures a layer")
     used_at_call = {
         n.value
-        for s in statements
+        for s, _ in statements
         for n in walk(s)
         if isinstance(n, cst.Name) and n.value in reader.params
     }
@@ -705,37 +971,121 @@ def convert(
         training_param=reader.training_param,
         training_default=training_default,
         init_params=init_params,
-        scope=scope,
+        scope=own.name,
         layers=reader.layers,
         uses_tf1_batch_norm=reader.tf1_batch_norm,
         notes=list(dict.fromkeys(reader.notes)),
+        scope_param=own.param,
     )
     unit = module.default_indent
-    result.source = _class_source(result, statements, docstring, unit, 2 if scope else 1)
+    result.source = _class_source(result, statements, docstring, unit)
     return result
 
 
-def _own_scope(
-    statement: cst.With, qualify: Qualify, module: cst.Module
-) -> tuple[str, list[cst.BaseStatement]]:
-    """``with tf.variable_scope('mlp'):`` around the whole body -> ('mlp', the body)."""
-    if len(statement.items) != 1 or not isinstance(statement.items[0].item, cst.Call):
-        raise NotConvertible(
-            statement, "a `with` in the model function other than one variable_scope"
+def layer_variables(
+    call: cst.Call,
+    qualify: Qualify,
+    module: cst.Module,
+    strings: dict[str, str],
+    arg_scopes: list[ArgScope],
+) -> list[tuple[str, bool]]:
+    """The legacy variables one TF1 layer call creates: (name under the enclosing scopes,
+    trainable). The same mapping the Keras conversion uses (one table); NotConvertible when
+    the call's variable names cannot be known statically. `strings`: parameters bound to
+    literal strings (a layer named by a parameter)."""
+    reader = _Reader(None, qualify, module, strings)
+    reader.arg_scopes = arg_scopes
+    stages = reader.layer(call, _short(qualify(call.func)) or "")
+    out = []
+    for layer in stages.layers:
+        for legacy in layer.weights:
+            out.append((f"{layer.legacy_scope}/{legacy}", legacy not in layer.non_trainable))
+    return out
+
+
+class _OwnScope:
+    """The model function's own variable scope: `variable_scope('mlp')`, or a parameter with
+    a literal default (`def net(x, scope='Net'): with variable_scope(scope, 'Net', [x])`)."""
+
+    def __init__(self, function: cst.FunctionDef, qualify: Qualify) -> None:
+        self.function, self.qualify = function, qualify
+        self.name: str | None = None
+        self.param: str | None = None
+
+    def read(self, statement: cst.With, call: cst.Call) -> None:
+        if self.name is not None:
+            raise NotConvertible(statement, "nested variable scopes in the model function")
+        args = list(call.args)
+        positional = [a for a in args if a.keyword is None]
+        keywords = {a.keyword.value for a in args if a.keyword is not None}
+        if not positional or len(positional) > 3 or keywords - {"default_name", "values"}:
+            raise NotConvertible(
+                statement, "a variable_scope with arguments other than its name (reuse, ...)"
+            )
+        value = positional[0].value
+        defaults = {p.name.value: p.default for p in self.function.params.params}
+        if isinstance(value, cst.Name) and isinstance(defaults.get(value.value), cst.SimpleString):
+            self.param = value.value
+            value = defaults[value.value]  # type: ignore[assignment]
+        if not (
+            isinstance(value, cst.SimpleString)
+            and isinstance(value.evaluated_value, str)
+            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value.evaluated_value)
+        ):
+            raise NotConvertible(
+                statement, "a variable_scope whose name is not a literal identifier"
+            )
+        self.name = value.evaluated_value
+
+
+def _flatten(
+    body: list[cst.BaseStatement],
+    depth: int,
+    stack: list[ArgScope],
+    own: _OwnScope,
+    qualify: Qualify,
+    functions: dict[str, cst.FunctionDef],
+    scoped: bool = False,
+) -> list[tuple[cst.BaseStatement, int, list[ArgScope], bool]]:
+    """The function's statements with their block depth, the arg_scopes around them and
+    whether they are inside the function's own variable scope."""
+    out: list[tuple[cst.BaseStatement, int, list[ArgScope], bool]] = []
+    for statement in body:
+        if not isinstance(statement, cst.With):
+            out.append((statement, depth, stack, scoped))
+            continue
+        inner, inner_scoped = list(stack), scoped
+        for item in statement.items:
+            call = item.item
+            if item.asname is not None or not isinstance(call, cst.Call):
+                raise NotConvertible(
+                    statement, "a `with` in the model function other than variable_scope"
+                )
+            if _short(qualify(call.func)) == "variable_scope":
+                own.read(statement, call)
+                inner_scoped = True
+            elif is_arg_scope(call, qualify):
+                inner += scopes_of(call, qualify, functions)
+            else:
+                raise NotConvertible(
+                    statement, "a `with` in the model function other than variable_scope"
+                )
+        out += _flatten(
+            list(statement.body.body),  # type: ignore[arg-type]
+            depth + 1,
+            inner,
+            own,
+            qualify,
+            functions,
+            inner_scoped,
         )
-    call = statement.items[0].item
-    if _short(qualify(call.func)) != "variable_scope" or len(call.args) != 1:
-        raise NotConvertible(
-            statement, "a `with` in the model function other than variable_scope('name')"
-        )
-    name = call.args[0].value
-    if call.args[0].keyword is not None or not (
-        isinstance(name, cst.SimpleString)
-        and isinstance(name.evaluated_value, str)
-        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.evaluated_value)
-    ):
-        raise NotConvertible(statement, "a variable_scope whose name is not a literal identifier")
-    return name.evaluated_value, list(statement.body.body)  # type: ignore[return-value]
+    return out
+
+
+def _has_layer(statement: cst.CSTNode, qualify: Qualify) -> bool:
+    return any(
+        isinstance(n, cst.Call) and _short(qualify(n.func)) in LAYER_KINDS for n in walk(statement)
+    )
 
 
 def _is_alias(small: cst.Assign, qualify: Qualify) -> bool:
@@ -749,12 +1099,11 @@ def _is_alias(small: cst.Assign, qualify: Qualify) -> bool:
 
 def _class_source(
     model: KerasModel,
-    statements: list[cst.BaseStatement],
+    statements: list[tuple[cst.BaseStatement, int]],
     doc: str | None,
     unit: str,
-    depth: int,
 ) -> str:
-    """The class in the module's indent `unit`; `depth`: the legacy statements' block depth."""
+    """The class in the module's indent `unit` (statements with their legacy block depth)."""
     init = "".join(f", {p}" for p in model.init_params)
     constructors = "".join(
         _wrapped(f"{unit * 2}self.{layer.attribute} = ", layer.constructor, unit * 3)
@@ -776,7 +1125,7 @@ def _class_source(
         f"{unit * 2}super().__init__(**kwargs)\n"
         f"{constructors}\n"
         f"{unit}def call(self, {model.input_param}{training}):\n"
-        f"{_call_body(statements, model, unit, depth)}"
+        f"{_call_body(statements, model, unit)}"
     )
 
 
@@ -789,7 +1138,7 @@ def _wrapped(head: str, call: str, indent: str, width: int = 100) -> str:
 
 
 def _call_body(
-    statements: list[cst.BaseStatement], model: KerasModel, unit: str, depth: int
+    statements: list[tuple[cst.BaseStatement, int]], model: KerasModel, unit: str
 ) -> str:
     """The call() statements at the method's indent (continuation lines shifted with them),
     the training flag renamed to Keras' `training`."""
@@ -800,9 +1149,9 @@ def _call_body(
             return updated.with_changes(value="training") if updated.value == flag else updated
 
     indent = unit * 2
-    shift = len(indent) - len(unit) * depth
     out = []
-    for statement in statements:
+    for statement, depth in statements:
+        shift = len(indent) - len(unit) * depth
         if flag is not None:
             statement = statement.visit(_Rename())  # type: ignore[assignment]
         leading = len(getattr(statement, "leading_lines", ()))

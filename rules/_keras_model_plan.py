@@ -4,17 +4,24 @@ Not a rule module. :func:`plan` finds the module-level function the towers call 
 model (directly under ``variable_scope(...)``, or through ``tf.make_template``), converts it
 with :mod:`._keras_model_emit`, and rewrites the tower code around the call: the variable
 scopes that only named and shared the model's variables go, the call passes Keras'
-``training=``, and the model instance is made once in ``strategy.scope()``. Anything else
-returns the reason the TF1 model code stays (on tf.compat.v1, with mirrored variables).
+``training=``, and the model instance is made once in ``strategy.scope()``. A model function
+of a module the script imports (``small_net.small_net(...)``, see :mod:`._imported_model`) is
+converted the same way, its class left to that module. The slim arg_scopes around the call
+are read into the conversion and dropped from the tower. Anything else returns the reason the
+TF1 model code stays (on tf.compat.v1, with mirrored variables).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 import libcst as cst
 
+from tfmigrate.rules._imported_model import ImportedModel
+from tfmigrate.rules._imported_model import find as find_imported
 from tfmigrate.rules._keras_model_emit import KerasModel, NotConvertible, convert
+from tfmigrate.rules._slim_arg_scope import ArgScope, is_arg_scope, scopes_of
 from tfmigrate.rules._tower_program import Program
 from tfmigrate.rules._towers import bound_names, free_names, get_arg, identifiers, walk
 from tfmigrate.rules._variable_names import VariableNames
@@ -32,6 +39,10 @@ class KerasPlan:
     variables: dict[str, str]  # legacy variable name -> Keras weight path
     notes: list[str] = field(default_factory=list)
     global_step: str | None = None  # `global_step = get_or_create_global_step()`: its name
+    # Module-level functions the conversion rewrote (None: removed), by name -- the variable
+    # helpers and the function calling a get_variable model (see _keras_weights_emit).
+    rewritten: dict[str, cst.BaseStatement | None] = field(default_factory=dict)
+    imported: ImportedModel | None = None  # the model function lives in this module
 
     @property
     def trainable(self) -> str:
@@ -42,42 +53,66 @@ class KerasPlan:
         return "kernel_regularizer=" in self.model.source or "bias_regularizer" in self.model.source
 
 
-def plan(program: Program, module: cst.Module, qualify) -> KerasPlan | str:  # type: ignore[no-untyped-def]
-    """The Keras plan, or why the model code stays on tf.compat.v1."""
+def plan(
+    program: Program, module: cst.Module, qualify, path: PurePosixPath | None = None
+) -> KerasPlan | str:  # type: ignore[no-untyped-def]
+    """The Keras plan, or why the model code stays on tf.compat.v1. `path`: the script's file,
+    where a model module it imports is looked for."""
+    # -- tf.get_variable model functions (CIFAR-10 tutorial style): _keras_weights_emit --
+    from tfmigrate.rules._keras_weights_emit import plan_weights  # imports this module
+
+    weights_plan = plan_weights(program, module, qualify)
+    if weights_plan is not None:
+        return weights_plan
+    # -- end of the get_variable branch --
     functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
     layered = [
         f
         for f in functions.values()
         if f is not program.function
         and any(isinstance(n, cst.Call) and _is_tf1_model_call(qualify(n.func)) for n in walk(f))
+        and not _configures_layers(f, qualify)
     ]
-    if not layered:
+    imported = None if layered else find_imported(program.tower_body, module, path)
+    if isinstance(imported, str):
+        return imported
+    if not layered and imported is None:
         return "the model is not built by a function of this module from TF1 layers"
     if len(layered) > 1:
         return f"the model code is spread over {len(layered)} functions"
-    function = layered[0]
-    if "arg_scope" in identifiers(module):  # it changes slim layers' defaults from outside
-        return "slim arg_scope sets layer defaults the model function does not show"
-    legacy = function.name.value
-    uses = sum(1 for n in walk(module) if isinstance(n, cst.Name) and n.value == legacy)
-    template, instance, template_scope = _template(program, legacy, qualify)
-    if uses != 2:
-        return f"`{legacy}` is used elsewhere than once by the towers"
-    try:
-        model = convert(function, qualify, module)
-    except NotConvertible as exc:
-        return f"{exc.reason} (line {_line(module, exc.node)})"
-    if model.class_name in identifiers(module):
-        return f"the module already uses the name `{model.class_name}`"
-    calls = [
-        n
-        for s in program.tower_body
-        for n in walk(s)
-        if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == instance
-    ]
+    if imported is not None:
+        # `small_net.small_net(...)`: the class goes in that module (see _imported_model).
+        function, call, template, template_scope = imported.function, imported.call, None, None
+        legacy, model_module, model_qualify = function.name.value, imported.module, imported.qualify
+        taken = identifiers(module)
+        instance = next(n for n in (legacy, "model", f"{legacy}_model") if n not in taken)
+        scope_functions = {**functions, **imported.functions}
+        calls = [n for s in program.tower_body for n in walk(s) if n is call]
+    else:
+        function = layered[0]
+        legacy, model_module, model_qualify = function.name.value, module, qualify
+        uses = sum(1 for n in walk(module) if isinstance(n, cst.Name) and n.value == legacy)
+        template, instance, template_scope = _template(program, legacy, qualify)
+        if uses != 2:
+            return f"`{legacy}` is used elsewhere than once by the towers"
+        calls = [
+            n
+            for s in program.tower_body
+            for n in walk(s)
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == instance
+        ]
+        scope_functions = {name: f for name, f in functions.items() if f is not function}
     if len(calls) != 1:
         return f"`{instance}` is called {len(calls)} times in the tower"
     call = calls[0]
+    try:
+        arg_scopes = _call_arg_scopes(program.tower_body, call, qualify, scope_functions)
+        model = convert(function, model_qualify, model_module, arg_scopes=arg_scopes)
+    except NotConvertible as exc:
+        where = f"{imported.path.name}, " if imported is not None else ""
+        return f"{exc.reason} ({where}line {_line(model_module, exc.node)})"
+    if model.class_name in identifiers(model_module):
+        return f"the module already uses the name `{model.class_name}`"
     try:
         inputs, training, init = _bind(call, function, model)
     except NotConvertible as exc:
@@ -96,7 +131,8 @@ def plan(program: Program, module: cst.Module, qualify) -> KerasPlan | str:  # t
         return f"nested variable scopes `{'/'.join(components)}`"
     model_name = components[0] if components else legacy
     arguments = "".join(f"{module.code_for_node(v)}, " for v in init.values())
-    constructor = f'{instance} = {model.class_name}({arguments}name="{model_name}")'
+    access = f"{imported.access}." if imported is not None else ""
+    constructor = f'{instance} = {access}{model.class_name}({arguments}name="{model_name}")'
     new_call = cst.Call(
         cst.Name(instance),
         [cst.Arg(inputs)]
@@ -121,12 +157,15 @@ def plan(program: Program, module: cst.Module, qualify) -> KerasPlan | str:  # t
         graph_setup = [*program.graph_setup, cst.parse_statement(constructor)]
     # Nothing in the tower may still create a TF1 variable: all of them are the model's now.
     reader = VariableNames(module, qualify)
-    del reader.functions[legacy]  # the model's calls now build Keras layers
+    reader.functions.pop(legacy, None)  # the model's calls now build Keras layers
     left = reader.run(tower_body)
     if left is None or left:
         return "the tower creates variables besides the model's"
     variables = model.variables("/".join(prefix), model_name)
-    legacy_names = VariableNames(module, qualify).run([*program.graph_setup, *program.tower_body])
+    legacy_reader = VariableNames(module, qualify)
+    if imported is not None:
+        legacy_reader.import_functions(model_module, model_qualify, imported.access)
+    legacy_names = legacy_reader.run([*program.graph_setup, *program.tower_body])
     if legacy_names is None or set(legacy_names) - {"global_step"} != set(variables):
         return "the model's legacy variable names could not be matched one to one"
     global_step = None
@@ -152,8 +191,36 @@ def plan(program: Program, module: cst.Module, qualify) -> KerasPlan | str:  # t
         )
         if global_step is None:
             return "the global step is not made by get_or_create_global_step() before the towers"
+    # Arg-scope functions of this module only the towers used go with the model function.
+    used = {n.value for s in program.tower_body for n in walk(s) if isinstance(n, cst.Name)}
+    dead_scopes = {
+        name
+        for name, f in functions.items()
+        if name in used
+        and _configures_layers(f, qualify)
+        and sum(1 for n in walk(module) if isinstance(n, cst.Name) and n.value == name) == 2
+    }
     return KerasPlan(
-        model, instance, model_name, tower_body, graph_setup, variables, model.notes, global_step
+        model,
+        instance,
+        model_name,
+        tower_body,
+        graph_setup,
+        variables,
+        model.notes,
+        global_step,
+        rewritten=dict.fromkeys(dead_scopes),
+        imported=imported,
+    )
+
+
+def _configures_layers(function: cst.FunctionDef, qualify) -> bool:  # type: ignore[no-untyped-def]
+    """An arg-scope function (`with slim.arg_scope(...) as sc: return sc`): no model code."""
+    calls = [qualify(n.func) or "" for n in walk(function) if isinstance(n, cst.Call)]
+    return any(c.endswith(".arg_scope") for c in calls) and all(
+        c.endswith((".arg_scope", "_initializer", "_regularizer"))
+        for c in calls
+        if _is_tf1_model_call(c)
     )
 
 
@@ -214,6 +281,8 @@ def _bind(
             given[params[index].name.value] = arg.value
         else:
             given[arg.keyword.value] = arg.value
+    if model.scope_param is not None and model.scope_param in given:
+        raise NotConvertible(call, f"the model call gives its scope (`{model.scope_param}=`)")
     for param in params:
         if param.name.value not in given and param.default is not None:
             given[param.name.value] = param.default
@@ -223,6 +292,22 @@ def _bind(
     training = given.get(model.training_param or "", cst.Name("False"))
     init = {p: given[p] for p in model.init_params}
     return given[model.input_param], training, init
+
+
+def _call_arg_scopes(statements, call: cst.Call, qualify, functions) -> list[ArgScope]:  # type: ignore[no-untyped-def]
+    """The slim arg_scopes around the model call in the tower (outermost first)."""
+    found: list[ArgScope] = []
+    for statement in statements:
+        if not any(n is call for n in walk(statement)):
+            continue
+        if isinstance(statement, cst.With):
+            for item in statement.items:
+                if is_arg_scope(item.item, qualify):
+                    found += scopes_of(item.item, qualify, functions)  # type: ignore[arg-type]
+        body = getattr(statement, "body", None)
+        if isinstance(body, cst.BaseSuite):
+            found += _call_arg_scopes(body.body, call, qualify, functions)
+    return found
 
 
 def _call_scopes(statements, call: cst.Call, qualify) -> list[str] | None:  # type: ignore[no-untyped-def]
@@ -271,6 +356,7 @@ class _Unscope(cst.CSTTransformer):
             if not (
                 isinstance(item.item, cst.Call) and self.qualify(item.item.func) == _VARIABLE_SCOPE
             )
+            and not is_arg_scope(item.item, self.qualify)  # they configured the model's layers
         ]
         if len(items) == len(updated.items):
             return updated

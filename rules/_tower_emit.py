@@ -132,55 +132,29 @@ class StepsInOneCall:
     whatever the model, more than a small model's whole step: paid once per call here, not once
     per step. `self(iterator, count)` returns every step's values in step order (fewer steps than
     `count` when the batches end): {key: [replica 0's, replica 1's, ...]}, as numpy (the value's
-    strategy.experimental_local_results: one part for a value not per replica). With `watch`
-    (what tfmigrate verify compares), a step is {"outputs": those, "per_replica": [the keys of
-    per-replica values], "watched": [each variable's replica 0 value after the step], "inputs":
-    [[replica 0's part, ...] for each batch array]}.
+    strategy.experimental_local_results: one part for a value not per replica).
     \"\"\"
 
     def __init__(self, strategy, one_step):
         self.strategy = strategy
         self.one_step = one_step
-        self.calls = {}  # the watched variables -> (compiled call, layout of its results)
+        self.layout = []  # (key, number of parts) of each value of a step
+        self.call = tf.function(self.run)
 
-    def __call__(self, iterator, count, watch=None):
-        key = None if watch is None else tuple(id(v) for v in watch)
-        if key not in self.calls:
-            layout = {}
-
-            def steps(iterator, count):
-                return self.run(iterator, count, watch, layout)
-
-            self.calls[key] = tf.function(steps), layout
-        call, layout = self.calls[key]
+    def __call__(self, iterator, count):
         try:
-            done, stacks, inputs, rows = call(iterator, tf.constant(count))
+            done, stacks = self.call(iterator, tf.constant(count))
         except tf.errors.OutOfRangeError:  # no batch left for the first step
             return []
         stacks = [stack.numpy() for stack in stacks]
-        pieces = []
-        for whole, sizes in zip(inputs, rows):
-            whole, start, pieces_of_one = whole.numpy(), 0, []
-            for size in sizes.numpy().tolist():
-                pieces_of_one.append(whole[start:start + size])
-                start += size
-            pieces.append(pieces_of_one)
         steps = []
         for index in range(int(done)):
             values = iter([stack[index] for stack in stacks])
-            outputs = {key: [next(values) for _ in range(n)] for key, n, _ in layout["outputs"]}
-            if watch is None:
-                steps.append(outputs)
-                continue
-            parts = iter([piece[index] for piece in pieces])
-            per_replica = [key for key, _, distributed in layout["outputs"] if distributed]
-            steps.append({"outputs": outputs, "per_replica": per_replica, "watched": list(values),
-                          "inputs": [[next(parts) for _ in range(n)] for n in layout["inputs"]]})
+            steps.append({key: [next(values) for _ in range(n)] for key, n in self.layout})
         return steps
 
-    def run(self, iterator, count, watch, layout):
+    def run(self, iterator, count):
         \"\"\"Traced: the steps, each step's values written to growing TensorArrays.\"\"\"
-        local = self.strategy.experimental_local_results
         graph = tf.compat.v1.get_default_graph()
         collected = {key: graph.get_collection(key) for key in graph.get_all_collection_keys()}
 
@@ -191,46 +165,27 @@ class StepsInOneCall:
             inner = tf.compat.v1.get_default_graph()
             for key in inner.get_all_collection_keys():
                 inner.get_collection_ref(key)[:] = collected.get(key, [])
-            outputs = self.one_step(batch)
-            values, layout["outputs"] = [], []
-            for key, value in outputs.items():
-                parts = local(value)
+            values = []
+            self.layout.clear()
+            for key, value in self.one_step(batch).items():
+                parts = self.strategy.experimental_local_results(value)
                 values.extend(parts)
-                per_replica = isinstance(value, tf.distribute.DistributedValues)
-                layout["outputs"].append((key, len(parts), per_replica))
-            if watch is not None:  # read after the step's updates (automatic control dependencies)
-                values.extend(local(variable)[0].read_value() for variable in watch)
+                self.layout.append((key, len(parts)))
             return values
 
-        def batch_parts(batch):
-            if watch is None:
-                return []
-            leaves = [local(leaf) for leaf in tf.nest.flatten(batch)]
-            leaves = [parts for parts in leaves if parts[0].shape.rank]
-            layout["inputs"] = [len(parts) for parts in leaves]
-            return [part for parts in leaves for part in parts]
-
-        def start(value, fixed_shape=True):
-            array = tf.TensorArray(value.dtype, size=0, dynamic_size=True, infer_shape=fixed_shape)
-            return array.write(0, value)
-
         first = next(iterator)  # raises OutOfRangeError before any step when there is none
-        arrays = [start(value) for value in step_values(first)]
-        parts = batch_parts(first)
-        inputs = [start(part, fixed_shape=False) for part in parts]
-        rows = [start(tf.shape(part)[0]) for part in parts]
+        arrays = [
+            tf.TensorArray(value.dtype, size=0, dynamic_size=True).write(0, value)
+            for value in step_values(first)
+        ]
         done = tf.constant(1)
         for index in tf.range(1, count):
             optional = iterator.get_next_as_optional()
             if not optional.has_value():  # the batches ended: the steps so far are returned
                 break
             arrays = [a.write(index, v) for a, v in zip(arrays, step_values(optional.get_value()))]
-            more = batch_parts(optional.get_value())
-            inputs = [a.write(index, part) for a, part in zip(inputs, more)]
-            rows = [a.write(index, tf.shape(part)[0]) for a, part in zip(rows, more)]
             done = index + 1
-        return (done, [a.stack() for a in arrays], [a.concat() for a in inputs],
-                [a.stack() for a in rows])
+        return done, [a.stack() for a in arrays]
 
 
 def each_step(train_steps, batches, total, per_call=STEPS_PER_CALL):
@@ -264,6 +219,26 @@ def store_source(
 
 
 SLOT = "__tfmigrate_slot_{}__"
+
+# `rewrite --jit`: put before step_fn (4-space indents, formatted once). XLA takes
+# the replica's forward and backward pass only: compiling the whole replica step (the update
+# and its all-reduce) or the outer tf.function fails under MirroredStrategy on several logical
+# CPU devices (every replica's compiled call runs on the first device, away from its variables).
+JIT_TOWER = """@tf.function(jit_compile=True)
+def compiled_tower({inputs}):
+    \"\"\"tower_fn compiled with XLA (rewrite --jit): this replica's forward and backward pass;
+    the update and the replicas' all-reduce stay outside it.\"\"\"
+    {grads}, fetches = tower_fn({inputs})
+    return [gradient for gradient, _ in {grads}], fetches
+
+"""
+JIT_NOTE = (
+    "rewrite --jit: each replica's forward and backward pass (tower_fn) is compiled with XLA "
+    "(`compiled_tower`, jit_compile=True); the optimizer update and the all-reduce are not. XLA "
+    "fuses and reorders float operations, so losses and weights can differ from the legacy "
+    "program's in the last bits; verify runs such a program without TensorFlow's op determinism "
+    "(XLA has no deterministic MaxPool gradient) and compares at its usual tolerances"
+)
 
 # TF1's default names of the ops a tower loss usually ends with.
 _DEFAULT_OP_NAMES = {"reduce_mean": "Mean", "reduce_sum": "Sum", "add_n": "AddN"}
@@ -419,6 +394,8 @@ class Emitter:
         self.strategy_count = cst.parse_expression("strategy.num_replicas_in_sync")
         # Set when the model became a Keras model (see _keras_model_plan).
         self.keras: KerasPlan | None = None
+        # `rewrite --jit`: each replica's forward and backward pass compiled with XLA.
+        self.jit = False
 
     def slot(self, statements: list[cst.BaseStatement]) -> str:
         key = SLOT.format(len(self.slots))
@@ -748,8 +725,8 @@ class Emitter:
             )
             statistics = "".join(f"\n    # {line}" for line in lines)
         step = textwrap.dedent("""
-            def step_fn({inputs}):
-                {p.grads_name}, fetches = tower_fn({inputs}){reads}
+            {compiled}def step_fn({inputs}):
+                {p.grads_name}, fetches = {tower_call}({inputs}){rezip}{reads}
                 {apply}{statistics}
                 return fetches
 
@@ -761,15 +738,23 @@ class Emitter:
             return {{
                 "variables": {variables},
                 "train_step": train_step,
-                # Several steps to a tf.function call: what main() and verify run.
+                # Several steps to a tf.function call: what main() runs (verify runs one_step so).
                 "train_steps": StepsInOneCall(strategy, one_step),
+                "one_step": one_step,{jit_key}
                 "batches": batches,
                 # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
                 "checkpoint": tf.train.Checkpoint(variables={variables}, optimizer={p.optimizer}),{extra}
             }}
             """)
+        compiled, tower_call, rezip, jit_key = "", "tower_fn", "", ""
+        if self.jit:
+            trainable = keras.trainable if keras is not None else "tf1_variables.trainable"
+            compiled = JIT_TOWER.format(grads=p.grads_name, inputs=inputs)
+            tower_call, jit_key = "compiled_tower", '\n    "jit_compile": True,'
+            rezip = f"\n    {p.grads_name} = list(zip({p.grads_name}, {trainable}))"
         values = dict(
             p=p, inputs=inputs, withs=withs, body=body, scale_note=scale_note, loss=loss,
+            compiled=compiled, tower_call=tower_call, rezip=rezip, jit_key=jit_key,
             scale=scale, fetched=fetched, spec_source=spec_source, reads=reads, apply=apply,
             run=run, variables=variables, extra=extra, statistics=statistics,
             keras_withs=withs[2:],
@@ -1060,6 +1045,8 @@ class Emitter:
             for n in walk(s)
             if isinstance(n, cst.Call) and _is_call(n, self.p.logging.saver[0], "save")
         ]
+        if not paths and self.p.final_save is not None:
+            return None  # the Saver only writes once, after the loop (main() writes that)
         if len(paths) != 1 or paths[0] is None:
             raise Blocked(self.p.step_loop, "the loop does not save once with the Saver")
         loop_names = bound_names(self.p.step_loop.body) | bound_names(self.p.step_loop.target)  # type: ignore[attr-defined]

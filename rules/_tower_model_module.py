@@ -8,7 +8,10 @@ stay consistent (a program left as it was keeps its model module as it was too).
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterator
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
 import libcst as cst
@@ -47,30 +50,73 @@ def _import_patterns(path: Path) -> list[tuple[Path, re.Pattern[str]]]:
     ]
 
 
+def _importers(module: Path) -> Iterator[tuple[Path, str]]:
+    """(path, text) of each neighbour that may import ``module``: it spells a tf.device call's
+    last word and an import of the module (the text test; only a convertible one counts)."""
+    if module.stem == "__init__" or not module.is_file():
+        return
+    itself = module.resolve()
+    for folder, pattern in _import_patterns(module):
+        for candidate in sorted(folder.glob("*.py")):
+            if candidate.resolve() == itself:
+                continue
+            text = _text(candidate)
+            if text is None or "device" not in text or not pattern.search(text):
+                continue
+            yield candidate, text
+
+
+def _text(path: Path) -> str | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _read(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4096)
+def _read(path: str, _mtime_ns: int, _size: int) -> str | None:
+    """Each neighbour is read once per process while it is unchanged: every model-like module of
+    a folder looks at all the others."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def may_have_importing_program(path: PurePosixPath, triggers: tuple[str, ...]) -> bool:
+    """From the neighbours' light pass, before any libcst tree: False only when no neighbour
+    can be a tower program importing the module at ``path`` (none spells the import, or none
+    can fire TFM303 at all), so that the module need not be parsed for TFM303."""
+    from tfmigrate import prefilter
+
+    for _candidate, text in _importers(Path(path)):
+        facts = prefilter.code_facts(text)
+        if facts is None or any(facts.matches(t) for t in triggers):
+            return True
+    return False
+
+
 def importing_program(path: PurePosixPath, rule: type) -> str | None:
     """The convertible tower program that imports the module at ``path`` (its path relative
     to the module's folder), if there is one."""
+    module = Path(path)
+    for candidate, text in _importers(module):
+        if _convertible(text, candidate.name, os.getcwd(), rule):
+            if candidate.parent == module.parent:
+                return candidate.name
+            return f"../{candidate.name}"
+    return None
+
+
+@lru_cache(maxsize=256)
+def _convertible(text: str, name: str, _cwd: str, rule: type) -> bool:
+    """Whether TFM303 finds the tower program ``text`` convertible; once per text, as every
+    model module of the program asks (its name and the working folder can matter)."""
     from tfmigrate.engine import Settings, process_source
 
-    module = Path(path)
-    if module.stem == "__init__" or not module.is_file():
-        return None
-    for folder, pattern in _import_patterns(module):
-        for candidate in sorted(folder.glob("*.py")):
-            if candidate.resolve() == module.resolve():
-                continue
-            try:
-                text = candidate.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if "device" not in text or not pattern.search(text):
-                continue
-            try:
-                result = process_source(text, candidate.name, Settings(rules=(rule,), fix=False))
-            except Exception:  # noqa: BLE001 - an unreadable neighbour only means "no importer"
-                continue
-            if any(f.message.startswith("convertible:") for f in result.findings):
-                if candidate.parent == module.parent:
-                    return candidate.name
-                return f"../{candidate.name}"
-    return None
+    try:
+        result = process_source(text, name, Settings(rules=(rule,), fix=False))
+    except Exception:  # noqa: BLE001 - an unreadable neighbour only means "no importer"
+        return False
+    return any(f.message.startswith("convertible:") for f in result.findings)

@@ -217,14 +217,15 @@ def _call_of(expr: cst.BaseExpression | None) -> cst.Call | None:
 
 
 class _Put(cst.CSTTransformer):
-    """Puts an expression where a template says ``__value__``."""
+    """Puts an expression where a template says ``__value__`` (and others where it says the
+    other names given)."""
 
-    def __init__(self, value: cst.BaseExpression) -> None:
+    def __init__(self, value: cst.BaseExpression, **others: cst.BaseExpression) -> None:
         super().__init__()
-        self.value = value
+        self.values = {"__value__": value, **{f"__{k}__": v for k, v in others.items()}}
 
     def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
-        return self.value if updated.value == "__value__" else updated
+        return self.values.get(updated.value, updated)
 
 
 CONFIG_PROTO = "tensorflow.ConfigProto"
@@ -308,6 +309,15 @@ class _Tail:
         seen = self.root_counts.get(default, 0)
         self.root_counts[default] = seen + 1
         self.names[name] = default if seen == 0 else f"{default}_{seen}"
+
+    def divided(self, name: str) -> None:
+        """``name`` is its root op divided by a number: TF1 named the division `truediv`."""
+        if "truediv" in self.unknown:
+            self.names[name] = name
+            return
+        seen = self.root_counts.get("truediv", 0)
+        self.root_counts["truediv"] = seen + 1
+        self.names[name] = "truediv" if seen == 0 else f"truediv_{seen}"
 
     def setting(self, key: str, value: cst.BaseExpression, node: cst.CSTNode) -> None:
         if key not in DEVICE_SETTINGS:
@@ -1103,9 +1113,16 @@ class ProgramReader:
             for item in tower["withs"]
             if item.asname is not None and isinstance(item.asname.name, cst.Name)
         ]
+        scope_formats = [
+            item.item.args[0].value
+            for item in tower["withs"]
+            if isinstance(item.item, cst.Call) and item.item.args
+        ]
         for position, statement in enumerate(rest):
             assigned = _assign(statement)
-            collected_ops = self._collected_update_ops(statement, scope_names)
+            collected_ops = self._collected_update_ops(
+                statement, scope_names, scope_formats, tower["index"]
+            )
             if collected_ops is not None and session is None:
                 if update_ops is not None:
                     raise Blocked(statement, "UPDATE_OPS are selected twice")
@@ -1567,10 +1584,15 @@ class ProgramReader:
         return assigned[0][0], call
 
     def _collected_update_ops(
-        self, statement: cst.CSTNode, scope_names: list[str]
+        self,
+        statement: cst.CSTNode,
+        scope_names: list[str],
+        scope_formats: list[cst.BaseExpression] = (),  # type: ignore[assignment]
+        index: str = "",
     ) -> UpdateOps | None:
         """``ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)`` after the tower loop (every
-        tower's), or ``(..., scope)`` with the tower loop's last name scope (the last tower's)."""
+        tower's), ``(..., scope)`` with the tower loop's last name scope (the last tower's), or
+        ``(..., 'tower0')``: the literal name one tower's name scope takes (that tower's)."""
         collected = self._update_ops_assignment(statement)
         if collected is None:
             return None
@@ -1580,6 +1602,17 @@ class ProgramReader:
             return UpdateOps(collected[0], "", "global")
         if isinstance(scope, cst.Name) and scope.value in scope_names:
             return UpdateOps(collected[0], scope.value, "last")
+        if isinstance(scope, cst.SimpleString) and index:
+            literal = str(scope.evaluated_value).rstrip("/")
+            for tower in range(64):
+                if any(_scope_name(f, index, tower) == literal for f in scope_formats):
+                    return UpdateOps(collected[0], f"{index} == {tower}")
+            names = [n for f in scope_formats if (n := _scope_name(f, index, 0)) is not None]
+            raise Blocked(
+                statement,
+                f"UPDATE_OPS of scope {literal!r}, which no tower's name scope takes"
+                + (f" (the towers' are {names[0]!r} for tower 0, ...)" if names else ""),
+            )
         raise Blocked(statement, "UPDATE_OPS of a scope other than the towers' name scope")
 
     def _under_update_ops(self, statement: cst.CSTNode, update_ops: str) -> cst.CSTNode | None:
@@ -2025,12 +2058,20 @@ class ProgramReader:
             and receiver.value == self._log.saver[0]
         )
         sess, path = get_arg(call, 0, "sess"), get_arg(call, 1, "save_path")
-        if not (fresh or named) or path is None or len(call.args) != 2:
+        step = get_arg(call, 2, "global_step")
+        if not (fresh or named) or path is None or len(call.args) != (2 if step is None else 3):
             return False
         if not (isinstance(sess, cst.Name) and sess.value == session) or session in free_names(
             path
         ):
             return False
+        if step is not None:
+            # `save(sess, path, global_step=n)` writes `path-n`; n a number or a flag, not a tensor
+            if not isinstance(step, cst.Integer | cst.Attribute) or session in free_names(step):
+                return False
+            path = cst.parse_expression("'%s-%d' % (__value__, __step__)").visit(
+                _Put(path, step=step)
+            )
         self._final_save = path
         return True
 
@@ -2041,6 +2082,27 @@ class ProgramReader:
         split inputs (each replica computes it on its slice; equal slices: the mean of the
         replicas' means is the mean over the batch)."""
         collected = tail.tower["collected"]
+        if (
+            isinstance(value, cst.BinaryOperation)
+            and isinstance(value.operator, cst.Divide)
+            and isinstance(tail.tower["count"], cst.BaseExpression)
+            and cst.Module([]).code_for_node(value.right)
+            == cst.Module([]).code_for_node(tail.tower["count"])
+        ):
+            # `tf.add_n(tower_losses) / num_gpus`: the mean of the towers' scalars
+            total = _call_of(value.left)
+            listed = get_arg(total, 0, "inputs") if total is not None else None
+            if (
+                total is not None
+                and self.call_q(total) == "tensorflow.add_n"
+                and len(total.args) == 1
+                and isinstance(listed, cst.Name)
+                and listed.value in collected
+            ):
+                tail.reduce(name, listed.value, "MEAN", total)
+                tail.root_op(name, total)
+                tail.divided(name)
+                return True
         call = _call_of(value)
         if call is None:
             return False
@@ -2222,3 +2284,49 @@ class ProgramReader:
             and isinstance(func.value, cst.Name)
             and func.value.value == receiver
         )
+
+
+def _scope_name(expression: cst.BaseExpression, index: str, tower: int) -> str | None:
+    """The name scope ``'tower%d' % i``, ``f'tower_{i}'`` or ``'tower{}'.format(i)`` takes for
+    ``i == tower``; None for other spellings."""
+    if isinstance(expression, cst.SimpleString):
+        return str(expression.evaluated_value)
+    if (
+        isinstance(expression, cst.BinaryOperation)
+        and isinstance(expression.operator, cst.Modulo)
+        and isinstance(expression.left, cst.SimpleString)
+        and isinstance(expression.right, cst.Name)
+        and expression.right.value == index
+    ):
+        try:
+            return str(expression.left.evaluated_value) % tower
+        except (TypeError, ValueError):
+            return None
+    if isinstance(expression, cst.FormattedString):
+        text = []
+        for part in expression.parts:
+            if isinstance(part, cst.FormattedStringText):
+                text.append(part.value)
+            elif (
+                isinstance(part.expression, cst.Name)
+                and part.expression.value == index
+                and part.format_spec is None
+                and part.conversion is None
+            ):
+                text.append(str(tower))
+            else:
+                return None
+        return "".join(text)
+    if (
+        isinstance(expression, cst.Call)
+        and isinstance(expression.func, cst.Attribute)
+        and expression.func.attr.value == "format"
+        and isinstance(expression.func.value, cst.SimpleString)
+        and [a.value.value for a in expression.args if isinstance(a.value, cst.Name)] == [index]
+        and len(expression.args) == 1
+    ):
+        try:
+            return str(expression.func.value.evaluated_value).format(tower)
+        except (IndexError, KeyError, ValueError):
+            return None
+    return None

@@ -4,9 +4,11 @@ Not a rule module. The migrated program creates its variables under the legacy n
 TFM303), so the mapping is the identity -- but verify needs the names listed, and the rewrite
 path must not import TensorFlow. This follows ``tf.variable_scope('literal')`` and
 ``tf.get_variable('literal', ...)`` through the user's own module-level functions (binding
-literal string arguments to parameters), and the layers whose variable names are fixed by a
-literal ``name=``/``scope=``. Anything else makes the answer unknown (None): a wrong list would
-make verify compare the wrong things.
+literal string arguments to parameters), slim ``arg_scope``s, and the layers whose variable
+names are fixed by a literal ``name=``/``scope=``: which variables a layer call creates comes
+from the Keras conversion's own mapping (:func:`._keras_model_emit.layer_variables`, one
+table). Anything else makes the answer unknown (None): a wrong list would make verify compare
+the wrong things.
 """
 
 from __future__ import annotations
@@ -16,67 +18,20 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from tfmigrate.rules._towers import get_arg, walk
+from tfmigrate.rules._keras_model_emit import LAYER_KINDS, layer_variables
+from tfmigrate.rules._slim_arg_scope import (
+    ArgScope,
+    NotConvertible,
+    Qualify,
+    is_arg_scope,
+    scopes_of,
+)
+from tfmigrate.rules._slim_arg_scope import short_name as _short
+from tfmigrate.rules._towers import get_arg
 
 
 class Unknown(Exception):
     pass
-
-
-def _flag(call: cst.Call, keyword: str, default: bool) -> bool:
-    value = get_arg(call, None, keyword)
-    if value is None:
-        return default
-    if isinstance(value, cst.Name) and value.value in ("True", "False"):
-        return value.value == "True"
-    raise Unknown
-
-
-def _fully_connected(call: cst.Call) -> list[str]:
-    # A normalizer_fn or another biases_initializer changes which variables exist.
-    if get_arg(call, None, "normalizer_fn") is not None:
-        raise Unknown
-    if get_arg(call, None, "biases_initializer") is not None:
-        raise Unknown
-    return ["weights", "biases"]
-
-
-def _batch_norm(call: cst.Call) -> list[str]:
-    # slim / contrib batch_norm defaults: center=True, scale=False.
-    names = ["beta"] if _flag(call, "center", True) else []
-    names += ["gamma"] if _flag(call, "scale", False) else []
-    return [*names, "moving_mean", "moving_variance"]
-
-
-def _dense(call: cst.Call) -> list[str]:
-    return ["kernel", "bias"] if _flag(call, "use_bias", True) else ["kernel"]
-
-
-def _batch_normalization(call: cst.Call) -> list[str]:
-    # tf.layers.batch_normalization defaults: center=True, scale=True.
-    names = ["gamma"] if _flag(call, "scale", True) else []
-    names += ["beta"] if _flag(call, "center", True) else []
-    return [*names, "moving_mean", "moving_variance"]
-
-
-# tf.layers functions: variables `<name>/<suffix>` (the scope from `name=`).
-_LAYERS: dict[str, Callable[[cst.Call], list[str]]] = {
-    "tensorflow.layers.dense": _dense,
-    "tensorflow.layers.batch_normalization": _batch_normalization,
-}
-
-# tf.contrib.layers / slim layers (tf_slim today): variables `<scope>/<name>`, scope by keyword.
-_SLIM: dict[str, Callable[[cst.Call], list[str]]] = {
-    "fully_connected": _fully_connected,
-    "batch_norm": _batch_norm,
-}
-
-
-def _slim_layer(name: str) -> str | None:
-    for prefix in ("tensorflow.contrib.slim.", "tensorflow.contrib.layers.", "tf_slim."):
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return None
 
 
 # Imports that never hold the project's model code.
@@ -119,16 +74,23 @@ class VariableNames:
         self, module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
     ) -> None:
         self.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+        self.module = module
         self.qualify = qualify
-        # arg_scope can change any slim layer's defaults (and so which variables it makes).
-        self.arg_scoped = any(
-            isinstance(n, cst.Name) and n.value == "arg_scope" for n in walk(module)
-        )
+        # slim arg_scopes change layer defaults (and so which variables a layer makes).
+        self.arg_scopes: list[ArgScope] = []
+        # functions of a model module, by the script's spelling (`small_net.small_net`)
+        self.imported: dict[str, tuple[cst.FunctionDef, VariableNames]] = {}
         self.user_modules = _user_imports(module)
         self.names: list[str] = []
         self.non_trainable: set[str] = set()
         self.templates: dict[str, tuple[list[str], cst.FunctionDef]] = {}
         self._depth = 0
+
+    def import_functions(self, module: cst.Module, qualify: Qualify, access: str) -> None:
+        """Follow calls of `module`'s functions made as ``<access>.<name>(...)``."""
+        reader = VariableNames(module, qualify)
+        for name, function in reader.functions.items():
+            self.imported[f"{access}.{name}"] = (function, reader)
 
     def run(self, statements: list[cst.BaseStatement]) -> list[str] | None:
         try:
@@ -144,13 +106,27 @@ class VariableNames:
     def _statement(self, node: cst.CSTNode, scopes: list[str], env: dict[str, str]) -> None:
         if isinstance(node, cst.With):
             inner = list(scopes)
+            outer_arg_scopes = self.arg_scopes
             for item in node.items:
                 self._expr(item.item, scopes, env)
                 if isinstance(item.item, cst.Call):
                     name = self.qualify(item.item.func)
                     if name == "tensorflow.variable_scope":
                         inner += self._scope_name(item.item, env)
-            self._block(node.body.body, inner, env)  # type: ignore[union-attr]
+                    elif is_arg_scope(item.item, self.qualify):
+                        functions = {
+                            **self.functions,
+                            **{k: (f, r.qualify) for k, (f, r) in self.imported.items()},
+                        }
+                        try:
+                            entries = scopes_of(item.item, self.qualify, functions)  # type: ignore[arg-type]
+                        except NotConvertible as exc:
+                            raise Unknown from exc
+                        self.arg_scopes = [*self.arg_scopes, *entries]
+            try:
+                self._block(node.body.body, inner, env)  # type: ignore[union-attr]
+            finally:
+                self.arg_scopes = outer_arg_scopes
             return
         if isinstance(node, cst.FunctionDef | cst.ClassDef):
             raise Unknown  # a nested definition may create variables when called later
@@ -234,20 +210,17 @@ class VariableNames:
         elif isinstance(node.func, cst.Name) and node.func.value in self.templates:
             template_scopes, function = self.templates[node.func.value]
             self._call(function, node, template_scopes, env)
-        elif name in _LAYERS:
-            scope = self._string(get_arg(node, None, "name"), env)
-            for suffix in _LAYERS[name](node):
-                self._add(scopes, f"{scope}/{suffix}")
-                if suffix.startswith("moving_"):
-                    self.non_trainable.add("/".join([*scopes, scope, suffix]))
-        elif name is not None and _slim_layer(name) in _SLIM:
-            if self.arg_scoped:
-                raise Unknown
-            scope = self._string(get_arg(node, None, "scope"), env)
-            for suffix in _SLIM[_slim_layer(name)](node):  # type: ignore[index]
-                self._add(scopes, f"{scope}/{suffix}")
-                if suffix.startswith("moving_"):
-                    self.non_trainable.add("/".join([*scopes, scope, suffix]))
+        elif _short(name) in LAYER_KINDS:
+            try:
+                made = layer_variables(node, self.qualify, self.module, env, self.arg_scopes)
+            except NotConvertible as exc:
+                raise Unknown from exc
+            for variable, trainable in made:
+                self._add(scopes, variable)
+                if not trainable:
+                    self.non_trainable.add("/".join([*scopes, variable]))
+        elif _short(name) == "slim.arg_scope":
+            return  # read with its `with` statement
         elif name is not None and name.endswith(("_regularizer", "_initializer")):
             return  # makes a function (for get_variable), no variable
         elif name is not None and name.startswith(("tensorflow.contrib.", "tensorflow.layers.")):
@@ -256,6 +229,12 @@ class VariableNames:
             raise Unknown
         elif isinstance(node.func, cst.Name) and node.func.value in self.functions:
             self._call(self.functions[node.func.value], node, scopes, env)
+        elif self.module.code_for_node(node.func) in self.imported:
+            function, reader = self.imported[self.module.code_for_node(node.func)]
+            # the model module's own reader, collecting into this one
+            reader.names, reader.non_trainable = self.names, self.non_trainable
+            reader.arg_scopes, reader._depth = self.arg_scopes, self._depth
+            reader._call(function, node, scopes, {})
         elif _root_name(node.func) in self.user_modules:
             raise Unknown  # the project's own module (`model.build(...)`): not read from here
 

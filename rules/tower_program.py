@@ -2,21 +2,24 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import libcst as cst
 
 from tfmigrate import tree
-from tfmigrate.names import NameResolver
+from tfmigrate.names import NameResolver, dotted
+from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, RuleContext
+from tfmigrate.rules import _imported_model as imported_model
 from tfmigrate.rules import _multi_worker_emit as multi_worker
 from tfmigrate.rules import _tower_model_module as model_code
 from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules._keras_model_emit import TF1_BATCH_NORM
 from tfmigrate.rules._keras_model_plan import KerasPlan
 from tfmigrate.rules._keras_model_plan import plan as plan_keras_model
-from tfmigrate.rules._tower_emit import Emitter, _indent, store_source
+from tfmigrate.rules._tower_emit import JIT_NOTE, Emitter, _indent, store_source
 from tfmigrate.rules._tower_model_module import MODEL_TRIGGERS
 from tfmigrate.rules._tower_program import (
     DEVICE_SETTINGS,
@@ -45,7 +48,7 @@ _RESERVED_LOCAL = frozenset(
         "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
         "fed_batches", "build", "fetches", "tf1_variables", "variables", "legacy_name",
         "checkpoint", "manager", "average", "summary_tag", "summary_value", "scalar_metadata",
-        "input_dataset", "weight_path", "one_step", "fed_chunks", "step_outputs",
+        "input_dataset", "weight_path", "one_step", "fed_chunks", "step_outputs", "compiled_tower",
     }
 )  # fmt: skip
 
@@ -87,11 +90,23 @@ class TowerProgramToMirroredStrategy(TowerRule):
       `tf.app.run` become absl's;
     - `--batch-norm sync` (option `batch-norm`) is refused for TF1 batch norm, which has no
       cross-replica mode on `tf.compat.v1`;
+    - `--jit` (option `jit = "on"`) compiles each replica's forward and backward pass with XLA
+      (`compiled_tower`); the update and the all-reduce stay outside; the manifest says so;
     - a model function of TF1 layer calls with literal names (tf.layers, slim / contrib.layers,
       tf.nn activations between them) becomes a `keras.Model` subclass, each legacy API's
       defaults spelled out, built once in `strategy.scope()` and called by every replica with
       `training=True`; TF1's fused batch norm keeps its unbiased moving variance
-      (`TF1BatchNorm`); the manifest maps legacy variable names to Keras weight paths;
+      (`TF1BatchNorm`); the manifest maps legacy variable names to Keras weight paths; slim's
+      `normalizer_fn`/`normalizer_params` (a frozen `trainable: False` batch norm included),
+      `arg_scope`s (literal, nested, or returned by an arg-scope function), `slim.repeat` and
+      `slim.dropout` are read as slim applies them; a model function of an imported module
+      becomes a Keras class in that module, which the script builds;
+    - a model function of `tf.get_variable` calls in literal variable scopes (directly or through
+      helpers like `_variable_with_weight_decay`) with `tf.nn` / `tf.matmul` computation between
+      them becomes a `keras.Model` that owns every variable (`add_weight`, one plain layer per
+      scope, initializers mapped) and keeps that computation in `call()`; the weight decay of a
+      `'losses'` collection becomes a Keras L2 regularizer read through `model.losses` where the
+      tower read the collection;
     - other TF1 model code is kept: its `get_variable` calls go through a small `TF1Variables`
       store (emitted into the program) that creates every variable once, mirrored, under its
       legacy name, and hands the same variable to every replica (the manifest says why it was
@@ -147,7 +162,11 @@ class TowerProgramToMirroredStrategy(TowerRule):
     # The conversion starts from a tower loop's tf.device; the model modules it imports use TF1
     # layers.
     triggers = ("tensorflow.device", *MODEL_TRIGGERS)
-    option_choices = {"strategy": ("mirrored", "multi-worker"), "batch-norm": ("faithful", "sync")}
+    option_choices = {
+        "strategy": ("mirrored", "multi-worker"),
+        "batch-norm": ("faithful", "sync"),
+        "jit": ("off", "on"),  # rewrite --jit
+    }
     name = "tower-program-to-mirrored-strategy"
     summary = "whole TF1 tower training program: converted to a MirroredStrategy program"
     fix_safety = FixSafety.SAFE
@@ -174,6 +193,14 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             message="not converted: the tower loop is not inside a module-level training function",
         ),
     )
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        # Without a tf.device there is no tower loop: only a model module can report, when a
+        # neighbour that may be a tower program imports it.
+        if facts.matches("tensorflow.device"):
+            return True
+        return model_code.may_have_importing_program(path, cls.triggers)
 
     def leave_Module(self, original_node: cst.Module) -> None:
         towers = self.tower_loops()
@@ -235,27 +262,38 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             self.report(
                 first,
                 f"convertible: `rewrite` converts this model module with the tower program "
-                f"`{importer}` (TF1 layers kept on tf.compat.v1, from tf_keras / tf_slim)",
+                f"`{importer}` (its model function to the Keras class the program builds when "
+                "it converts, else TF1 layers kept on tf.compat.v1, from tf_keras / tf_slim)",
                 replacement=original_node,
                 target=original_node,
             )
             return
+        # The program builds a Keras model of this module's model function: the class goes here.
+        keras_module = imported_model.keras_model_module(self.context, importer, type(self))
         try:
-            module = _contrib_to_tf_slim(_renamed(self.context), original_node)
+            module = keras_module[0] if keras_module else _renamed(self.context)
+            module = _contrib_to_tf_slim(module, original_node)
             module = _v1_layers_to_tf_keras(module)
         except Blocked as blocked:
             self.report(first, f"not converted: {blocked.reason}; the module is left as it was")
             return
         self.report(
             first,
-            f"converted with the tower program `{importer}`: the TF1 model code stays on "
-            "tf.compat.v1, its layers from tf_keras (tf.layers) / tf_slim (tf.contrib)",
+            f"converted with the tower program `{importer}`: "
+            + (
+                "its model function becomes the Keras model class the program builds"
+                if keras_module
+                else "the TF1 model code stays on tf.compat.v1, its layers from tf_keras "
+                "(tf.layers) / tf_slim (tf.contrib)"
+            ),
             replacement=module,
             target=self.context.module,
             manifest={
                 "notes": [
-                    f"TFM303: model module of the tower program `{importer}`: TF1 symbols on "
-                    "their tf.compat.v1 spellings, tf.layers from tf_keras, tf.contrib.slim / "
+                    keras_module[1]
+                    if keras_module
+                    else f"TFM303: model module of the tower program `{importer}`: TF1 symbols "
+                    "on their tf.compat.v1 spellings, tf.layers from tf_keras, tf.contrib.slim / "
                     "contrib.layers from tf_slim; its variables are the program's (mapped there)"
                 ]
             },
@@ -263,11 +301,10 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
 
 
 def _aggregations(rule: TowerRule) -> dict[int, bool]:
-    from tfmigrate.rules.manual_gradient_aggregation import ManualGradientAggregation
+    from tfmigrate.rules.manual_gradient_aggregation import aggregations_for
 
-    aggregation = ManualGradientAggregation(rule.context)
-    tree.visit_batched(rule.context.module, [aggregation])
-    return aggregation.aggregations()
+    # TFM102 run on the same tree in the same visit has read it already: its analysis is reused.
+    return aggregations_for(rule.context)
 
 
 @dataclass
@@ -480,10 +517,27 @@ def _main_block(
             ):
                 return statement, call
             call_text = "()" if own_parser else "(parser.parse_args())"
+            parsed = _module_level_parse(module)
             raise Blocked(
-                statement, f"the main block does not end with `{function.name.value}{call_text}`"
+                statement,
+                f"the main block does not end with `{function.name.value}{call_text}`"
+                + (
+                    f" (the flags are parsed at module level, `{parsed}`: build the parser and "
+                    f"pass `parser.parse_args()` to `{function.name.value}` in the main block)"
+                    if parsed and not own_parser
+                    else ""
+                ),
             )
     raise Blocked(function, "no `if __name__ == '__main__':` block calling the training function")
+
+
+def _module_level_parse(module: cst.Module) -> str | None:
+    """``FLAGS = parser.parse_args()`` at module level: its source."""
+    for statement in module.body:
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and _parse_call(small.value) is not None:
+            return module.code_for_node(small)
+    return None
 
 
 def _parse_call(node: cst.BaseExpression) -> str | None:
@@ -527,7 +581,7 @@ def _convert(
     program, main, main_call, absl = _analyse(reader_rule, loops[0].replicator)
     unit = module.default_indent
     _number_after_variables(program, module, reader_rule)
-    keras = plan_keras_model(program, module, reader_rule.qualify)
+    keras = plan_keras_model(program, module, reader_rule.qualify, PurePosixPath(context.path))
     kept_reason = None
     if isinstance(keras, str):
         kept_reason, keras = keras, None
@@ -537,6 +591,7 @@ def _convert(
         )
     emitter = Emitter(module, program)
     emitter.keras = keras
+    emitter.jit = context.options.get("jit") == "on"
     keys = emitter.fetch_keys()
     needs = emitter.loop_needs()
     function = program.function
@@ -694,6 +749,15 @@ def {function.name.value}({signature}):
         if keras is not None and statement is keras.model.function:
             body.extend(_keras_classes(keras, statement, unit))
             continue
+        if (  # get_variable models: their variable helpers go, their caller takes the model
+            keras is not None
+            and isinstance(statement, cst.FunctionDef)
+            and statement.name.value in keras.rewritten
+        ):
+            new = keras.rewritten[statement.name.value]
+            if new is not None:
+                body.append(new)
+            continue
         if statement is function:
             two_lines = [cst.EmptyLine(), cst.EmptyLine()]
             body.append(generated.body[0].with_changes(leading_lines=two_lines))
@@ -709,7 +773,7 @@ def {function.name.value}({signature}):
     new_module = _drop_dead_definitions(function, new_module)
     if absl is not None:
         new_module = _add_imports(new_module, ["from absl import app, flags"])
-    if keras is not None:
+    if keras is not None and getattr(keras, "imported", None) is None:  # else: in its module
         new_module = _add_imports(new_module, ["import keras"])
     if emitter.saved_path() is not None and "os" not in identifiers(module):
         body = list(new_module.body)  # the CheckpointManager splits the Saver's path with os
@@ -738,6 +802,7 @@ def _drop_dead_aliases(module: cst.Module) -> cst.Module:
     """`slim = tf.contrib.slim` that only the converted model code used goes with it."""
     used = _names_used(module)
     body = []
+    leading: list[cst.EmptyLine] = []  # a dropped alias' blank lines go to the next statement
     for statement in module.body:
         assigned = _assign(statement)
         if (
@@ -747,7 +812,11 @@ def _drop_dead_aliases(module: cst.Module) -> cst.Module:
             and isinstance(assigned[1], cst.Attribute)
             and module.code_for_node(assigned[1]).endswith(("contrib.slim", "contrib.layers"))
         ):
+            leading = leading or list(statement.leading_lines)
             continue
+        if leading and not statement.leading_lines:
+            statement = statement.with_changes(leading_lines=leading)
+        leading = []
         body.append(statement)
     return module.with_changes(body=body)
 
@@ -1069,6 +1138,8 @@ def _contrib_to_tf_slim(module: cst.Module, blocked_at: cst.CSTNode) -> cst.Modu
     if tf is None:
         return module
     renamer = _ContribToTfSlim(tf)
+    if not _spells_any(module, renamer.spellings):
+        return module  # the transform (libcst's re-validating walk) would change nothing
     renamed = module.visit(renamer)
     if not renamer.changed:
         return module
@@ -1155,6 +1226,8 @@ def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
     if tf is None:
         return module
     layers = _V1Layers(tf)
+    if not _spells_any(module, (layers.prefix,), prefix=True):
+        return module  # the transform (libcst's re-validating walk) would change nothing
     renamed = module.visit(layers)
     if not layers.used:
         return module
@@ -1171,6 +1244,18 @@ def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
     imports[0] = imports[0].with_changes(leading_lines=[comment])
     body[tf_import + 1 : tf_import + 1] = imports
     return renamed.with_changes(body=body)
+
+
+def _spells_any(module: cst.Module, spellings: Iterable[str], prefix: bool = False) -> bool:
+    """Some dotted name in ``module`` is one of ``spellings`` (with ``prefix``, starts with
+    one): what a renaming transform matches first, checked with the cheap read-only walk."""
+    wanted = tuple(spellings)
+    for node in walk(module):
+        if isinstance(node, cst.Attribute):
+            name = dotted(node)
+            if name is not None and (name.startswith(wanted) if prefix else name in wanted):
+                return True
+    return False
 
 
 def _insert_import(body: list[cst.BaseStatement], statement: cst.BaseStatement) -> None:
@@ -1266,9 +1351,14 @@ def _manifest(
         model_note = (
             f"TFM303: the model function `{keras.model.function.name.value}` -> the Keras model "
             f"`{keras.model.class_name}` (named `{keras.model_name}`, built once in "
-            "strategy.scope(), called by every replica with training=True): the same layers "
-            "with each legacy API's defaults spelled out; Keras 3 names cannot contain '/', so "
-            "the variables map legacy scope paths to Keras weight paths"
+            "strategy.scope(), called by every replica with training=True): "
+            + (
+                "the same layers with each legacy API's defaults spelled out"
+                if keras.model.layers
+                else "its tf.get_variable variables as Keras weights, its computation kept"
+            )
+            + "; Keras 3 names cannot contain '/', so the variables map legacy scope paths to "
+            "Keras weight paths"
         )
         if keras.model.uses_tf1_batch_norm:
             model_note += (
@@ -1354,6 +1444,8 @@ def _manifest(
             f"replica as `{key}` and the loop logs the last replica's"
         )
     notes.extend(_conversion_notes(program))
+    if emitter.jit:
+        notes.append(f"TFM303: {JIT_NOTE}")
     manifest: dict[str, object] = {"notes": notes}
     announced: list[dict[str, object]] = []
     if program.ema_orderless:

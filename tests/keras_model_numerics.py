@@ -52,6 +52,7 @@ def legacy_run(
             eval_out = fn(inputs, **kwargs(False))
         regularization = tf.compat.v1.losses.get_regularization_losses()
         variables = tf.compat.v1.global_variables()
+        trainable = [v.op.name for v in tf.compat.v1.trainable_variables()]
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             initial = {v.op.name: sess.run(v) for v in variables}
@@ -59,14 +60,17 @@ def legacy_run(
             reg_value = float(sess.run(tf.add_n(regularization))) if regularization else None
             train_value, _ = sess.run([train_out, updates], {inputs: x})
             after = {v.op.name: sess.run(v) for v in variables}
-    return dict(initial=initial, eval=eval_value, train=train_value, after=after, reg=reg_value)
+    return dict(initial=initial, eval=eval_value, train=train_value, after=after, reg=reg_value,
+                trainable=trainable)  # fmt: skip
 
 
 def init_values(model_info: emit.KerasModel) -> dict:
     return {p: 0.01 for p in model_info.init_params}  # weight decay and the like
 
 
-def keras_run(model_info: emit.KerasModel, source: str, x: np.ndarray, legacy: dict) -> dict:
+def keras_run(
+    model_info: emit.KerasModel, source: str, x: np.ndarray, legacy: dict, glorot: bool
+) -> dict:
     namespace: dict = {"tf": tf, "keras": keras, "NUM_CLASSES": 3}
     exec(emit.TF1_BATCH_NORM, namespace)
     exec(model_info.source, namespace)
@@ -79,7 +83,9 @@ def keras_run(model_info: emit.KerasModel, source: str, x: np.ndarray, legacy: d
     for legacy_name, new_name in mapping.items():
         fresh = np.asarray(weights[new_name].numpy())
         old = legacy["initial"][legacy_name]
-        if legacy_name.rsplit("/", 1)[-1] in ("weights", "kernel"):
+        if legacy_name.rsplit("/", 1)[-1] in ("weights", "kernel") and not glorot:
+            pass  # another distribution: see variance_scaling()
+        elif legacy_name.rsplit("/", 1)[-1] in ("weights", "kernel"):
             # Random: the same distribution (glorot uniform limit), not the same draw.
             receptive = int(np.prod(old.shape[:-2])) if old.ndim > 2 else 1
             limit = np.sqrt(6.0 / (receptive * (old.shape[-2] + old.shape[-1])))
@@ -97,8 +103,30 @@ def keras_run(model_info: emit.KerasModel, source: str, x: np.ndarray, legacy: d
     after = {n: weights[mapping[n]].numpy() for n in mapping}
     reg = float(tf.add_n(model.losses)) if model.losses else None
     unmapped = sorted(set(legacy["initial"]) - set(mapping))
+    trained = {w.path for w in model.trainable_weights}
+    trainable = sorted(
+        set(legacy["trainable"]) ^ {n for n, new in mapping.items() if new in trained}
+    )
     return dict(eval=eval_value, train=train_value, after=after, reg=reg, init=init_report,
-                unmapped=unmapped)  # fmt: skip
+                unmapped=unmapped, trainable=trainable)  # fmt: skip
+
+
+def variance_scaling() -> dict:
+    """slim's variance_scaling_initializer() and the Keras initializer written for it: the
+    standard deviation of a large draw, each (relative difference)."""
+    shape = [3, 3, 64, 64]
+    legacy = tf_slim.variance_scaling_initializer()(shape).numpy()
+    namespace = {"keras": keras}
+    keras_init = eval(  # the initializer exactly as the conversion writes it
+        "keras.initializers.VarianceScaling(1.3 * 2.0 * 0.87962566103423978**2, "
+        '"fan_in", "truncated_normal")',
+        namespace,
+    )
+    fresh = keras.ops.convert_to_numpy(keras_init(shape))
+    return {
+        "std": float(abs(fresh.std() / legacy.std() - 1.0)),
+        "max": float(abs(abs(fresh).max() / abs(legacy).max() - 1.0)),
+    }
 
 
 def main() -> None:
@@ -109,7 +137,7 @@ def main() -> None:
         legacy = legacy_run(
             case["source"], case["function"], x, case.get("training_kw"), init_values(info)
         )
-        migrated = keras_run(info, case["source"], x, legacy)
+        migrated = keras_run(info, case["source"], x, legacy, case.get("glorot", True))
         statistics = {
             n: float(abs(migrated["after"][n] - legacy["after"][n]).max())
             for n in migrated["after"]
@@ -131,10 +159,11 @@ def main() -> None:
                 else abs((migrated["reg"] or 0.0) - legacy["reg"]),
                 init=migrated["init"],
                 unmapped=migrated["unmapped"],
+                trainable=migrated["trainable"],
                 source=info.source,
             )
         )
-    print(json.dumps(results))
+    print(json.dumps({"cases": results, "variance_scaling": variance_scaling()}))
 
 
 if __name__ == "__main__":

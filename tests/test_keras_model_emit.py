@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import libcst as cst
 import pytest
 from keras_model_source import convert
 
 from tfmigrate.engine import Settings, process_source
+from tfmigrate.names import NameResolver
 from tfmigrate.rules import _keras_model_emit as emit
 from tfmigrate.rules import _tower_program_example as example
+from tfmigrate.rules._variable_names import VariableNames
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
 
 HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parent / "fixtures"
 
 # Every supported layer kind appears in one of these (sources as TFM303 sees them: TF1 names on
 # their tf.compat.v1 spellings, tf.contrib as tf_slim).
@@ -71,7 +77,42 @@ def convnet(images, is_training):
     net = tf_slim.flatten(net)
     return tf_slim.fully_connected(net, NUM_CLASSES, activation_fn=None, scope='logits')
 """
+# slim's normalizer_fn / normalizer_params (a frozen batch norm on 4-D and on 2-D inputs),
+# arg_scopes from a function and in the model function, slim.repeat, a dropout and a mean pool
+# between layers, variance-scaling initializers.
+SLIM_NORMALIZED = """
+import tensorflow as tf
+import tf_slim as slim
+
+def net_arg_scope(weight_decay=0.01, bn_decay=0.9):
+    batch_norm_params = {'decay': bn_decay, 'epsilon': 0.01}
+    with slim.arg_scope([slim.conv2d, slim.fully_connected],
+                        weights_initializer=slim.variance_scaling_initializer(),
+                        weights_regularizer=slim.l2_regularizer(weight_decay),
+                        normalizer_fn=slim.batch_norm, normalizer_params=batch_norm_params):
+        with slim.arg_scope([slim.max_pool2d], padding='SAME') as sc:
+            return sc
+
+def net(images, is_training, scope='Net'):
+    with tf.compat.v1.variable_scope(scope, 'Net', [images]):
+        with slim.arg_scope(net_arg_scope(bn_decay=0.5)):
+            with slim.arg_scope([slim.conv2d], activation_fn=tf.nn.relu6,
+                                normalizer_params={'is_training': is_training, 'decay': 0.5}):
+                net = slim.conv2d(images, 4, [3, 3], scope='conv1', normalizer_params={
+                    'is_training': is_training, 'trainable': False})
+                net = slim.max_pool2d(net, [3, 3], scope='pool1')
+                net = slim.repeat(net, 2, slim.conv2d, 5, [3, 3], scope='conv2')
+            net = tf.reduce_mean(net, [1, 2], name='global_pool')
+            net = slim.fully_connected(net, 6, scope='fc1', normalizer_params={
+                'is_training': is_training, 'trainable': False, 'decay': 0.5})
+            net = slim.dropout(net, 1.0, is_training=is_training, scope='dropout')
+            logits = slim.fully_connected(net, NUM_CLASSES, activation_fn=None,
+                                          normalizer_fn=None, scope='logits')
+    return logits
+"""
 CASES = [
+    dict(source=SLIM_NORMALIZED, function="net", shape=[4, 6, 6, 2], training_kw="is_training",
+         glorot=False),
     dict(source=SLIM_MLP, function="mlp", shape=[8, 5], training_kw="is_training"),
     dict(source=LAYERS_CNN, function="cnn", shape=[4, 6, 6, 2], training_kw="training", dropout=True),
     dict(source=LAYERS_MLP, function="model", shape=[8, 5], training_kw="training"),
@@ -84,7 +125,7 @@ def _convert(source: str, function: str) -> emit.KerasModel:
 
 
 @pytest.fixture(scope="module")
-def numerics() -> list[dict]:
+def numerics() -> dict:
     env = {
         **os.environ,
         "TF_USE_LEGACY_KERAS": "1",
@@ -106,7 +147,7 @@ def numerics() -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c["function"] for c in CASES])
 def test_keras_model_computes_what_the_legacy_function_did(numerics, index):
-    result = numerics[index]
+    result = numerics["cases"][index]
     assert result["unmapped"] == [], result["source"]  # every legacy variable has a Keras weight
     assert result["eval"] < 1e-5, result
     if result["train"] is not None:  # dropout's masks are random on both sides
@@ -116,11 +157,19 @@ def test_keras_model_computes_what_the_legacy_function_did(numerics, index):
         assert max(result["statistics"].values()) < 1e-5, result
     if result["regularization"] is not None:
         assert result["regularization"] < 1e-6, result
+    assert result["trainable"] == [], result["trainable"]  # the same variables are trained
     for name, value in result["init"].items():
         if isinstance(value, list):  # glorot-uniform kernels: within the limit, near it
             assert all(0.5 < v <= 1.0 + 1e-6 for v in value), (name, value)
         else:  # biases, beta/gamma, moving statistics: the same start
             assert value == 0.0, (name, value)
+
+
+@pytest.mark.slow
+def test_variance_scaling_initializer_draws_like_slims(numerics):
+    # slim: a normal truncated at 2 stddev, of stddev sqrt(1.3 * 2 / fan_in); 36,864 draws.
+    assert numerics["variance_scaling"]["std"] < 0.02, numerics["variance_scaling"]
+    assert numerics["variance_scaling"]["max"] < 0.02, numerics["variance_scaling"]
 
 
 def test_each_legacy_default_spelled_out():
@@ -160,6 +209,51 @@ def test_each_legacy_default_spelled_out():
     assert slim_cnn.layers[2].constructor == "keras.layers.MaxPooling2D([2, 2], 2)"
 
 
+def test_slim_normalizers_arg_scopes_and_repeat_as_slim_applies_them():
+    net = _convert(SLIM_NORMALIZED, "net")
+    by_name = {layer.name: layer.constructor for layer in net.layers}
+    # An explicit normalizer_params replaces the arg_scope's dict whole: slim's defaults.
+    assert by_name["conv1_BatchNorm"] == (
+        "TF1BatchNorm(unbiased_ranks=(2, 4), frozen=True, momentum=0.999, epsilon=0.001, "
+        'center=True, scale=False, name="conv1_BatchNorm")'
+    )
+    # The inner arg_scope's dict replaced the outer one's (epsilon 0.01 gone); its
+    # activation_fn applies to every repetition of slim.repeat.
+    assert "momentum=0.5, epsilon=0.001" in by_name["conv2_2_BatchNorm"]
+    assert "frozen" not in by_name["conv2_2_BatchNorm"]
+    assert by_name["pool1"] == 'keras.layers.MaxPooling2D([3, 3], 2, padding="same", name="pool1")'
+    assert "use_bias=False" in by_name["conv2_1"] and "activation" not in by_name["conv2_1"]
+    assert "kernel_regularizer=keras.regularizers.L2(0.5 * 0.01)" in by_name["logits"]
+    assert "use_bias" not in by_name["logits"]  # normalizer_fn=None: slim's bias again
+    assert by_name["dropout"] == 'keras.layers.Dropout(1 - 1.0, name="dropout")'
+    assert net.scope == "Net" and net.scope_param == "scope" and net.init_params == []
+    assert (
+        "        net = self.conv2_2_BatchNorm(net, training=training)\n"
+        "        net = tf.nn.relu6(net)\n"
+    ) in net.source
+    mapping = net.variables("", "Net")
+    assert mapping["Net/conv2/conv2_2/BatchNorm/beta"] == "Net/conv2_2_BatchNorm/beta"
+    assert [n for n in mapping if n.startswith("Net/fc1/")] == [
+        "Net/fc1/weights",
+        "Net/fc1/BatchNorm/beta",
+        "Net/fc1/BatchNorm/moving_mean",
+        "Net/fc1/BatchNorm/moving_variance",
+    ]
+
+
+def test_manifest_names_come_from_the_conversion_table():
+    """VariableNames (the manifest's legacy names) reads layer calls through the Keras
+    conversion's mapping: the same names, arg_scopes applied, trainability included."""
+    module = cst.parse_module(textwrap.dedent(SLIM_NORMALIZED))
+    qualify = NameResolver.for_module(module).qualify
+    reader = VariableNames(module, qualify)
+    names = reader.run([cst.parse_statement("logits = net(images, True)")])
+    assert names == list(_convert(SLIM_NORMALIZED, "net").variables("", "Net"))
+    frozen = {"Net/conv1/BatchNorm/beta", "Net/fc1/BatchNorm/beta"}
+    moving = {n for n in names if "/moving_" in n}
+    assert reader.non_trainable == frozen | moving
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
@@ -169,7 +263,9 @@ def test_each_legacy_default_spelled_out():
         ),
         ("net = tf.compat.v1.layers.dense(x, 4)", "without a literal name"),
         ("net = tf.compat.v1.get_variable('w', [4])", "a call Keras layers do not cover"),
-        ("net = slim.fully_connected(x, 4, normalizer_fn=slim.batch_norm, scope='fc')", "`normalizer_fn=`"),
+        ("net = slim.fully_connected(x, 4, normalizer_fn=slim.layer_norm, scope='fc')", "normalizer_fn other than"),
+        ("net = slim.conv2d(x, 4, 3, scope='c', normalizer_fn=slim.batch_norm, normalizer_params=p)", "not a literal dict"),
+        ("net = slim.repeat(x, k, slim.conv2d, 4, 3, scope='c')", "count that is not a literal"),
         ("for k in range(2):\n        x = tf.compat.v1.layers.dense(x, 4, name='fc%d' % k)", "not straight-line"),
         ("net = tf.compat.v1.layers.dense(x, 4, name='fc', kernel_initializer=my_init())", "initializer"),
     ],
@@ -186,6 +282,142 @@ def model(x, t):
     with pytest.raises(emit.NotConvertible) as caught:
         _convert(source, "model")
     assert reason in caught.value.reason
+
+
+# A conv tower program (one table of layer variables: the manifest lists every conv, batch-norm
+# and dense variable), converted by the CLI and verified on 2 logical CPU devices.
+CONV_TOWERS = '''"""A small convnet trained on N towers: slim conv + batch norm under an arg_scope, tf.layers
+pooling / conv / dense, a global mean pool; the first tower's batch-norm updates; averaged
+gradients; Momentum."""
+import argparse
+
+import numpy as np
+import tensorflow as tf
+
+slim = tf.contrib.slim
+
+NUM_EXAMPLES = 256
+
+
+def make_dataset(seed=5):
+  rng = np.random.RandomState(seed)
+  x = (rng.randn(NUM_EXAMPLES, 8, 8, 3) * 1.5 + 0.3).astype(np.float32)
+  y = (x.mean(axis=(1, 2, 3)) > 0.3).astype(np.int64) + (x[:, 0, 0, 0] > 0).astype(np.int64)
+  return x, y
+
+
+def convnet(images, is_training):
+  with slim.arg_scope([slim.conv2d], normalizer_fn=slim.batch_norm,
+                      normalizer_params={'is_training': is_training, 'decay': 0.9}):
+    net = slim.conv2d(images, 4, [3, 3], scope='conv1')
+    net = tf.layers.max_pooling2d(net, 2, 2, name='pool1')
+    net = slim.conv2d(net, 6, [3, 3], activation_fn=tf.nn.tanh, scope='conv2')
+  net = tf.layers.conv2d(net, 8, 3, activation=tf.nn.relu, name='conv3')
+  net = tf.reduce_mean(net, [1, 2], name='global_pool')
+  return tf.layers.dense(net, 3, name='logits')
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--num_gpus', type=int, default=2)
+  parser.add_argument('--batch_size', type=int, default=8, help='per GPU')
+  parser.add_argument('--steps', type=int, default=50)
+  args = parser.parse_args()
+
+  x_all, y_all = make_dataset()
+  global_batch = args.batch_size * args.num_gpus
+  images = tf.placeholder(tf.float32, [global_batch, 8, 8, 3])
+  labels = tf.placeholder(tf.int64, [global_batch])
+  image_splits = tf.split(images, args.num_gpus)
+  label_splits = tf.split(labels, args.num_gpus)
+  opt = tf.train.MomentumOptimizer(0.05, momentum=0.9)
+  tower_grads = []
+  for i in range(args.num_gpus):
+    with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+      with tf.variable_scope('net', reuse=i > 0):
+        logits = convnet(image_splits[i], is_training=True)
+      loss = tf.losses.sparse_softmax_cross_entropy(labels=label_splits[i], logits=logits,
+                                                    scope='xent')
+      if i == 0:
+        bn_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope)
+      tower_grads.append(opt.compute_gradients(loss))
+  averaged = []
+  for grads_and_vars in zip(*tower_grads):
+    grad = tf.reduce_mean(tf.stack([g for g, _ in grads_and_vars]), axis=0)
+    averaged.append((grad, grads_and_vars[0][1]))
+  apply_op = opt.apply_gradients(averaged)
+  train_op = tf.group(apply_op, *bn_updates)
+
+  with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    for step in range(args.steps):
+      start = (step * global_batch) % NUM_EXAMPLES
+      feed = {images: x_all[start:start + global_batch], labels: y_all[start:start + global_batch]}
+      _, loss_value = sess.run([train_op, loss], feed_dict=feed)
+      if step % 10 == 0:
+        print('step %d loss %.4f' % (step, loss_value))
+
+
+if __name__ == '__main__':
+  main()
+'''
+
+
+@pytest.mark.slow
+def test_conv_tower_program_converts_and_verifies(cli, tmp_path):
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "train.py").write_text(CONV_TOWERS)
+    out = tmp_path / "out"
+    result = cli("rewrite", "--out", out, legacy)
+    assert result.returncode == 1, result
+    code = (out / "train.py").read_text()
+    assert "class Convnet(keras.Model):" in code and "TF1Variables" not in code
+    program = code.split('"""', 2)[2]  # after the module docstring
+    assert "tf_slim" not in code and "tf_keras" not in code and "arg_scope" not in program
+    variables = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]["variables"]
+    assert variables == {
+        "net/conv1/weights": "net/conv1/kernel",
+        "net/conv1/BatchNorm/beta": "net/conv1_BatchNorm/beta",
+        "net/conv1/BatchNorm/moving_mean": "net/conv1_BatchNorm/moving_mean",
+        "net/conv1/BatchNorm/moving_variance": "net/conv1_BatchNorm/moving_variance",
+        "net/conv2/weights": "net/conv2/kernel",
+        "net/conv2/BatchNorm/beta": "net/conv2_BatchNorm/beta",
+        "net/conv2/BatchNorm/moving_mean": "net/conv2_BatchNorm/moving_mean",
+        "net/conv2/BatchNorm/moving_variance": "net/conv2_BatchNorm/moving_variance",
+        "net/conv3/kernel": "net/conv3/kernel",
+        "net/conv3/bias": "net/conv3/bias",
+        "net/logits/kernel": "net/logits/kernel",
+        "net/logits/bias": "net/logits/bias",
+    }
+    again = cli("rewrite", "--write", "--allow-dirty", out)
+    assert " yes " not in again.stdout and (out / "train.py").read_text() == code
+    verified = subprocess.run(
+        [sys.executable, "-m", "tfmigrate", "verify", str(legacy / "train.py"),
+         str(out / "train.py"), "--replicas", "2", "--steps", "3"],
+        capture_output=True, text=True, timeout=600, env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    report = verified.stdout
+    assert verified.returncode == 0 and "EQUIVALENT" in report, report + verified.stderr
+    assert not re.findall(r"^(?:FAIL|DIVERGED|UNMATCHED)", report, re.M), report
+    assert re.search(r"^PASS\W+xent/value \(tower 1\)", report, re.M), report  # the loss
+    assert len(re.findall(r"^PASS\W+net/conv\d/", report, re.M)) == 10, report
+
+
+def test_imported_model_it_cannot_map_is_kept_with_file_and_line(cli, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURES / "slim_towers", repo)
+    model = repo / "nets" / "small_net.py"
+    model.write_text(
+        model.read_text().replace("slim.conv2d(net, 128", "slim.separable_conv2d(net, 128")
+    )
+    out = tmp_path / "out"
+    cli("rewrite", "--out", out, repo)
+    files = json.loads((out / "tfmigrate.json").read_text())["files"]
+    [note] = [n for n in files["train_clones.py"]["notes"] if "not converted to Keras" in n]
+    assert "`slim.separable_conv2d` (small_net.py, line 33)" in note
+    assert "import tf_slim" in (out / "nets" / "small_net.py").read_text()  # kept, consistently
+    assert "class TF1Variables" in (out / "train_clones.py").read_text()
 
 
 def _tower_program(model_def: str, tower_line: str) -> str:
@@ -217,6 +449,37 @@ def test_tower_program_gets_a_keras_model():
     assert "TF1Variables" not in code and "variable_scope" not in code
     assert fixed.manifest["variables"] == {"model/fc/kernel": "model/fc/kernel"}
     compile(code, "train.py", "exec")
+
+
+def test_arg_scope_function_around_the_call_is_read_and_goes():
+    legacy = _tower_program(
+        """
+        slim = tf.contrib.slim
+
+
+        def net_arg_scope(weight_decay=0.001):
+            with slim.arg_scope([slim.fully_connected], activation_fn=None,
+                                weights_regularizer=slim.l2_regularizer(weight_decay)) as sc:
+                return sc
+
+
+        def net(x):
+            return slim.fully_connected(x, 2, biases_initializer=None, scope='fc')
+        """,
+        "                with slim.arg_scope(net_arg_scope(weight_decay=0.01)):\n"
+        "                    pred = net(x_splits[i])\n"
+        "            loss = tf.reduce_mean(tf.square(pred - y_splits[i]), name='loss')\n",
+    )
+    fixed = process_source(
+        legacy, "train.py", Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    )
+    code = fixed.new_code
+    # activation_fn=None and the regularizer from the arg_scope, with the call's weight decay
+    assert (
+        '2, use_bias=False, kernel_regularizer=keras.regularizers.L2(0.5 * 0.01), name="fc")'
+    ) in code
+    assert "arg_scope" not in code and "slim" not in code and "pred = net(x)" in code
+    assert fixed.manifest["variables"] == {"model/fc/weights": "model/fc/kernel"}
 
 
 def test_model_code_it_cannot_map_stays_on_compat_v1_with_the_reason():

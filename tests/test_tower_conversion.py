@@ -24,6 +24,7 @@ SCRIPTS = {
     "global_updates": "train.py", "slim_clones": "train.py", "queue_saver": "train.py",
     "addn_towers": "train.py",  # with its model module
     "slim_towers": "train_clones.py",  # tf.app.flags, a slim model package
+    "layers_adam": "train.py",  # UPDATE_OPS by the first tower's literal scope, add_n(losses) / n
 }  # fmt: skip
 # Script flags for verify (the same for both sides): two towers, a small batch, no dropout
 # (random ops cannot match across runtimes).
@@ -40,8 +41,15 @@ TF1_ONLY = re.compile(r"\b(Session|placeholder|feed_dict|global_variables_initia
 # model code on tf.compat.v1: get_variable models, a model built in a loop)
 KERAS_MODELS = {
     "bn_rmsprop": "Model", "global_updates": "Model", "sum_ema_decay": "Network",
-    "slim_clones": "Mlp",
+    "slim_clones": "Mlp", "cifar_average": "Inference", "queue_saver": "Inference",
+    "layers_adam": "Net",
 }  # fmt: skip
+# Of those, get_variable models: the Keras model owns the variables under their legacy names
+# (add_weight), so the weight paths are the legacy names under the model's name.
+GET_VARIABLE_MODELS = {"cifar_average": "inference", "queue_saver": "inference"}
+# Model functions of an imported module: the class goes in that module.
+KERAS_MODELS["slim_towers"] = "SmallNet"
+MODEL_MODULES = {"slim_towers": "nets/small_net.py"}
 
 
 def _folder(name: str) -> Path:
@@ -73,13 +81,22 @@ def test_fixture_converts_to_a_tf2_program(cli, tmp_path, name):
     assert entry["variables"]
     if name in KERAS_MODELS:
         program = code.split('"""', 2)[2]  # after the module docstring
-        assert f"class {KERAS_MODELS[name]}(keras.Model):" in code
+        model_code = (out / MODEL_MODULES[name]).read_text() if name in MODEL_MODULES else code
+        assert f"class {KERAS_MODELS[name]}(keras.Model):" in model_code
         assert "TF1Variables" not in code and "variable_scope" not in program
-        assert "tf_slim" not in code and "tf_keras" not in code
+        assert "tf_slim" not in code + model_code and "tf_keras" not in code + model_code
         statements = [line for line in program.splitlines() if not line.strip().startswith("#")]
         assert not [line for line in statements if "GraphKeys" in line]  # no collections left
-        # legacy scope paths -> Keras weight paths (slim's weights/biases are kernel/bias)
-        assert not [v for v in entry["variables"].values() if v.endswith(("/weights", "/biases"))]
+        if name in GET_VARIABLE_MODELS:
+            assert "get_variable(" not in program and "add_to_collection" not in program
+            model = GET_VARIABLE_MODELS[name]
+            assert all(
+                v == f"{model}/{k}" for k, v in entry["variables"].items() if k != "global_step"
+            )
+        else:
+            # legacy scope paths -> Keras weight paths (slim's weights/biases are kernel/bias)
+            values = entry["variables"].values()
+            assert not [v for v in values if v.endswith(("/weights", "/biases"))]
         assert any(n.startswith("TFM303: the model function ") for n in entry["notes"])
     else:
         assert all(k == v for k, v in entry["variables"].items())
@@ -508,9 +525,26 @@ def test_slim_towers_shape(cli, tmp_path):
     net = (out / "nets" / "small_net.py").read_text()
     files = json.loads((out / "tfmigrate.json").read_text())["files"]
     entry = files["train_clones.py"]
-    assert "slim = tf_slim\n" in net and "with slim.arg_scope([slim.conv2d" in net
-    assert "= tf.contrib" not in net and "tf.contrib.slim" not in code.split("slim = tf_slim")[1]
-    assert "sys.modules.setdefault(" in net  # tf_slim's 4-D batch norm needs tf_keras' layers
+    # The model module's function is a Keras class the script builds; its arg-scope function
+    # (read at the towers' call: is_training=True, the defaults) goes, and tf_slim with it.
+    assert "import tf_slim" not in net and "slim." not in net
+    assert "def small_net_arg_scope" not in net
+    assert 'model = small_net.SmallNet(10, FLAGS.dropout_keep_prob, name="SmallNet")' in code
+    assert "logits = model(images, training=True)" in code and "arg_scope" not in code
+    # slim's order: conv without bias, its batch norm (the explicit normalizer_params replace
+    # the arg_scope's dict whole: default decay 0.999, frozen), then relu.
+    assert (
+        "        net = self.conv1(images)\n"
+        "        net = self.conv1_BatchNorm(net, training=training)\n"
+        "        net = tf.nn.relu(net)\n"
+    ) in net
+    assert "unbiased_ranks=(2, 4), frozen=True, momentum=0.999, epsilon=0.001" in net
+    assert "self.conv2_2 = keras.layers.Conv2D(\n            64, [3, 3]" in net  # slim.repeat
+    assert "keras.layers.Dropout(1 - dropout_keep_prob" in net
+    assert "net = tf.reduce_mean(net, [1, 2], name='global_pool')" in net
+    assert entry["variables"]["SmallNet/conv2/conv2_2/BatchNorm/moving_mean"] == (
+        "SmallNet/conv2_2_BatchNorm/moving_mean"
+    )
     assert [a["code"] for a in files["nets/small_net.py"]["applied"]] == ["TFM303"]
     # absl flags: parsed by app.run in main, by tfmigrate_program from its argv.
     assert "tf.app" not in code and "from absl import app, flags\n" in code
@@ -554,3 +588,31 @@ def test_clipping_after_the_aggregation_is_refused_with_its_line():
     [finding] = result.findings
     assert result.new_code is None and finding.code == "TFM303" and finding.line == 39
     assert "`tf.clip_by_global_norm` clips the aggregated gradients" in finding.message
+
+
+def test_layers_adam_shape(cli, tmp_path):
+    """Written differently from the other fixtures: the first tower's UPDATE_OPS collected after
+    the loop by its literal scope name, `tf.add_n(tower_losses) / num_gpus` logged, a Saver that
+    only writes once, after the loop, with `global_step=`."""
+    out = tmp_path / "out"
+    _rewrite_out(cli, "layers_adam", out)
+    code = (out / "train.py").read_text()
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
+    assert any("UPDATE_OPS only of the towers selected by `i == 0`" in n for n in entry["notes"])
+    # the towers' mean loss keeps its legacy name (the division's op, `truediv`)
+    assert (
+        "outputs['truediv'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs['loss']" in code
+    )
+    assert "program[\"checkpoint\"].write('%s-%d' % ('towers.ckpt', FLAGS.steps))" in code
+    assert "CheckpointManager" not in code
+
+
+def test_update_ops_of_a_scope_no_tower_takes_is_refused_with_the_towers_names():
+    legacy = (_folder("layers_adam") / "train.py").read_text()
+    wrong = legacy.replace("scope='tower0'", "scope='tower_0'")
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(wrong, "train.py", settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None
+    assert "UPDATE_OPS of scope 'tower_0', which no tower's name scope takes" in finding.message
+    assert "'tower0' for tower 0" in finding.message
