@@ -23,7 +23,14 @@ from tfmigrate.rules._imported_model import find as find_imported
 from tfmigrate.rules._keras_model_emit import KerasModel, NotConvertible, convert
 from tfmigrate.rules._slim_arg_scope import ArgScope, is_arg_scope, scopes_of
 from tfmigrate.rules._tower_program import Program
-from tfmigrate.rules._towers import bound_names, free_names, get_arg, identifiers, walk
+from tfmigrate.rules._towers import (
+    bind_arguments,
+    bound_names,
+    free_names,
+    get_arg,
+    identifiers,
+    walk,
+)
 from tfmigrate.rules._variable_names import VariableNames
 
 _VARIABLE_SCOPE = "tensorflow.variable_scope"
@@ -271,16 +278,7 @@ def _bind(
 ) -> tuple[cst.BaseExpression, cst.BaseExpression, dict[str, cst.BaseExpression]]:
     """The call's input, training flag and constructor arguments (by legacy parameter)."""
     params = function.params.params
-    given: dict[str, cst.BaseExpression] = {}
-    for index, arg in enumerate(call.args):
-        if arg.star:
-            raise NotConvertible(call, "the model is called with *args / **kwargs")
-        if arg.keyword is None:
-            if index >= len(params):
-                raise NotConvertible(call, "the model call has too many arguments")
-            given[params[index].name.value] = arg.value
-        else:
-            given[arg.keyword.value] = arg.value
+    given = bind_arguments(call, function, lambda what: NotConvertible(call, f"the model {what}"))
     if model.scope_param is not None and model.scope_param in given:
         raise NotConvertible(call, f"the model call gives its scope (`{model.scope_param}=`)")
     for param in params:

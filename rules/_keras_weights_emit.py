@@ -24,7 +24,7 @@ import libcst as cst
 from tfmigrate.rules._keras_model_emit import KerasModel, NotConvertible, Qualify, _camel, _Reader
 from tfmigrate.rules._keras_model_plan import KerasPlan, _call_scopes, _line, _unscoped
 from tfmigrate.rules._tower_program import Program
-from tfmigrate.rules._towers import bound_names, free_names, get_arg, walk
+from tfmigrate.rules._towers import bind_arguments, bound_names, free_names, get_arg, walk
 from tfmigrate.rules._variable_names import VariableNames
 
 _GET_VARIABLE = "tensorflow.get_variable"
@@ -136,16 +136,9 @@ class _Helpers:
 
     def _helper(self, function: cst.FunctionDef, call: cst.Call, scope: str | None) -> Weight:
         params = function.params.params
-        env: dict[str, cst.BaseExpression] = {}
-        for index, arg in enumerate(call.args):
-            if arg.star:
-                raise NotConvertible(call, "a variable helper called with *args / **kwargs")
-            if arg.keyword is None:
-                if index >= len(params):
-                    raise NotConvertible(call, "a variable helper called with too many arguments")
-                env[params[index].name.value] = arg.value
-            else:
-                env[arg.keyword.value] = arg.value
+        env = bind_arguments(
+            call, function, lambda what: NotConvertible(call, f"a variable helper {what}")
+        )
         for param in params:
             if param.name.value not in env and param.default is not None:
                 env[param.name.value] = param.default

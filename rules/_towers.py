@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -389,3 +389,22 @@ class TowerRule(Rule):
             if self.line(b[0]) <= at and id(b[0]) not in inside
         ]
         return before[-1] if before else None
+
+
+def bind_arguments(
+    call: cst.Call, function: cst.FunctionDef, problem: Callable[[str], Exception]
+) -> dict[str, cst.BaseExpression]:
+    """The call's arguments by the function's parameter names (positional ones in order,
+    keywords by name); ``problem(what)`` is raised for `*args`/`**kwargs` or too many."""
+    params = function.params.params
+    given: dict[str, cst.BaseExpression] = {}
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            raise problem("called with *args / **kwargs")
+        if arg.keyword is None:
+            if index >= len(params):
+                raise problem("called with too many arguments")
+            given[params[index].name.value] = arg.value
+        else:
+            given[arg.keyword.value] = arg.value
+    return given

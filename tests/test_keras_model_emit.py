@@ -8,7 +8,6 @@ statistics after a training-mode call, same regularization loss, the same initia
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-from keras_model_source import convert
+from keras_model_source import convert, run_numerics
 
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.names import NameResolver
@@ -126,22 +125,7 @@ def _convert(source: str, function: str) -> emit.KerasModel:
 
 @pytest.fixture(scope="module")
 def numerics() -> dict:
-    env = {
-        **os.environ,
-        "TF_USE_LEGACY_KERAS": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "CUDA_VISIBLE_DEVICES": "-1",
-    }
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "keras_model_numerics.py")],
-        input=json.dumps(CASES),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_numerics("keras_model_numerics.py", CASES, TF_USE_LEGACY_KERAS="1")
 
 
 @pytest.mark.slow

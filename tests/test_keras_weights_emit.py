@@ -8,13 +8,10 @@ weight decay (the 'losses' collection against model.losses), every variable mapp
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from keras_model_source import run_numerics
 from keras_weights_source import convert
 
 from tfmigrate.engine import Settings, process_source
@@ -280,17 +277,7 @@ def test_tower_program_that_cannot_use_it_says_why(old, new, reason):
 
 @pytest.fixture(scope="module")
 def numerics() -> dict:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "keras_weights_numerics.py")],
-        input=json.dumps(CASES),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_numerics("keras_weights_numerics.py", CASES)
 
 
 @pytest.mark.slow

@@ -192,15 +192,8 @@ def run_noise(plan: RunPlan, seed: int = 1) -> SideRun:
     out.mkdir(parents=True, exist_ok=True)
     cmd[cmd.index("--out") + 1] = str(out)
     cmd += ["--nudge-initial", str(seed), "--", *plan.script_args]
-    proc = _start(cmd, plan.workdir / "noise" / "cwd", _env(LEGACY_ENV, plan.seed, plan.device),
-                  plan.workdir / "noise" / "log")
-    try:
-        proc.wait(timeout=plan.timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    _stop(proc)
-    return _finish("legacy (nudged)", proc, out, plan.workdir / "noise" / "log", timed_out)
+    return _run_alone("legacy (nudged)", cmd, out, plan.workdir / "noise", plan,
+                      _env(LEGACY_ENV, plan.seed, plan.device))
 
 
 def run_roundtrip(plan: RunPlan) -> SideRun:
@@ -208,13 +201,18 @@ def run_roundtrip(plan: RunPlan) -> SideRun:
     folder = plan.roundtrip_dir
     cmd = [sys.executable, "-m", "tfmigrate.verify.roundtrip_boot", "--script", str(plan.migrated.resolve()),
            "--dir", str(folder), "--seed", str(plan.seed), "--", *plan.script_args]
-    proc = _start(cmd, plan.workdir / "roundtrip-cwd",
-                  _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)),
-                  plan.workdir / "roundtrip-log")
+    return _run_alone("roundtrip", cmd, folder, plan.workdir / "roundtrip-run", plan,
+                      _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)))
+
+
+def _run_alone(side: str, cmd: list[str], out: Path, folder: Path, plan: RunPlan,
+               env: dict[str, str]) -> SideRun:
+    """One more process after both sides: run it in ``folder``/cwd to its end (or the timeout)."""
+    proc = _start(cmd, folder / "cwd", env, folder / "log")
     try:
         proc.wait(timeout=plan.timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
     _stop(proc)
-    return _finish("roundtrip", proc, folder, plan.workdir / "roundtrip-log", timed_out)
+    return _finish(side, proc, out, folder / "log", timed_out)
