@@ -1587,8 +1587,8 @@ class ProgramReader:
         self,
         statement: cst.CSTNode,
         scope_names: list[str],
-        scope_formats: list[cst.BaseExpression] = (),  # type: ignore[assignment]
-        index: str = "",
+        scope_formats: list[cst.BaseExpression],
+        index: str,
     ) -> UpdateOps | None:
         """``ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)`` after the tower loop (every
         tower's), ``(..., scope)`` with the tower loop's last name scope (the last tower's), or
@@ -2086,8 +2086,7 @@ class ProgramReader:
             isinstance(value, cst.BinaryOperation)
             and isinstance(value.operator, cst.Divide)
             and isinstance(tail.tower["count"], cst.BaseExpression)
-            and cst.Module([]).code_for_node(value.right)
-            == cst.Module([]).code_for_node(tail.tower["count"])
+            and value.right.deep_equals(tail.tower["count"])
         ):
             # `tf.add_n(tower_losses) / num_gpus`: the mean of the towers' scalars
             total = _call_of(value.left)

@@ -303,7 +303,7 @@ model.save_weights('model.h5')
                 arg = keyword(call, "filepath", 0)
                 if arg is not None and self._check(arg, "`save_weights`"):
                     saved.add(_literal_text(_file_literal(arg.value)) or "")
-            elif method == "load_weights" or (self.call_name(call) or "").endswith(_LOAD_MODEL):
+            elif method == "load_weights" or self._is_load_model(call):
                 arg = keyword(call, "filepath", 0)
                 if arg is not None and keyword(call, "by_name") is None:
                     loads.append((call, arg))
