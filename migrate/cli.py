@@ -160,6 +160,8 @@ def _print_findings(results: list[FileResult]) -> None:
             fix = ""
             if finding.fixable and not finding.applied:
                 fix = f" [{finding.safety.value} fix]"
+            if finding.rewritten:
+                fix += " [line of the rewritten file]"
             out.print(
                 Text.assemble(
                     (f"{finding.location}:", "bold"),

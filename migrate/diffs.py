@@ -41,6 +41,8 @@ def notes_for(findings: list[Finding]) -> bytes:
             if finding.applied
             else (f"{finding.safety.value} fix available" if finding.fixable else "manual")
         )
+        if finding.rewritten:
+            state += ", line of the rewritten file"
         out.append(f"# {finding.location}: {finding.code} [{state}] {finding.message}\n")
     return "".join(out).encode()
 

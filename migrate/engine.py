@@ -124,9 +124,13 @@ def process_source(
     pending = fixes
     contributed: dict[str, object] = {}
     new_code: str | None = None  # new_module's text, once generated
+    # Findings that only the fixed text has (a converted program's `.h5` save, an optimizer a
+    # new train step builds): reported too, placed in the rewritten text.
+    known = {(f.code, f.message) for f in findings}
+    later: dict[tuple[str, str], Finding] = {}
     for _ in range(_MAX_FIX_PASSES):
         new_module, applied = _apply(new_module, pending)
-        _mark_applied(findings, applied)
+        _mark_applied([*findings, *later.values()], applied)
         for _finding, fix in pending:
             if fix is not None and fix.manifest:
                 contributed.update(fix.manifest)
@@ -143,9 +147,14 @@ def process_source(
                 )
                 pass_resolver = _resolver_from(pass_facts)
             suppressible = _may_suppress(new_code)
-        _, pending, _ = _run_rules(
+        pass_findings, pending, _ = _run_rules(
             new_module, path, pass_settings, inherited, pass_resolver, suppressible
         )
+        for finding in pass_findings:
+            key = (finding.code, finding.message)
+            if key not in known and key not in later:
+                finding.rewritten = True
+                later[key] = finding
         if not pending:
             break
     original = _text_of(source, module)
@@ -163,6 +172,14 @@ def process_source(
         return result
     result.new_code = new_code
     result.new_bytes = new_module.bytes
+    # A later finding left unfixed is reported only if the written text still has it.
+    final = {(f.code, f.message): f for f in pass_findings}
+    for key, finding in later.items():
+        if finding.applied:
+            result.findings.append(finding)
+        elif key in final:
+            final[key].rewritten = True
+            result.findings.append(final[key])
     result.manifest = contributed
     return result
 

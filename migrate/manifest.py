@@ -44,6 +44,7 @@ def entry_for(result: FileResult) -> dict[str, Any]:
                 "line": f.line,
                 "message": f.message,
                 **({"cell": f.cell} if f.cell else {}),
+                **({"rewritten": True} if f.rewritten else {}),
             }
             for f in applied
         ],
@@ -53,6 +54,7 @@ def entry_for(result: FileResult) -> dict[str, Any]:
                 "line": f.line,
                 "message": f.message,
                 **({"cell": f.cell} if f.cell else {}),
+                **({"rewritten": True} if f.rewritten else {}),
             }
             for f in pending
         ],

@@ -82,6 +82,8 @@ class Finding:
     applied: bool = False
     cell: int | None = None  # notebook cell index (1-based) when the file is a notebook
     end_line: int | None = None
+    # Found on the text the fixes wrote, not the input: ``line`` counts lines of that text.
+    rewritten: bool = False
 
     @property
     def location(self) -> str:
@@ -101,6 +103,8 @@ class Finding:
         }
         if self.cell is not None:
             data["cell"] = self.cell
+        if self.rewritten:
+            data["rewritten"] = True
         return data
 
 

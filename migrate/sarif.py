@@ -46,6 +46,9 @@ def to_sarif(results: list[FileResult], rules: tuple[type[Rule], ...]) -> dict[s
                     }
                 ],
             }
+            if finding.rewritten:
+                # The region counts lines of the rewritten file, which the tool wrote or proposed.
+                entry["properties"] = {"rewritten": True}
             if finding.code in index:
                 entry["ruleIndex"] = index[finding.code]
             sarif_results.append(entry)

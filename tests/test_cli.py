@@ -180,6 +180,42 @@ def test_unsafe_fix_needs_flag(cli, tree):
     assert cli("rewrite", "--check", "--unsafe-fixes", ".", cwd=root).returncode == 1
 
 
+KERAS2_H5 = """
+import numpy as np
+from keras.layers import Dense, Input
+from keras.models import Model, load_model
+from keras.utils import multi_gpu_model
+
+x, y = np.zeros((8, 4)), np.zeros((8, 1))
+inputs = Input(shape=(4,))
+base = Model(inputs, Dense(1)(inputs))
+parallel = multi_gpu_model(base, gpus=2)
+parallel.compile(loss='mse', optimizer='sgd')
+parallel.fit(x, y)
+base.save('m.h5')
+restored = load_model('m.h5')
+"""
+
+
+def test_findings_on_the_rewritten_text_are_reported_with_its_lines(cli, tree, tmp_path):
+    # The `.h5` save/load pair is only a TFM206 finding once TFM107 has made the script Keras 3.
+    root = tree({"train.py": KERAS2_H5})
+    out = tmp_path / "migrated"
+    result = cli("rewrite", "--out", out, "--format", "json", ".", cwd=root)
+    later = [f for f in json.loads(result.stdout)["findings"] if f.get("rewritten")]
+    h5 = [f for f in later if f["code"] == "TFM206"]
+    assert len(h5) == 1 and not h5[0]["applied"] and h5[0]["fix_safety"] == "unsafe", later
+    written = (out / "train.py").read_text().splitlines()
+    assert "load_model('m.h5')" in written[h5[0]["line"] - 1]
+    manifest = json.loads((out / "tfmigrate.json").read_text())
+    assert {"code": "TFM206", "rewritten": True}.items() <= manifest["files"]["train.py"][
+        "manual"
+    ][0].items()
+    text = cli("rewrite", "--unsafe-fixes", ".", cwd=root).stdout
+    assert "TFM206 [fixed, line of the rewritten file]" in text
+    assert "load_model('m.keras')" in text
+
+
 def test_write_then_check_then_write_again_is_a_noop(cli, tree):
     root = tree({"model.py": FROZEN_BN, "util.py": PLAIN})
     os.chmod(root / "model.py", 0o755)
