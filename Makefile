@@ -18,7 +18,7 @@ demo: $(STAMP)
 	bash scripts/demo.sh
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --durations=15
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=40
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not slow"
