@@ -33,6 +33,8 @@ class ImportedModel:
     # model module's qualify (arg_scope functions the towers call)
     functions: dict[str, tuple[cst.FunctionDef, Qualify]] = field(default_factory=dict)
     arg_scope_functions: set[str] = field(default_factory=set)  # those the towers used
+    # variable helpers of a get_variable model that only it used (they go with it)
+    dropped: set[str] = field(default_factory=set)
 
 
 def _module_names(module: cst.Module) -> dict[str, str]:
@@ -146,6 +148,7 @@ def keras_plan_of_importer(importer: Path, options: dict, rule: type):  # type: 
     model module must define for the two to stay consistent."""
     from tfmigrate import tree
     from tfmigrate.rule import RuleContext
+    from tfmigrate.rules import _batch_norm_sync as batch_norm_sync
     from tfmigrate.rules import tower_program
     from tfmigrate.rules._keras_model_plan import KerasPlan, plan
     from tfmigrate.rules._tower_program import Blocked
@@ -171,7 +174,15 @@ def keras_plan_of_importer(importer: Path, options: dict, rule: type):  # type: 
     except Blocked:
         return None
     result = plan(program, module, reader.qualify, PurePosixPath(importer))
-    return result if isinstance(result, KerasPlan) and result.imported is not None else None
+    if not (isinstance(result, KerasPlan) and result.imported is not None):
+        return None
+    if batch_norm_sync.mode(options) == "sync":  # as the program's own conversion decides
+        try:
+            tower_program._check_batch_norm_sync(reader, result)
+        except Blocked:
+            return None
+        result = batch_norm_sync.synchronized_plan(result)
+    return result
 
 
 def keras_model_module(context, importer_name: str, rule: type) -> tuple[cst.Module, str] | None:  # type: ignore[no-untyped-def]
@@ -192,7 +203,7 @@ def keras_model_module(context, importer_name: str, rule: type) -> tuple[cst.Mod
         name
         for name in imported.arg_scope_functions
         if used.get(name, 0) == 1  # its def: the towers were its only users
-    }
+    } | imported.dropped
     unit = module.default_indent
     body: list[cst.BaseStatement] = []
     for statement in module.body:
@@ -211,3 +222,8 @@ def keras_model_module(context, importer_name: str, rule: type) -> tuple[cst.Mod
         + (f"; {', '.join(sorted(dropped))} removed: only the towers used it" if dropped else "")
     )
     return new, note
+
+
+# For the get_variable model of an imported module (see _keras_weights_emit).
+module_names = _module_names
+renamed_module = _renamed

@@ -26,6 +26,7 @@ from tfmigrate.rules._slim_arg_scope import (
     scopes_of,
 )
 from tfmigrate.rules._slim_arg_scope import short_name as _short
+from tfmigrate.rules._static_loops import NotStatic, unroll
 from tfmigrate.rules._towers import walk
 
 Qualify = Callable[[cst.BaseExpression], "str | None"]
@@ -139,6 +140,13 @@ class KerasModel:
     uses_tf1_batch_norm: bool = False
     notes: list[str] = field(default_factory=list)
     scope_param: str | None = None  # the parameter that names `scope` (its default)
+    # A `True` training flag from the slim arg_scope around the towers' call follows call()'s
+    # `training` (the towers pass True): the call site's mode, not one fixed in the model.
+    call_site_training: bool = False
+
+    @property
+    def takes_training(self) -> bool:
+        return self.training_param is not None or self.call_site_training
 
     def variables(self, prefix: str, model_name: str) -> dict[str, str]:
         """Legacy variable name -> Keras weight path, for a model instance named `model_name`
@@ -176,6 +184,9 @@ class _Reader:
         self.unnamed: dict[str, int] = {}
         self.tf1_batch_norm = False
         self.training_param: str | None = None
+        # ids of the nodes of the arg_scopes around the towers' call (see call_site_training)
+        self.call_site: frozenset[int] = frozenset()
+        self.call_site_training = False
         self.params = [p.name.value for p in function.params.params] if function else []
         self.init_uses: set[str] = set()  # parameters read by layer constructors
         self.notes: list[str] = []
@@ -243,6 +254,12 @@ class _Reader:
         if self.names_only:
             return "training"
         if isinstance(value, cst.Name) and value.value in ("True", "False"):
+            if value.value == "True" and id(value) in self.call_site:
+                # slim applied the towers' arg_scope to this call only: a model called outside
+                # it (evaluation) did not train this layer. False stays fixed: slim used the
+                # moving statistics in training too.
+                self.call_site_training = True
+                return "training"
             return value.value
         if isinstance(value, cst.Name) and value.value in self.params[1:]:
             if self.training_param not in (None, value.value):
@@ -892,10 +909,20 @@ def convert(
     module: cst.Module,
     class_name: str | None = None,
     arg_scopes: list[ArgScope] | None = None,
+    call_site_training: bool = True,
 ) -> KerasModel:
     """The Keras model class for `function`, or NotConvertible with the reason. `arg_scopes`:
-    the slim arg_scopes around the legacy model call (outermost first)."""
+    the slim arg_scopes around the legacy model call (outermost first). `call_site_training`
+    False: their literal training flags are fixed in call() as they are (for a call that
+    does not train the model, see KerasModel.call_site_training)."""
     reader = _Reader(function, qualify, module)
+    if call_site_training:
+        reader.call_site = frozenset(
+            id(node)
+            for scope in arg_scopes or ()
+            for value in scope.defaults.values()
+            for node in walk(value)
+        )
     params = function.params
     if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.star_kwarg or params.kwonly_params or params.posonly_params:  # fmt: skip
         raise NotConvertible(
@@ -915,27 +942,34 @@ def convert(
     statements: list[tuple[cst.BaseStatement, int]] = []
     calls = _Calls(reader)
     for statement, depth, stack, scoped in flat:
-        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            raise NotConvertible(statement, "a model function that is not straight-line code")
-        small = statement.body[0]
-        if isinstance(small, cst.Assign) and _is_alias(small, qualify):
-            # `regularizer = slim.l2_regularizer(wd)`: a constructor-time value, inlined.
-            reader.aliases[small.targets[0].target.value] = small.value  # type: ignore[attr-defined]
-            continue
-        if own.name is not None and not scoped and _has_layer(statement, qualify):
-            raise NotConvertible(statement, "model code outside the function's variable_scope")
-        if not isinstance(small, cst.Assign | cst.Return):
-            raise NotConvertible(statement, "a statement other than an assignment or return")
-        if isinstance(small, cst.Assign) and not all(
-            isinstance(t.target, cst.Name) for t in small.targets
-        ):
-            raise NotConvertible(statement, "an assignment to something other than a name")
-        reader.arg_scopes = stack
-        new = statement.visit(calls)
-        if calls.error is not None:
-            raise calls.error
-        for line in _expanded(new, calls, small):  # type: ignore[arg-type]
-            statements.append((line, depth))
+        try:
+            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                raise NotConvertible(statement, "a model function that is not straight-line code")
+            small = statement.body[0]
+            if isinstance(small, cst.Assign) and _is_alias(small, qualify):
+                # `regularizer = slim.l2_regularizer(wd)`: a constructor-time value, inlined.
+                reader.aliases[small.targets[0].target.value] = small.value  # type: ignore[attr-defined]
+                continue
+            if own.name is not None and not scoped and _has_layer(statement, qualify):
+                raise NotConvertible(statement, "model code outside the function's variable_scope")
+            if not isinstance(small, cst.Assign | cst.Return):
+                raise NotConvertible(statement, "a statement other than an assignment or return")
+            if isinstance(small, cst.Assign) and not all(
+                isinstance(t.target, cst.Name) for t in small.targets
+            ):
+                raise NotConvertible(statement, "an assignment to something other than a name")
+            reader.arg_scopes = stack
+            new = statement.visit(calls)
+            if calls.error is not None:
+                raise calls.error
+            for line in _expanded(new, calls, small):  # type: ignore[arg-type]
+                statements.append((line, depth))
+        except NotConvertible as exc:
+            loop = own.loops.get(id(statement))
+            if loop is None:
+                raise
+            # The written-out copy is not in the source: name the loop's line.
+            raise NotConvertible(loop, f"{exc.reason}, in a `for` loop") from None
     if not reader.layers or not any(layer.weights for layer in reader.layers):
         raise NotConvertible(function, "no layer with weights in the model function")
     names = [layer.name for layer in reader.layers if layer.name]
@@ -976,6 +1010,7 @@ def convert(
         uses_tf1_batch_norm=reader.tf1_batch_norm,
         notes=list(dict.fromkeys(reader.notes)),
         scope_param=own.param,
+        call_site_training=reader.call_site_training,
     )
     unit = module.default_indent
     result.source = _class_source(result, statements, docstring, unit)
@@ -1011,6 +1046,7 @@ class _OwnScope:
         self.function, self.qualify = function, qualify
         self.name: str | None = None
         self.param: str | None = None
+        self.loops: dict[int, cst.For] = {}  # written-out statements -> their source loop
 
     def read(self, statement: cst.With, call: cst.Call) -> None:
         if self.name is not None:
@@ -1051,9 +1087,21 @@ def _flatten(
     whether they are inside the function's own variable scope."""
     out: list[tuple[cst.BaseStatement, int, list[ArgScope], bool]] = []
     for statement in body:
+        if isinstance(statement, cst.For):
+            # A loop over a literal list: its iterations written out (layer names folded).
+            try:
+                unrolled = unroll(statement, own.function)
+            except NotStatic as exc:
+                raise NotConvertible(exc.node, exc.reason) from None
+            source = own.loops.get(id(statement), statement)
+            own.loops.update((id(s), source) for s in unrolled)
+            out += _flatten(unrolled, depth + 1, stack, own, qualify, functions, scoped)
+            continue
         if not isinstance(statement, cst.With):
             out.append((statement, depth, stack, scoped))
             continue
+        if id(statement) in own.loops:  # a `with` in a loop: its body from the same loop
+            own.loops.update((id(s), own.loops[id(statement)]) for s in statement.body.body)
         inner, inner_scoped = list(stack), scoped
         for item in statement.items:
             call = item.item
@@ -1117,7 +1165,7 @@ def _class_source(
         if doc
         else f"The layers of the TF1 model function {described}, as Keras layers."
     )
-    training = ", training=False" if model.training_param else ""
+    training = ", training=False" if model.takes_training else ""
     return (
         f"class {model.class_name}(keras.Model):\n"
         f'{unit}"""{doc}"""\n\n'

@@ -68,7 +68,7 @@ def plan(
     # -- tf.get_variable model functions (CIFAR-10 tutorial style): _keras_weights_emit --
     from tfmigrate.rules._keras_weights_emit import plan_weights  # imports this module
 
-    weights_plan = plan_weights(program, module, qualify)
+    weights_plan = plan_weights(program, module, qualify, path)
     if weights_plan is not None:
         return weights_plan
     # -- end of the get_variable branch --
@@ -122,6 +122,15 @@ def plan(
         return f"the module already uses the name `{model.class_name}`"
     try:
         inputs, training, init = _bind(call, function, model)
+        if model.call_site_training and not (
+            isinstance(training, cst.Name) and training.value == "True"
+        ):
+            # the call's own flag is not True: the arg_scope's True stays fixed in call()
+            model = convert(
+                function, model_qualify, model_module, arg_scopes=arg_scopes,
+                call_site_training=False,
+            )  # fmt: skip
+            inputs, training, init = _bind(call, function, model)
     except NotConvertible as exc:
         return exc.reason
     tower_made = set().union(set(), *(bound_names(s) for s in program.tower_body))
@@ -151,7 +160,7 @@ def plan(
                     equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
                 )
             ]
-            if model.training_param
+            if model.takes_training
             else []
         ),
     )
@@ -287,7 +296,9 @@ def _bind(
     missing = [p.name.value for p in params if p.name.value not in given]
     if missing:
         raise NotConvertible(call, f"the model call does not give `{missing[0]}`")
-    training = given.get(model.training_param or "", cst.Name("False"))
+    # No flag of its own: the towers' arg_scope trained the model (call_site_training) or not.
+    unflagged = cst.Name("True" if model.call_site_training else "False")
+    training = given.get(model.training_param or "", unflagged)
     init = {p: given[p] for p in model.init_params}
     return given[model.input_param], training, init
 

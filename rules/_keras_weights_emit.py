@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
+from tfmigrate.names import NameResolver
+from tfmigrate.rules._imported_model import ImportedModel, module_names, renamed_module
 from tfmigrate.rules._keras_model_emit import KerasModel, NotConvertible, Qualify, _camel, _Reader
 from tfmigrate.rules._keras_model_plan import KerasPlan, _call_scopes, _line, _unscoped
 from tfmigrate.rules._tower_program import Program
-from tfmigrate.rules._towers import bind_arguments, bound_names, free_names, get_arg, walk
+from tfmigrate.rules._towers import (
+    bind_arguments,
+    bound_names,
+    free_names,
+    get_arg,
+    walk,
+)
 from tfmigrate.rules._variable_names import VariableNames
 
 _GET_VARIABLE = "tensorflow.get_variable"
@@ -784,50 +793,137 @@ def convert_weights(
     return WeightsModel(class_name, source, model)
 
 
-def plan_weights(program: Program, module: cst.Module, qualify: Qualify) -> KerasPlan | str | None:
+def _imported_model(
+    program: Program, module: cst.Module, path: PurePosixPath | None
+) -> ImportedModel | str | None:
+    """The get_variable model function of a module of the project the script imports (the
+    tutorial's ``cifar10.inference(images)``, called in the towers or in the function they
+    call), or why it cannot be used, or None when the script calls none."""
+    if path is None:
+        return None
+    names = module_names(module)
+    folder = Path(path).parent
+    found: dict[tuple[str, str], ImportedModel] = {}
+    for statement in module.body:
+        if statement is program.function:
+            statement = cst.IndentedBlock(list(program.tower_body))  # noqa: PLW2901
+        for node in walk(statement):
+            if not (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and isinstance(node.func.value, cst.Name)
+                and node.func.value.value in names
+            ):
+                continue
+            access, called = node.func.value.value, node.func.attr.value
+            if (access, called) in found:
+                found[(access, called)].call = None  # type: ignore[assignment]  # called twice
+                continue
+            file = folder / (names[access].replace(".", "/") + ".py")
+            try:
+                model_module = renamed_module(file.read_text(encoding="utf-8"), file.name)
+            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+                continue
+            model_qualify = NameResolver.for_module(model_module).qualify
+            functions = {
+                s.name.value: s for s in model_module.body if isinstance(s, cst.FunctionDef)
+            }
+            helper_defs = _helper_names(functions, model_qualify)
+            function = functions.get(called)
+            if function is not None and _is_model(function, helper_defs, model_qualify):
+                found[(access, called)] = ImportedModel(
+                    file, access, function, node, model_module, model_qualify
+                )
+    if not found:
+        return None
+    if len(found) > 1:
+        return f"the program calls {len(found)} get_variable model functions of other modules"
+    imported = next(iter(found.values()))
+    if imported.call is None:
+        return f"`{imported.access}.{imported.function.name.value}` is called more than once"
+    return imported
+
+
+def plan_weights(
+    program: Program, module: cst.Module, qualify: Qualify, path: PurePosixPath | None = None
+) -> KerasPlan | str | None:
     """The Keras plan for a tower program whose model function makes its variables with
-    tf.get_variable; None when there is no such function (another conversion may apply);
-    otherwise the reason the model code stays on tf.compat.v1."""
+    tf.get_variable -- in the script, or in a module of the project it imports (`path`: the
+    script's file; the class then goes in that module); None when there is no such function
+    (another conversion may apply); otherwise the reason the model code stays on
+    tf.compat.v1."""
     functions = {
         s.name.value: s
         for s in module.body
         if isinstance(s, cst.FunctionDef) and s is not program.function
     }
+    imported: ImportedModel | None = None
     if not any(
         isinstance(n, cst.Call) and qualify(n.func) == _GET_VARIABLE
         for f in functions.values()
         for n in walk(f)
     ):
-        return None
-    helper_defs = _helper_names(functions, qualify)
-    models = [f for f in functions.values() if _is_model(f, helper_defs, qualify)]
-    if len(models) != 1:
+        found = _imported_model(program, module, path)
+        if not isinstance(found, ImportedModel):
+            return found
+        imported = found
+    model_module = imported.module if imported is not None else module
+    model_qualify = imported.qualify if imported is not None else qualify
+    model_functions = {
+        s.name.value: s
+        for s in model_module.body
+        if isinstance(s, cst.FunctionDef) and s is not program.function
+    }
+    helper_defs = _helper_names(model_functions, model_qualify)
+    models = [f for f in model_functions.values() if _is_model(f, helper_defs, model_qualify)]
+    if imported is not None:
+        models = [imported.function]
+        where = f" ({imported.path.name})"
+    elif len(models) != 1:
         return (
             f"{len(models)} functions make tf.get_variable variables "
             "(besides helpers that return one)"
         )
+    else:
+        where = ""
     function = models[0]
     legacy = function.name.value
     try:
-        converted = convert_weights(function, module, qualify)
+        converted = convert_weights(function, model_module, model_qualify)
     except NotConvertible as exc:
-        return f"{exc.reason} (line {_line(module, exc.node)})"
+        return f"{exc.reason} ({where.strip(' ()') + ', ' if where else ''}line {_line(model_module, exc.node)})"
     model, class_name = converted.model, converted.class_name
-    if class_name in {n.value for n in walk(module) if isinstance(n, cst.Name)}:
-        return f"the module already uses the name `{class_name}`"
-    instance = legacy  # the model object takes the function's name where it was called
+    if class_name in {n.value for n in walk(model_module) if isinstance(n, cst.Name)}:
+        return f"the module{where} already uses the name `{class_name}`"
+    # The model object takes the function's name where it was called.
+    instance = legacy
+    if imported is not None:
+        attributes = {id(n.attr) for n in walk(module) if isinstance(n, cst.Attribute)}
+        if any(
+            isinstance(n, cst.Name) and n.value == legacy and id(n) not in attributes
+            for n in walk(module)
+        ):
+            return f"the script already uses the name `{legacy}` (the model object's)"
+        if _calls_of(legacy, model_module.body):
+            return f"`{legacy}` is called in its own module{where}"
+        helper_defs = set()  # the script's: its own functions make no variables
+
+    def model_calls(nodes) -> list[cst.Call]:  # type: ignore[no-untyped-def]
+        if imported is None:
+            return _calls_of(legacy, nodes)
+        return [n for node in nodes for n in walk(node) if n is imported.call]
 
     # Where the model is called: in the tower, or in one function the tower calls once.
-    module_calls = _calls_of(legacy, module.body)
+    module_calls = model_calls(module.body)
     if len(module_calls) != 1:
         return f"`{legacy}` is called {len(module_calls)} times"
-    tower_calls = _calls_of(legacy, program.tower_body)
+    tower_calls = model_calls(program.tower_body)
     caller: cst.FunctionDef | None = None
     if tower_calls:
         call = tower_calls[0]
         block = list(program.tower_body)
     else:
-        callers = [f for f in functions.values() if _calls_of(legacy, [f])]
+        callers = [f for f in functions.values() if model_calls([f])]
         caller = callers[0] if callers else None
         if caller is None or caller is function or caller.name.value in helper_defs:
             return f"`{legacy}` is not called by the towers"
@@ -841,7 +937,7 @@ def plan_weights(program: Program, module: cst.Module, qualify: Qualify) -> Kera
             for n in walk(caller)
         ):
             return f"`{caller.name.value}` makes variables or scopes around the model call"
-        call = _calls_of(legacy, [caller])[0]
+        call = model_calls([caller])[0]
         block = _body(caller)
     if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
         return f"`{legacy}` is not called with its input alone"
@@ -869,6 +965,17 @@ def plan_weights(program: Program, module: cst.Module, qualify: Qualify) -> Kera
             and qualify(n.func) in (_ADD, _GET)
             and _collection_key(n) == key
         ]
+        if imported is not None:
+            outside += [
+                n
+                for s in model_module.body
+                if s is not function
+                and not (isinstance(s, cst.FunctionDef) and s.name.value in model.helpers)
+                for n in walk(s)
+                if isinstance(n, cst.Call)
+                and model_qualify(n.func) in (_ADD, _GET)
+                and _collection_key(n) == key
+            ]
         if outside or (
             caller is None
             and program.graph_setup
@@ -883,6 +990,14 @@ def plan_weights(program: Program, module: cst.Module, qualify: Qualify) -> Kera
         if isinstance(read, str):
             return read
         block = read
+    if imported is not None:  # `model.inference(images)` -> the instance's call
+        block = [s.visit(_CallInstance(imported.access, legacy)) for s in block]
+        call = next(
+            n
+            for s in block
+            for n in walk(s)
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == legacy
+        )
 
     if caller is None:
         scopes = _call_scopes(block, call, qualify)
@@ -912,7 +1027,7 @@ def plan_weights(program: Program, module: cst.Module, qualify: Qualify) -> Kera
             params=params, body=caller.body.with_changes(body=[*_docstring(caller), *block])
         )
     others = [
-        s for s in module.body
+        s for s in model_module.body
         if s is not function and not (isinstance(s, cst.FunctionDef) and s.name.value in model.helpers)
     ]  # fmt: skip
     for name in model.helpers:
@@ -920,17 +1035,37 @@ def plan_weights(program: Program, module: cst.Module, qualify: Qualify) -> Kera
             isinstance(n, cst.Name) and n.value == name for s in others for n in walk(s)
         ):
             return f"the variable helper `{name}` is used outside the model function"
-        rewritten[name] = None
+        if imported is not None:
+            if any(
+                isinstance(n, cst.Attribute)
+                and isinstance(n.value, cst.Name)
+                and n.value.value == imported.access
+                and n.attr.value == name
+                for n in walk(module)
+            ):
+                return f"the variable helper `{name}` is used by the script"
+            imported.dropped.add(name)  # the model module drops it
+        else:
+            rewritten[name] = None
 
-    constructor = f'{instance} = {class_name}(name="{legacy}")'
+    access = f"{imported.access}." if imported is not None else ""
+    constructor = f'{instance} = {access}{class_name}(name="{legacy}")'
     graph_setup = [*program.graph_setup, cst.parse_statement(constructor)]
     reader = VariableNames(module, qualify)
-    del reader.functions[legacy]
+    reader.functions.pop(legacy, None)
+    if imported is not None:  # the tower calls the rewritten caller, which calls the instance
+        reader.functions.update(
+            {k: v for k, v in rewritten.items() if isinstance(v, cst.FunctionDef)}
+        )
+        reader.import_functions(model_module, model_qualify, imported.access)  # `model.loss`
     left = reader.run(tower_body)
     if left is None or left:
         return "the tower creates variables besides the model's"
     variables = converted.variables(legacy)
-    legacy_names = VariableNames(module, qualify).run([*program.graph_setup, *program.tower_body])
+    legacy_reader = VariableNames(module, qualify)
+    if imported is not None:
+        legacy_reader.import_functions(model_module, model_qualify, imported.access)
+    legacy_names = legacy_reader.run([*program.graph_setup, *program.tower_body])
     if legacy_names is None or set(legacy_names) - {"global_step"} != set(variables):
         return "the model's legacy variable names could not be matched one to one"
     global_step = None
@@ -968,8 +1103,27 @@ def plan_weights(program: Program, module: cst.Module, qualify: Qualify) -> Kera
     )
     return KerasPlan(
         keras_model, instance, legacy, tower_body, graph_setup, variables, notes, global_step,
-        rewritten=rewritten,
+        rewritten=rewritten, imported=imported,
     )  # fmt: skip
+
+
+class _CallInstance(cst.CSTTransformer):
+    """``<access>.<name>(...)`` -> ``<name>(...)``: the model object the caller now takes."""
+
+    def __init__(self, access: str, name: str) -> None:
+        super().__init__()
+        self.access, self.name = access, name
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = updated_node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value == self.access
+            and func.attr.value == self.name
+        ):
+            return updated_node.with_changes(func=cst.Name(self.name))
+        return updated_node
 
 
 def _docstring(function: cst.FunctionDef) -> list[cst.BaseStatement]:

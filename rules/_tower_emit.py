@@ -242,6 +242,36 @@ JIT_NOTE = (
 
 # TF1's default names of the ops a tower loss usually ends with.
 _DEFAULT_OP_NAMES = {"reduce_mean": "Mean", "reduce_sum": "Sum", "add_n": "AddN"}
+# tf.losses.* without `scope=` open their own default name scope (TF1's losses_impl) and, with
+# the default reduction, return its `value` op: `sparse_softmax_cross_entropy_loss/value`.
+_LOSS_SCOPES = {
+    "absolute_difference": "absolute_difference", "cosine_distance": "cosine_distance_loss",
+    "hinge_loss": "hinge_loss", "huber_loss": "huber_loss", "log_loss": "log_loss",
+    "mean_squared_error": "mean_squared_error", "compute_weighted_loss": "weighted_loss",
+    "sigmoid_cross_entropy": "sigmoid_cross_entropy_loss",
+    "softmax_cross_entropy": "softmax_cross_entropy_loss",
+    "sparse_softmax_cross_entropy": "sparse_softmax_cross_entropy_loss",
+}  # fmt: skip
+_LOSS_MODULES = ("tf.losses", "tf.compat.v1.losses")
+
+
+def _unsynchronized_build(tower: str, model: str) -> str:
+    """The build trace of a model with synchronized batch norms (rewrite --batch-norm sync) runs
+    them unsynchronized: a weight made after a cross-replica sum inside that trace cannot be
+    lifted out of it (TF 2.21: UnliftableError on the next layer's kernel)."""
+    trace = "build.get_concrete_function(*["
+    start = tower.index(trace)
+    end = tower.index("\n", tower.index("element_spec])", start)) + 1
+    before = (
+        f"synchronized_layers = [l for l in {model}.layers if getattr(l, 'synchronized', False)]\n"
+        "for synchronized_layer in synchronized_layers:  # synchronized from the first step on\n"
+        "    synchronized_layer.synchronized = False\n"
+    )
+    after = (
+        "for synchronized_layer in synchronized_layers:\n"
+        "    synchronized_layer.synchronized = True\n"
+    )
+    return tower[:start] + before + tower[start:end] + after + tower[end:]
 
 
 class _FillSlots(cst.CSTTransformer):
@@ -396,6 +426,8 @@ class Emitter:
         self.keras: KerasPlan | None = None
         # `rewrite --jit`: each replica's forward and backward pass compiled with XLA.
         self.jit = False
+        # `rewrite --batch-norm sync`: what the synchronized batch norms do with the statistics.
+        self.synchronized_statistics = ""
 
     def slot(self, statements: list[cst.BaseStatement]) -> str:
         key = SLOT.format(len(self.slots))
@@ -476,6 +508,15 @@ class Emitter:
         ):
             # tf.losses.*(..., scope='xent') returns the tensor `xent/value`.
             return f"{scope.evaluated_value}/value"
+        if (
+            scope is None
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in _LOSS_SCOPES
+            and cst.Module([]).code_for_node(value.func.value) in _LOSS_MODULES
+            and get_arg(value, None, "reduction") is None
+            and len(value.args) <= 3  # no positional scope or reduction
+        ):
+            return f"{_LOSS_SCOPES[value.func.attr.value]}/value"
         if isinstance(value.func, cst.Attribute) and value.func.attr.value in _DEFAULT_OP_NAMES:
             # An unnamed op is named after its type (`tower_1/Mean`): verify strips the tower.
             return _DEFAULT_OP_NAMES[value.func.attr.value]
@@ -504,8 +545,13 @@ class Emitter:
         if p.dataset is None:
             input_section, spec_source = self._fed_input(), "dataset"
         else:
+            given = (
+                "the i-th batch of each step, as tower i dequeued"
+                if p.queue is not None and p.queue.dequeued_from is not None
+                else "the i-th slice of each batch, as tf.split gave tower i"
+            )
             input_section = (
-                "# Replica i receives the i-th slice of each batch, as tf.split gave tower i.\n"
+                f"# Replica i receives {given}.\n"
                 f"batches = strategy.experimental_distribute_dataset({p.dataset})\n"
             )
             spec_source = p.dataset
@@ -770,6 +816,8 @@ class Emitter:
             "# Trace once, without training: creates the variables under their legacy names.",
             "# Trace once, without training: builds the Keras model (its weights, mirrored).",
         )
+        if self.synchronized_statistics:
+            tower = _unsynchronized_build(tower, keras.instance)
         tower += (
             # (doubled braces: the template is formatted after this)
             f"variables = {{{{weight.path: weight.value for weight in {keras.instance}.weights}}}}\n"
@@ -778,6 +826,15 @@ class Emitter:
             tower += f'variables["global_step"] = {keras.global_step}\n'
         if not self.uses_tower_index():  # it only chose the variable scope's reuse
             tower = tower.replace("{p.tower_index} = replica_index()\n    ", "")
+        if "get_concrete_function(" in keras.model.source:
+            # A get_variable model reads a weight's shape from its computation, as TF1 read it
+            # from the tower's static input (`tf.reshape(x, [FLAGS.batch_size, -1])`): the
+            # trace that builds it gets each replica's own batch size when the batches have one.
+            tower = tower.replace(
+                "tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)",
+                "tf.TensorSpec([\n        spec.shape[0] // strategy.num_replicas_in_sync if "
+                "spec.shape[0] else None,\n        *spec.shape[1:]], spec.dtype)",
+            )
         if withs:
             return tower.replace("with tf1_variables.scope(){withs}:", "with {keras_withs}:")
         # No scope left around the tower's statements: they move one level out.
@@ -852,6 +909,8 @@ class Emitter:
             )
         else:
             how = "per replica or as the replicas' mean, depending on the layer"
+        if self.synchronized_statistics:
+            return f"{legacy}; {self.synchronized_statistics}"
         if self.keras is not None:
             # Replica 0 updates from tower 0's sub-batch: what a legacy step keeping only the
             # first tower's UPDATE_OPS did, and nothing else (measured by verify).
@@ -1064,7 +1123,8 @@ class Emitter:
             and all(
                 isinstance(e, cst.DictElement)
                 and isinstance(e.key, cst.Name)
-                and e.key.value in {ph.name for ph in self.p.placeholders}
+                and e.key.value
+                in ({ph.name for ph in self.p.placeholders} | set(self.p.fed_defaults))
                 for e in node.elements
             )
             and node.elements

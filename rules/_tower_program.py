@@ -10,7 +10,8 @@ parsing them itself first with argparse), holding, possibly inside graph-only ``
 (``tf.Graph().as_default()``, a fixed ``tf.device``, ``tf.variable_scope(tf.get_variable_scope())``):
 the input -- placeholders of the global batch split with ``tf.split``, placeholders made per
 tower and collected for a per-tower feed loop, a one-shot ``tf.data`` iterator or an ordered
-queue (``slice_input_producer`` + ``tf.train.batch``) split with ``tf.split``; a ``for`` tower loop (``range(n)`` or ``enumerate(devices)``) whose body builds one
+queue (``slice_input_producer`` + ``tf.train.batch``) split with ``tf.split`` or behind a
+``prefetch_queue`` each tower dequeues from; a ``for`` tower loop (``range(n)`` or ``enumerate(devices)``) whose body builds one
 tower, appends ``opt.compute_gradients(loss)`` to a list, may collect a tower tensor
 (``losses.append(loss)``) and may select one tower's UPDATE_OPS; cross-tower ``tf.add_n`` sums;
 the aggregation (a TFM102 helper, or an inline ``zip(*tower_grads)`` loop); ``apply_gradients``,
@@ -111,6 +112,11 @@ class Logging:
 
 # The dataset a queue input function returns now (a name the training function keeps free).
 QUEUE_DATASET = "input_dataset"
+# A queue of the input's batches that each tower dequeues from (the CIFAR-10 tutorial's)
+PREFETCH_QUEUES = {
+    "tensorflow.contrib.slim.prefetch_queue.prefetch_queue",
+    "tf_slim.prefetch_queue.prefetch_queue",
+}
 
 
 @dataclass
@@ -122,6 +128,9 @@ class QueueInput:
     function: cst.FunctionDef
     tensors: cst.BaseExpression  # `[x, y]`, the arrays sliced
     batch_size: cst.BaseExpression
+    # `q = prefetch_queue([a, b])` + `a_i, b_i = q.dequeue()` in each tower: the queue's name
+    # (its batches are one tower's; the step takes num_replicas consecutive ones)
+    dequeued_from: str | None = None
 
 
 @dataclass
@@ -159,6 +168,8 @@ class Program:
     dataset: str | None = None  # tf.data input: the dataset the iterator read
     queue: QueueInput | None = None  # queue input: the function that becomes a dataset
     logging: Logging = field(default_factory=Logging)
+    # `keep_prob = tf.placeholder_with_default(1.0, [])` fed one value all along: now that value
+    fed_defaults: tuple[str, ...] = ()
     reductions: dict[str, str] = field(default_factory=dict)  # `total = tf.add_n(losses)`
     reduction_calls: dict[str, cst.Call] = field(default_factory=dict)  # those add_n calls
     # `train_tensor = with_dependencies([update], total_loss, name='train_op')`: what fetching
@@ -184,6 +195,19 @@ def _simple(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
         return statement.body[0]
     return None
+
+
+def _is_dequeue(value: cst.BaseExpression, queue: str) -> bool:
+    """``queue.dequeue()``."""
+    call = _call_of(value)
+    return (
+        call is not None
+        and not call.args
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "dequeue"
+        and isinstance(call.func.value, cst.Name)
+        and call.func.value.value == queue
+    )
 
 
 def _assign(statement: cst.CSTNode) -> tuple[list[str], cst.BaseExpression] | None:
@@ -214,6 +238,52 @@ def _empty_lists(value: cst.BaseExpression, count: int) -> bool:
 
 def _call_of(expr: cst.BaseExpression | None) -> cst.Call | None:
     return expr if isinstance(expr, cst.Call) else None
+
+
+def _fold_gradients_append(
+    body: list[cst.BaseStatement], lists: set[str]
+) -> list[cst.BaseStatement]:
+    """``grads = opt.compute_gradients(loss)`` directly followed by ``tower_grads.append(grads)``
+    (the TF CIFAR-10 tutorial's spelling), `grads` read nowhere else in the tower: read as the
+    one statement ``tower_grads.append(opt.compute_gradients(loss))``."""
+    out: list[cst.BaseStatement] = []
+    skip = False
+    for position, statement in enumerate(body):
+        if skip:
+            skip = False
+            continue
+        assigned = _assign(statement)
+        call = _call_of(assigned[1]) if assigned and len(assigned[0]) == 1 else None
+        following = _simple(body[position + 1]) if position + 1 < len(body) else None
+        appended = following.value if isinstance(following, cst.Expr) else None
+        if not (
+            call is not None
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "compute_gradients"
+            and isinstance(appended, cst.Call)
+            and isinstance(appended.func, cst.Attribute)
+            and appended.func.attr.value == "append"
+            and isinstance(appended.func.value, cst.Name)
+            and appended.func.value.value in lists
+            and len(appended.args) == 1
+            and isinstance(appended.args[0].value, cst.Name)
+        ):
+            out.append(statement)
+            continue
+        name = assigned[0][0]  # type: ignore[index]
+        uses = sum(
+            1
+            for other in body
+            for node in walk(other)
+            if isinstance(node, cst.Name) and node.value == name
+        )
+        if appended.args[0].value.value != name or uses != 2:  # its assignment and the append
+            out.append(statement)
+            continue
+        folded = appended.with_changes(args=[appended.args[0].with_changes(value=call)])
+        out.append(statement.with_changes(body=[cst.Expr(folded)]))  # type: ignore[attr-defined]
+        skip = True
+    return out
 
 
 class _Put(cst.CSTTransformer):
@@ -360,6 +430,7 @@ class ProgramReader:
     def __init__(self, rule: TowerRule, aggregation: dict[int, bool]) -> None:
         self._log = Logging()
         self._tower_feeds: tuple[str, list[str]] | None = None
+        self._with_default: dict[str, cst.BaseStatement] = {}  # placeholder_with_default
         self._hook_list: tuple[str, cst.BaseExpression] | None = None  # (hooks, last_step)
         self._dataset_input = False
         self._monitored: tuple[cst.BaseExpression, cst.BaseExpression | None] | None = None
@@ -531,6 +602,8 @@ class ProgramReader:
         split_counts: list[tuple[cst.CSTNode, cst.BaseExpression | None]] = []
         dataset: str | None = None
         queue: QueueInput | None = None
+        queue_call: cst.Call | None = None  # the call of the queue input function
+        prefetch_at = -1  # the prefetch_queue statement's place in `setup`
         index = 0
         tower_statement = None
         while index < len(graph):
@@ -542,6 +615,10 @@ class ProgramReader:
             name = self.call_q(assigned[1]) if assigned else None
             if assigned and name == "tensorflow.placeholder":
                 placeholders.append(self._placeholder(statement, assigned))
+            elif assigned and name == "tensorflow.placeholder_with_default":
+                if len(assigned[0]) == 1:
+                    self._with_default[assigned[0][0]] = statement
+                setup.append(statement)
             elif assigned and self._iterator_dataset(assigned[1]) is not None:
                 if placeholders or dataset is not None:
                     raise Blocked(statement, "more than one input (placeholders or iterators)")
@@ -557,6 +634,12 @@ class ProgramReader:
                 setup.append(
                     cst.parse_statement(f"{QUEUE_DATASET} = __value__").visit(_Put(assigned[1]))
                 )
+                queue_call = _call_of(assigned[1])
+            elif assigned and queue is not None and name in PREFETCH_QUEUES:
+                # `batch_queue = prefetch_queue([images, labels], ...)`: the towers dequeue
+                queue.dequeued_from = self._prefetch_queue(statement, assigned, placeholders)
+                prefetch_at = len(setup)
+                setup.append(statement)  # becomes the step's rebatching once the towers are read
             elif assigned and name == "tensorflow.split":
                 source = get_arg(assigned[1], 0, "value")  # type: ignore[arg-type]
                 if not isinstance(source, cst.Name) or source.value not in {
@@ -612,7 +695,14 @@ class ProgramReader:
             raise Blocked(loop, "placeholders both for the global batch and per tower")
         if tower_statement is not loop and not self._is_reuse_scope(tower_statement, loop):
             raise Blocked(tower_statement, "the tower loop sits inside an unsupported block")
-        tower = self._read_tower(loop, splits, lists, setup)
+        tower = self._read_tower(
+            loop, splits, lists, setup, queue.dequeued_from if queue is not None else None
+        )
+        if queue is not None and queue.dequeued_from is not None:
+            placeholders = [Placeholder(n, None, None) for n in tower["dequeued"]]
+            setup[prefetch_at] = self._consecutive_batches(
+                setup[prefetch_at], queue, queue_call, tower["count"]
+            )
         for statement, count in split_counts:
             # Replica i gets the i-th of num_replicas equal slices: only that split matches.
             if count is None or not count.deep_equals(tower["count"]):
@@ -744,6 +834,58 @@ class ProgramReader:
             raise Blocked(statement, "tf.train.batch of something other than the producer's slices")
         return QueueInput(function, tensors, batch_size)
 
+    def _prefetch_queue(
+        self,
+        statement: cst.CSTNode,
+        assigned: tuple[list[str], cst.BaseExpression],
+        placeholders: list[Placeholder],
+    ) -> str:
+        """``q = prefetch_queue([images, labels], capacity=...)`` over the queue input's
+        batches, in their order -> 'q'. Its capacity and threads only decide how far ahead
+        batches are made, not which ones the towers get."""
+        call = _call_of(assigned[1])
+        listed = get_arg(call, 0, "tensors") if call is not None else None
+        if (
+            len(assigned[0]) != 1
+            or not isinstance(listed, cst.List)
+            or [getattr(e.value, "value", None) for e in listed.elements]
+            != [p.name for p in placeholders]
+        ):
+            raise Blocked(
+                statement,
+                "a prefetch queue of something other than the queue input's batch, in order",
+            )
+        return assigned[0][0]
+
+    def _consecutive_batches(
+        self,
+        statement: cst.BaseStatement,
+        queue: QueueInput,
+        call: cst.Call | None,
+        count: cst.BaseExpression,
+    ) -> cst.BaseStatement:
+        """The prefetch queue -> the dataset's step batches: tower i dequeued the i-th of the
+        step's batches (verify runs the legacy dequeues in tower order, see the note), so one
+        step takes num_replicas consecutive batches as one global batch, which
+        experimental_distribute_dataset splits in order."""
+        per_tower = queue.batch_size
+        params = [p.name.value for p in queue.function.params.params]
+        if isinstance(per_tower, cst.Name) and per_tower.value in params and call is not None:
+            position = params.index(per_tower.value)
+            per_tower = get_arg(call, position, per_tower.value)  # type: ignore[assignment]
+        if per_tower is None:  # the call (in the same setup) spells the batch size it passed
+            raise Blocked(statement, "the queue's batch size is not readable at the prefetch queue")
+        code = self.rule.context.module.code_for_node
+        size = code(per_tower)
+        if not isinstance(per_tower, cst.Name | cst.Attribute | cst.Integer):
+            size = f"({size})"
+        text = (
+            "# TFM303: each tower dequeued its own batch -> replica i takes the i-th of the\n"
+            "# step's consecutive batches (one global batch, split in order).\n"
+            f"{QUEUE_DATASET} = {QUEUE_DATASET}.unbatch().batch({size} * {code(count)})\n"
+        )
+        return cst.parse_statement(text)
+
     def _iterator_dataset(self, value: cst.BaseExpression) -> str | None:
         """``ds.make_one_shot_iterator().get_next()`` (or the compat.v1 function) -> 'ds'."""
         call = _call_of(value)
@@ -826,7 +968,12 @@ class ProgramReader:
 
     # -- the tower loop -----------------------------------------------------------------------
     def _read_tower(
-        self, loop: cst.For, splits: dict[str, str], lists: set[str], setup: list
+        self,
+        loop: cst.For,
+        splits: dict[str, str],
+        lists: set[str],
+        setup: list,
+        dequeued_from: str | None = None,
     ) -> dict:
         if loop.orelse is not None:
             raise Blocked(loop, "a tower loop with an `else` block")
@@ -875,9 +1022,15 @@ class ProgramReader:
         feeds: tuple[str, list[str]] | None = None
         collected: dict[str, str] = {}
         update_ops: UpdateOps | None = None
-        for statement in body:
+        dequeued: list[str] | None = None  # `a, b = batch_queue.dequeue()`: the tower's batch
+        for statement in _fold_gradients_append(body, lists):
             small = _simple(statement)
             assigned = _assign(statement)
+            if dequeued_from is not None and assigned and _is_dequeue(assigned[1], dequeued_from):
+                if dequeued is not None:
+                    raise Blocked(statement, "a tower dequeues twice")
+                dequeued = assigned[0]
+                continue
             if assigned and self.call_q(assigned[1]) == "tensorflow.placeholder":
                 placeholders.append(self._placeholder(statement, assigned, per_tower=True))
                 continue
@@ -934,6 +1087,8 @@ class ProgramReader:
                 loop,
                 "the tower body does not append `opt.compute_gradients(loss)` to a per-tower list",
             )
+        if dequeued_from is not None and dequeued is None:
+            raise Blocked(loop, f"the towers do not unpack `{dequeued_from}.dequeue()` first")
         list_name, grads_call, _ = grads
         loss = get_arg(grads_call, 0, "loss")
         if loss is None or len(grads_call.args) != 1:
@@ -974,6 +1129,7 @@ class ProgramReader:
             "collected": collected,
             "update_ops": update_ops,
             "dropped_setup": dropped_setup,
+            "dequeued": dequeued,
         }
 
     def _append(
@@ -1404,6 +1560,10 @@ class ProgramReader:
         for placeholder in placeholders:
             if placeholder.dtype is not None and placeholder.name not in feed_values:
                 raise Blocked(run_statement, f"the placeholder `{placeholder.name}` is not fed")
+        fed_defaults = self._fed_defaults(setup, feed_values, step_loop[0], step_loop[6])
+        for name in feed_values:
+            if name not in {p.name for p in placeholders}:
+                raise Blocked(run_statement, f"the loop feeds `{name}`, which is not a placeholder")
         return Program(
             function=function,
             python_setup=python_setup,
@@ -1424,6 +1584,7 @@ class ProgramReader:
             step_loop=step_loop[0],
             feed_statements=feed_statements,
             feed_values=feed_values,
+            fed_defaults=fed_defaults,
             run_statement=run_statement,
             fetches=fetches,
             helper=helper,
@@ -1906,6 +2067,32 @@ class ProgramReader:
             return fetched.left.elements[0].value.value, fetched.right.value
         return None
 
+    def _fed_defaults(
+        self,
+        setup: list[cst.BaseStatement],
+        feed_values: dict[str, cst.BaseExpression],
+        step_loop: cst.For,
+        session_prelude: list[cst.BaseStatement],
+    ) -> tuple[str, ...]:
+        """``keep_prob = tf.placeholder_with_default(1.0, [])`` fed ``args.keep`` at every step:
+        the graph now reads that value (each step fed the same one). A fed value that changes
+        from step to step, or that the session block computes, is not converted."""
+        fed = [name for name in feed_values if name in self._with_default]
+        changing = bound_names(step_loop).union(*(bound_names(s) for s in session_prelude))
+        for name in fed:
+            value = feed_values.pop(name)
+            if free_names(value) & changing:
+                raise Blocked(
+                    self._with_default[name],
+                    f"`{name}` (placeholder_with_default) is fed a value made in the session "
+                    "block or changing in the loop: not converted",
+                )
+            statement = self._with_default[name]
+            setup[setup.index(statement)] = cst.parse_statement(f"{name} = __value__").visit(
+                _Put(value)
+            )
+        return tuple(fed)
+
     def _feed(self, body, feed: str, run_statement):  # type: ignore[no-untyped-def]
         """The loop statements the feed dict needs (and nothing else reads), and its values."""
         values: dict[str, cst.BaseExpression] = {}
@@ -2109,7 +2296,8 @@ class ProgramReader:
         if q == "tensorflow.reduce_mean":
             tensor = get_arg(call, 0, "input_tensor")
             axis = get_arg(call, 1, "axis")
-            listed = self._stacked(tensor)
+            # `tf.reduce_mean(tower_losses)`: TF packs the list of scalars as tf.stack does
+            listed = tensor.value if isinstance(tensor, cst.Name) else self._stacked(tensor)
             whole = axis is None or (isinstance(axis, cst.Integer) and axis.value == "0")
             if listed in collected and whole and len(call.args) <= 2:
                 tail.reduce(name, listed, "MEAN", call)

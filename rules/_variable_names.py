@@ -27,6 +27,7 @@ from tfmigrate.rules._slim_arg_scope import (
     scopes_of,
 )
 from tfmigrate.rules._slim_arg_scope import short_name as _short
+from tfmigrate.rules._static_loops import NotStatic, unroll
 from tfmigrate.rules._towers import get_arg
 
 
@@ -130,6 +131,12 @@ class VariableNames:
             return
         if isinstance(node, cst.FunctionDef | cst.ClassDef):
             raise Unknown  # a nested definition may create variables when called later
+        if isinstance(node, cst.For):
+            try:  # a loop over a literal list: each iteration's names (as the conversion does)
+                self._block(unroll(node), scopes, env)
+                return
+            except NotStatic:
+                pass  # read once, as before: its layer names are not literal, so unknown
         if isinstance(node, cst.SimpleStatementLine):
             for small in node.body:
                 if not self._template(small, scopes):

@@ -12,11 +12,12 @@ from tfmigrate import tree
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, RuleContext
+from tfmigrate.rules import _batch_norm_sync as batch_norm_sync
 from tfmigrate.rules import _imported_model as imported_model
 from tfmigrate.rules import _multi_worker_emit as multi_worker
 from tfmigrate.rules import _tower_model_module as model_code
 from tfmigrate.rules import _tower_program_example as example
-from tfmigrate.rules._keras_model_emit import TF1_BATCH_NORM
+from tfmigrate.rules._absl_flags import to_absl_flags, uses_tf_flags
 from tfmigrate.rules._keras_model_plan import KerasPlan
 from tfmigrate.rules._keras_model_plan import plan as plan_keras_model
 from tfmigrate.rules._tower_emit import JIT_NOTE, Emitter, _indent, store_source
@@ -79,7 +80,8 @@ class TowerProgramToMirroredStrategy(TowerRule):
       tower's after the loop, or every tower's) are dropped and the difference in the moving
       statistics is written into the program and announced to verify;
     - regularization losses are added where the legacy added them (slim: the first clone's loss
-      only); an ordered queue input becomes a `tf.data` pipeline of the same batches; a
+      only); an ordered queue input becomes a `tf.data` pipeline of the same batches (towers
+      that each dequeued their own: num_replicas consecutive batches per step); a
       `tf.train.Saver` in the loop becomes a `CheckpointManager`, summaries a TF2 summary writer;
     - a model module the program imports (`import model`) is converted with it (tf.layers
       from tf_keras, tf.contrib from tf_slim), and only then; an EMA grouped with the update
@@ -87,8 +89,13 @@ class TowerProgramToMirroredStrategy(TowerRule):
       the towers' mean loss and whole-batch metrics become MEAN reductions; the session's
       ConfigProto becomes tf.config calls at the start of main(); `MaxBytesInUse` fetched in
       the loop is asked of tf.config (never compared by verify); `tf.app.flags` /
-      `tf.app.run` become absl's;
-    - `--batch-norm sync` (option `batch-norm`) is refused for TF1 batch norm, which has no
+      `tf.app.run` become absl's (in the model module too; a `main(argv=None)` that only
+      calls `train()` is kept); argparse flags parsed into a module-level `FLAGS` keep their
+      parser in `make_parser()` and are parsed in the main block;
+    - `--batch-norm sync` (option `batch-norm`) gives every batch norm of a model converted to
+      Keras layers `synchronized=True` (statistics over the global batch, the same moving
+      statistics on every replica; the manifest announces that losses and weights then differ
+      from the legacy run's); it is refused for TF1 batch norm kept on compat.v1, which has no
       cross-replica mode on `tf.compat.v1`;
     - `--jit` (option `jit = "on"`) compiles each replica's forward and backward pass with XLA
       (`compiled_tower`); the update and the all-reduce stay outside; the manifest says so;
@@ -252,7 +259,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
     def _model_module(self, original_node: cst.Module) -> None:
         """A module of TF1 model code that a convertible tower program imports: its layers
         need tf_keras / tf_slim under TF2, converted with the program (or not at all)."""
-        first = model_code.first_tf1_layer(self)
+        first = model_code.first_tf1_layer(self) or _first_tf1_model_state(self)
         if first is None:
             return
         importer = model_code.importing_program(PurePosixPath(self.context.path), type(self))
@@ -274,6 +281,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             module = keras_module[0] if keras_module else _renamed(self.context)
             module = _contrib_to_tf_slim(module, original_node)
             module = _v1_layers_to_tf_keras(module)
+            module = _model_module_flags(module)
         except Blocked as blocked:
             self.report(first, f"not converted: {blocked.reason}; the module is left as it was")
             return
@@ -300,6 +308,29 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         )
 
 
+def _first_tf1_model_state(rule: TowerRule) -> cst.CSTNode | None:
+    """A model module without TF1 layers: its first tf.get_variable or tf.app.flags (the
+    tutorial's ``cifar10.py``), which TF 2 no longer has under those names."""
+    for node in walk(rule.context.module):
+        if isinstance(node, cst.Attribute) and not isinstance(rule.parent(node), cst.Attribute):
+            name = rule.qualify(node) or ""
+            if name == "tensorflow.get_variable" or name.startswith(
+                ("tensorflow.app.flags.", "tensorflow.flags.")
+            ):
+                return node
+    return None
+
+
+def _model_module_flags(module: cst.Module) -> cst.Module:
+    """The model module's own ``tf.app.flags`` (``FLAGS.batch_size`` defined next to the
+    model) -> absl's flags: the same registry the program parses."""
+    if not uses_tf_flags(module):
+        return module
+    if "flags" in _names_used(module):
+        raise Blocked(module, "the module already uses `flags` (absl's name for tf.app.flags)")
+    return _add_imports(to_absl_flags(module), ["from absl import flags"])
+
+
 def _aggregations(rule: TowerRule) -> dict[int, bool]:
     from tfmigrate.rules.manual_gradient_aggregation import aggregations_for
 
@@ -314,6 +345,12 @@ class AbslMain:
     main: cst.If  # `if __name__ == '__main__': tf.app.run()`
     values: str  # `FLAGS`
     alias: cst.BaseStatement | None  # `flags = tf.app.flags` (becomes `from absl import flags`)
+    # `def main(argv=None): train()` run by app.run, calling the training function (kept)
+    launcher: cst.FunctionDef | None = None
+
+    @property
+    def runs(self) -> str | None:
+        return self.launcher.name.value if self.launcher is not None else None
 
 
 def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
@@ -337,14 +374,19 @@ def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
     if not isinstance(call, cst.Call) or rule.qualify(call.func) != "tensorflow.app.run":
         return None
     runs = get_arg(call, 0, "main")
-    if (runs is None and function.name.value != "main") or (
-        runs is not None and not (isinstance(runs, cst.Name) and runs.value == function.name.value)
-    ):
-        raise Blocked(
-            main, f"`tf.app.run` does not run the training function `{function.name.value}`"
-        )  # type: ignore[arg-type]
-    if len(function.params.params) != 1 or main.orelse is not None:  # type: ignore[union-attr]
-        raise Blocked(function, "a function run by tf.app.run that does not take argv alone")
+    run_name = runs.value if isinstance(runs, cst.Name) else "main" if runs is None else None
+    launcher = None
+    if run_name != function.name.value:
+        launcher = _launcher(module, run_name, function)
+        if launcher is None:
+            raise Blocked(
+                main,  # type: ignore[arg-type]
+                f"`tf.app.run` does not run the training function `{function.name.value}`, "
+                f"nor a `{run_name or 'main'}(argv)` that only calls `{function.name.value}()`",
+            )
+    run = launcher if launcher is not None else function
+    if len(run.params.params) != 1 or main.orelse is not None:  # type: ignore[union-attr]
+        raise Blocked(run, "a function run by tf.app.run that does not take argv alone")
     values = alias = None
     for statement in module.body:
         assigned = _assign(statement)
@@ -362,7 +404,42 @@ def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
     used = _names_used(module)
     if "app" in used or (alias is None and "flags" in used):
         raise Blocked(main, "the module already uses `app` / `flags` (absl's names)")  # type: ignore[arg-type]
-    return AbslMain(main, values, alias)  # type: ignore[arg-type]
+    return AbslMain(main, values, alias, launcher)  # type: ignore[arg-type]
+
+
+def _launcher(
+    module: cst.Module, name: str | None, function: cst.FunctionDef
+) -> cst.FunctionDef | None:
+    """The TF tutorials' ``def main(argv=None): train()``: the function tf.app.run runs, doing
+    nothing but calling the training function (which takes no parameters) last; kept as it is."""
+    launcher = next(
+        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None
+    )
+    if (
+        launcher is None
+        or function.params.params
+        or not isinstance(launcher.body, cst.IndentedBlock)
+    ):
+        return None
+    body = list(launcher.body.body)
+    if launcher.get_docstring(clean=False) is not None:
+        body = body[1:]
+    last = _simple_call(body[-1]) if body else None
+    if not (
+        len(body) == 1
+        and last is not None
+        and isinstance(last.func, cst.Name)
+        and last.func.value == function.name.value
+        and not last.args
+    ):
+        return None
+    return launcher
+
+
+def _simple_call(statement: cst.BaseStatement) -> cst.Call | None:
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    value = small.value if isinstance(small, cst.Expr) else None
+    return value if isinstance(value, cst.Call) else None
 
 
 def _analyse(
@@ -389,26 +466,149 @@ def _analyse(
     absl = _absl_main(rule, program.function) if program.parser is None else None
     if absl is not None:
         return program, absl.main, None, absl
+    parsed = _global_flags(rule, program.function) if program.parser is None else None
+    if parsed is not None:
+        return program, parsed.main, None, parsed  # type: ignore[return-value]
     main, call = _main_block(module, program.function, program.parser is not None)
     return program, main, call, None
 
 
-BATCH_NORM_OPTION = "batch-norm"  # faithful (default) | sync
+@dataclass
+class GlobalFlags:
+    """argparse flags parsed into a module-level name that the training function (taking no
+    parameters) reads: ``FLAGS = parser.parse_args()`` / ``FLAGS, unparsed =
+    parser.parse_known_args()`` at module level after the parser is built there, or first in
+    the main block (``FLAGS = None`` at module level)."""
+
+    values: str  # `FLAGS`
+    parser: str  # `parser`
+    statements: list[cst.BaseStatement]  # building the parser, without the parse
+    parse: cst.SimpleStatementLine  # the parse (moves into the main block)
+    main: cst.If  # the main block, kept after the parse
+    at_module_level: bool
+
+
+_PARSES = ("parse_args", "parse_known_args")
+
+
+def _global_flags(rule: TowerRule, function: cst.FunctionDef) -> GlobalFlags | None:
+    module = rule.context.module
+    main = next(
+        (
+            s
+            for s in module.body
+            if isinstance(s, cst.If)
+            and isinstance(s.test, cst.Comparison)
+            and isinstance(s.test.left, cst.Name)
+            and s.test.left.value == "__name__"
+        ),
+        None,
+    )
+    if main is None or function.params.params or main.orelse is not None:
+        return None
+    for at_module_level, statements in ((True, list(module.body)), (False, list(main.body.body))):
+        for position, statement in enumerate(statements):
+            assigned = _assign(statement)
+            value = assigned[1] if assigned else None
+            if not (
+                isinstance(value, cst.Call)
+                and not value.args
+                and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value in _PARSES
+                and isinstance(value.func.value, cst.Name)
+            ):
+                continue
+            parser, values = value.func.value.value, assigned[0][0]  # type: ignore[index]
+            start = position
+            while start > 0 and _builds_parser(rule, statements[start - 1], parser):
+                start -= 1
+            first = _assign(statements[start]) if start < position else None
+            if first is None or not _argparse_call(rule, first[1]):
+                raise Blocked(
+                    statement,
+                    f"`{values}` parsed from `{parser}`, which is not built by "
+                    "`argparse.ArgumentParser()` and `add_argument` calls just before",
+                )
+            if len(assigned[0]) > 1 and value.func.attr.value != "parse_known_args":  # type: ignore[index]
+                return None
+            uses = _names_used(module)
+            if uses.get(parser, 0) != position - start + 1 or "make_parser" in uses:
+                raise Blocked(statement, f"`{parser}` is used besides building and parsing")
+            rest = assigned[0][1:]  # type: ignore[index]
+            if at_module_level and any(uses.get(n, 0) > 1 for n in rest):
+                raise Blocked(statement, "the unparsed arguments of a module-level parse are used")
+            return GlobalFlags(
+                values, parser, statements[start:position], statement, main, at_module_level
+            )  # type: ignore[arg-type]
+    return None
+
+
+def _global_flags_statement(
+    parsed: GlobalFlags, statement: cst.BaseStatement
+) -> cst.BaseStatement | None:
+    """A module statement around a module-level FLAGS: the parser's statements go (into
+    make_parser), the parse becomes ``FLAGS = None`` and moves first into the main block,
+    reading ``make_parser()``; None: the statement goes."""
+    parse = parsed.parse.visit(_ReplaceName(parsed.parser, cst.parse_expression("make_parser()")))
+    if statement is parsed.main:
+        block = list(parsed.main.body.body)
+        if parsed.at_module_level:
+            block = [parse.with_changes(leading_lines=[]), *block]
+        else:
+            start = block.index(parsed.statements[0] if parsed.statements else parsed.parse)
+            end = block.index(parsed.parse)
+            block = [*block[:start], parse, *block[end + 1 :]]
+        return parsed.main.with_changes(body=parsed.main.body.with_changes(body=block))
+    if parsed.at_module_level and statement is parsed.parse:
+        first = parsed.statements[0] if parsed.statements else statement
+        none = cst.parse_statement(
+            f"{parsed.values} = None  # parsed in the main block (tfmigrate_program: from argv)\n"
+        )
+        return none.with_changes(leading_lines=first.leading_lines)
+    if parsed.at_module_level and any(statement is s for s in parsed.statements):
+        return None
+    return statement
+
+
+def _argparse_call(rule: TowerRule, value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Call) and rule.qualify(value.func) == "argparse.ArgumentParser"
+
+
+def _builds_parser(rule: TowerRule, statement: cst.BaseStatement, parser: str) -> bool:
+    """``parser = argparse.ArgumentParser(...)`` or ``parser.add_argument(...)``."""
+    assigned = _assign(statement)
+    if assigned is not None:
+        return assigned[0] == [parser] and _argparse_call(rule, assigned[1])
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    call = small.value if isinstance(small, cst.Expr) else None
+    return (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "add_argument"
+        and isinstance(call.func.value, cst.Name)
+        and call.func.value.value == parser
+    )
 
 
 def _check_batch_norm_mode(rule: TowerRule) -> None:
-    """``--batch-norm sync`` asks for statistics over the global batch. The conversion keeps the
-    TF1 batch norm (slim / contrib / tf.layers on tf.compat.v1), which normalizes each replica's
-    own sub-batch and has no cross-replica mode: such a program is refused, not converted to
-    something else than was asked."""
-    mode = rule.context.options.get(BATCH_NORM_OPTION, "faithful")
-    if mode not in ("faithful", "sync"):
+    mode = batch_norm_sync.mode(rule.context.options)
+    if mode not in batch_norm_sync.MODES:
         raise Blocked(rule.context.module, f"unknown batch-norm option {mode!r} (faithful, sync)")
-    if mode != "sync":
-        return
+
+
+def _check_batch_norm_sync(rule: TowerRule, keras: KerasPlan | None) -> None:
+    """``--batch-norm sync`` asks for statistics over the global batch. The batch norms of a
+    model converted to Keras layers get them (synchronized=True); TF1 batch norm kept on
+    tf.compat.v1 (a model kept as TF1 code, or outside the model function) normalizes each
+    replica's own sub-batch and has no cross-replica mode: such a program is refused, not
+    converted to something else than was asked."""
+    converted = keras.model.function if keras is not None and keras.model.layers else None
+    inside = {id(n) for n in walk(converted)} if converted is not None else set()
     for node in walk(rule.context.module):
-        if isinstance(node, cst.Attribute | cst.Name) and not isinstance(
-            rule.parent(node), cst.Attribute
+        if (
+            isinstance(node, cst.Attribute | cst.Name)
+            and not isinstance(rule.parent(node), cst.Attribute)
+            and id(node) not in inside
         ):
             name = rule.qualify(node) or ""
             if name.startswith(("tensorflow.", "tf_slim")) and name.endswith(
@@ -416,7 +616,8 @@ def _check_batch_norm_mode(rule: TowerRule) -> None:
             ):
                 raise Blocked(
                     node,
-                    f"--batch-norm sync: `{rule.src(node, 40)}` is TF1 batch norm, "
+                    f"--batch-norm sync: `{rule.src(node, 40)}` (line {rule.line(node)}) is TF1 "
+                    "batch norm, "
                     "kept on tf.compat.v1, where it normalizes each replica's own "
                     "sub-batch and has no cross-replica mode; convert with "
                     "--batch-norm faithful (per-replica statistics, as the towers had)",
@@ -579,6 +780,8 @@ def _convert(
     if len(loops) != 1 or not isinstance(loops[0].replicator, cst.For):
         raise Blocked(context.module, "the tower loop could not be found again after renaming")
     program, main, main_call, absl = _analyse(reader_rule, loops[0].replicator)
+    parsed: GlobalFlags | None = absl if isinstance(absl, GlobalFlags) else None
+    absl = absl if isinstance(absl, AbslMain) else None
     unit = module.default_indent
     _number_after_variables(program, module, reader_rule)
     keras = plan_keras_model(program, module, reader_rule.qualify, PurePosixPath(context.path))
@@ -589,9 +792,22 @@ def _convert(
         program = dataclasses.replace(
             program, tower_body=keras.tower_body, graph_setup=keras.graph_setup
         )
+    sync = batch_norm_sync.mode(context.options) == "sync"
+    if sync:
+        _check_batch_norm_sync(reader_rule, keras)
+        keras = batch_norm_sync.synchronized_plan(keras) if keras is not None else None
     emitter = Emitter(module, program)
     emitter.keras = keras
     emitter.jit = context.options.get("jit") == "on"
+    if keras is not None and batch_norm_sync.is_synchronized(keras.model.source):
+        if emitter.jit:  # measured on TF 2.21: merge_call inside the nested tf.function
+            raise Blocked(
+                context.module,
+                "--batch-norm sync with --jit: a synchronized batch norm sums across replicas "
+                "inside the XLA-compiled tower_fn, a nested tf.function, which MirroredStrategy "
+                "cannot synchronize from (merge_call while defining a function); use one of them",
+            )
+        emitter.synchronized_statistics = batch_norm_sync.STATISTICS
     keys = emitter.fetch_keys()
     needs = emitter.loop_needs()
     function = program.function
@@ -605,6 +821,13 @@ def _convert(
 if __name__ == "__main__":
     app.run({function.name.value})
 """
+        if absl.launcher is not None:
+            main_text = ""  # the main block stays after the launcher, run by absl's app.run
+    elif parsed is not None:
+        # A module-level FLAGS the training code reads: parsed in the main block, as before,
+        # or by tfmigrate_program from its argv.
+        params, param, parser_name = "", parsed.values, parsed.parser
+        parser_statements, parse_line, main_text = parsed.statements, "", ""
     elif program.parser is None:
         params = module.code_for_node(function.params)
         param = function.params.params[0].name.value
@@ -657,12 +880,23 @@ if __name__ == "__main__":
     else:
         made = set().union(set(), *(bound_names(s) for s in program.session_prelude))
         used = set().union(set(), *(free_names(s) for s in emitter.loop_body_sources()))
-        if made & used:
+        # The feeding generator runs the session block's set-up; plain values it computed
+        # (`batch = args.batch_size * n`, `start = time.time()`) are computed again for the loop.
+        plain = [s for s in program.session_prelude if _plain_value(s)]
+        while True:  # a plain value computed from one that is not, is not either
+            unmade = made - set().union(set(), *(bound_names(s) for s in plain))
+            kept = [s for s in plain if not free_names(s) & unmade]
+            if len(kept) == len(plain):
+                break
+            plain = kept
+        if made & used & unmade:
             raise Blocked(
                 program.step_loop,
-                f"the loop uses `{sorted(made & used)[0]}`, which "
+                f"the loop uses `{sorted(made & used & unmade)[0]}`, which "
                 "the session block set up for feeding the graph too",
             )
+        if made & used:
+            loop_prelude += f"    {emitter.slot(plain)}\n"
     docstring = function.get_docstring(clean=False)
     doc_line = f'    """{docstring}"""\n' if docstring is not None else ""
     parse_line += _device_settings(emitter)
@@ -701,15 +935,15 @@ def make_parser():
 
 def tfmigrate_program(strategy, argv):
     \"\"\"tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`.\"\"\"
-    {param}, _ = make_parser().parse_known_args(argv)
-    return build_program(strategy, {param})"""
+    {"global " + param + chr(10) + "    " if parsed else ""}{param}, _ = make_parser().parse_known_args(argv)
+    return build_program(strategy{", " + param if params else ""})"""
         )
         + f"""
 
 
 def {function.name.value}({signature}):
 {doc_line}{parse_line}    strategy = tf.distribute.MirroredStrategy()
-    program = build_program(strategy{", " + param if absl is None else ""})
+    program = build_program(strategy{", " + param if params else ""})
     if {param}.restore_from:
         with strategy.scope():  # optimizer slots restored now are created mirrored
             program["checkpoint"].restore(
@@ -736,6 +970,15 @@ def {function.name.value}({signature}):
         parse_helper = None
     body: list[cst.BaseStatement] = []
     for statement in module.body:
+        if absl is not None and absl.launcher is not None and statement is main:
+            run = cst.parse_statement(f'if __name__ == "__main__":\n    app.run({absl.runs})\n')
+            body.append(run.with_changes(leading_lines=statement.leading_lines))
+            continue
+        if parsed is not None:
+            moved = _global_flags_statement(parsed, statement)
+            if moved is not statement:  # the parser's statements, the parse, the main block
+                body.extend([moved] if moved is not None else [])
+                continue
         if (
             statement is helper
             or statement is parse_helper
@@ -772,6 +1015,7 @@ def {function.name.value}({signature}):
     new_module = _drop_dead_imports(module, new_module)
     new_module = _drop_dead_definitions(function, new_module)
     if absl is not None:
+        new_module = to_absl_flags(new_module)  # `tf.app.flags.DEFINE_*` spelled out
         new_module = _add_imports(new_module, ["from absl import app, flags"])
     if keras is not None and getattr(keras, "imported", None) is None:  # else: in its module
         new_module = _add_imports(new_module, ["import keras"])
@@ -788,7 +1032,8 @@ def _keras_classes(keras: KerasPlan, legacy: cst.FunctionDef, unit: str) -> list
     """The Keras model class where the legacy model function was (TF1BatchNorm before it)."""
     source = keras.model.source
     if keras.model.uses_tf1_batch_norm:
-        source = _indent(TF1_BATCH_NORM, unit) + "\n\n" + source
+        tf1_batch_norm = batch_norm_sync.tf1_batch_norm_class(source)
+        source = _indent(tf1_batch_norm, unit) + "\n\n" + source
     classes = list(cst.parse_module(source).body)
     classes[0] = classes[0].with_changes(leading_lines=legacy.leading_lines)
     for position in range(1, len(classes)):
@@ -1058,6 +1303,18 @@ def _queue_function(program: Program, unit: str) -> cst.FunctionDef:
 
 
 def _input_note(program: Program) -> str:
+    if program.queue is not None and program.queue.dequeued_from is not None:
+        return (
+            f"TFM303: queue input (`{program.queue.function.name.value}`: slice_input_producer "
+            "in order + tf.train.batch on one thread) behind a queue each tower dequeued its own "
+            f"batch from (`{program.queue.dequeued_from}.dequeue()`) -> that function returns a "
+            "tf.data dataset of the same batches in the same order, and each step takes "
+            "num_replicas consecutive ones as one global batch: replica i gets the i-th. TF1 "
+            "fixed no order among the towers' dequeues (measured on TF 2.21's compat layer: "
+            "mostly the reverse, sometimes another order), so verify runs the legacy towers' "
+            "dequeues in tower order, one of the orders TF1 allows, and compares each "
+            "tower's batch with its replica's"
+        )
     if program.queue is not None:
         return (
             f"TFM303: queue input (`{program.queue.function.name.value}`: slice_input_producer "
@@ -1467,6 +1724,12 @@ def _manifest(
             {"match": match, "code": "TFM303", "reason": reason},
             *announced,
         ]
+    if emitter.synchronized_statistics:  # the forward pass changed: everything may differ
+        notes.append(f"TFM303: {batch_norm_sync.FORWARD}")
+        manifest["announced"] = [
+            *manifest.get("announced", []),  # type: ignore[list-item]
+            {"match": ["*"], "code": "TFM303", "reason": batch_norm_sync.FORWARD},
+        ]
     if keras is not None:
         mapping = {"global_step": "global_step"} if keras.global_step else {}
         mapping.update(keras.variables)
@@ -1503,6 +1766,8 @@ def _manifest(
     )
     if program.queue is not None:
         source = "queue input -> tf.data"
+        if program.queue.dequeued_from is not None:
+            source = "queue each tower dequeued from -> tf.data, replica i the step's i-th batch"
     summary = (
         f"converted the tower program `{program.function.name.value}` to MirroredStrategy "
         f"({'averaged' if program.averaged else 'summed'} gradients, {source}, "
@@ -1514,3 +1779,43 @@ def _manifest(
         )
     )
     return manifest, summary
+
+
+# Calls that read a clock or a size: computing them again in another place changes nothing.
+_PLAIN_CALLS = frozenset(
+    {"time.time", "time.perf_counter", "time.monotonic", "len", "int", "float"}
+)
+
+
+def _plain_value(statement: cst.BaseStatement) -> bool:
+    """``name = <arithmetic of names and literals>``, maybe over a clock: safe to run twice.
+    It may read other names the set-up made only if they are plain too (the caller checks)."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    assign = statement.body[0]
+    if not (
+        isinstance(assign, cst.Assign)
+        and all(isinstance(t.target, cst.Name) for t in assign.targets)
+    ):
+        return False
+    plain = True
+
+    class _Check(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> bool:
+            nonlocal plain
+            if dotted(node.func) not in _PLAIN_CALLS:
+                plain = False
+            return True
+
+        def visit_Subscript(self, node: cst.Subscript) -> bool:
+            nonlocal plain
+            plain = False  # an index into something the session made (fetched values)
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            nonlocal plain
+            plain = False
+            return False
+
+    assign.value.visit(_Check())
+    return plain

@@ -5,7 +5,18 @@ import re
 import libcst as cst
 
 from tfmigrate.rule import Example, FixSafety
-from tfmigrate.rules._towers import TOWERISH, TowerRule, get_arg, identifiers, int_value, walk
+from tfmigrate.rules._tower_program import _scope_name
+from tfmigrate.rules._towers import (
+    LOOP,
+    SCOPES,
+    TOWERISH,
+    TowerRule,
+    Towers,
+    get_arg,
+    identifiers,
+    int_value,
+    walk,
+)
 
 # The value of tf.GraphKeys.UPDATE_OPS, and old slim's own collection ('_update_ops_').
 _UPDATE_OPS_STRINGS = frozenset({"update_ops", "_update_ops_"})
@@ -30,8 +41,11 @@ class UpdateOpsCollection(TowerRule):
     actually run: the first tower's (a scope fixed to tower 0, or set inside the loop at
     `i == 0`), the last tower's (the loop's `scope` variable keeps its last value after the loop,
     or a per-tower list is overwritten each iteration), or all towers', one after another (no
-    scope). It also says how the list is consumed: `tf.control_dependencies`, `tf.group` or
-    `with_dependencies`, or not at all.
+    scope). A literal scope (`'tower0'`) is read against the tower loop's own name scope
+    (`'tower%d' % i`, `f'gpu{i}'`, `'replica_{}'.format(i)`): the finding names the tower that
+    takes it (first, last of a literal `range(n)`, or tower k), or all towers when every tower's
+    scope starts with it (get_collection matches a prefix). It also says how the list is
+    consumed: `tf.control_dependencies`, `tf.group` or `with_dependencies`, or not at all.
 
     ## Why is this bad?
     In TF1 graphs, batch-norm moving averages only move if their update ops are run. Tower code
@@ -63,7 +77,7 @@ class UpdateOpsCollection(TowerRule):
     """
 
     code = "TFM103"
-    triggers = ('update_ops', 'UPDATE_OPS')
+    triggers = ("update_ops", "UPDATE_OPS")
     name = "update-ops-collection"
     summary = "UPDATE_OPS taken from one tower or all towers: which batch-norm updates run"
     fix_safety = FixSafety.MANUAL
@@ -99,6 +113,12 @@ update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
         # A GAN's sub-network scope, not a tower.
         """import tensorflow as tf
 d_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'discriminator')
+""",
+        # No tower loop, a literal scope that names no tower: the single-device idiom.
+        """import tensorflow as tf
+with tf.name_scope('block0'):
+    net = block(images)
+updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'block0')
 """,
     )
     invalid = (
@@ -178,6 +198,49 @@ d_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'discriminator')
             """,
             message="first tower",
         ),
+        # A literal scope is read against the towers' own name scope: 'tower0' is tower 0's.
+        Example(
+            """
+            import tensorflow as tf
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower%d' % i):
+                    tower_grads.append(opt.compute_gradients(tower_loss(i)))
+            update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope='tower0')
+            """,
+            message="first tower only: just tower 0's sub-batch updates the moving statistics "
+            "(the towers' name scope `'tower%d' % i` at i == 0)",
+        ),
+        Example(
+            """
+            import tensorflow as tf
+            for i in range(2):
+                with tf.device('/gpu:%d' % i), tf.name_scope(f'gpu{i}'):
+                    tower_grads.append(opt.compute_gradients(tower_loss(i)))
+            update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'gpu1')
+            """,
+            message="last tower only: just the last tower's (tower 1 of 2)",
+        ),
+        Example(
+            """
+            import tensorflow as tf
+            for i, d in enumerate(['/gpu:0', '/gpu:1', '/gpu:2']):
+                with tf.device(d), tf.name_scope('replica_{}'.format(i)):
+                    tower_grads.append(opt.compute_gradients(tower_loss(i)))
+            update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'replica_1')
+            """,
+            message="tower 1 only: just tower 1's sub-batch",
+        ),
+        # get_collection matches the scope as a prefix: 'tower' selects every 'tower%d'.
+        Example(
+            """
+            import tensorflow as tf
+            for i in range(2):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower%d' % i):
+                    tower_grads.append(opt.compute_gradients(tower_loss(i)))
+            update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'tower')
+            """,
+            message="all towers: every tower's name scope starts with it",
+        ),
     )
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
@@ -246,6 +309,10 @@ d_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'discriminator')
     def _whose(self, scope: cst.BaseExpression, call: cst.Call, depth: int = 0) -> str:
         first = "first tower only: just tower 0's sub-batch updates the moving statistics"
         last = "last tower only: just the last tower's sub-batch updates the moving statistics"
+        if isinstance(scope, cst.SimpleString) and isinstance(scope.evaluated_value, str):
+            taken = self._literal_tower(scope.evaluated_value)
+            if taken is not None:
+                return taken
         literal = _first_or_last(scope)
         if literal == 0:
             return first
@@ -269,6 +336,35 @@ d_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'discriminator')
         if isinstance(value, cst.BaseExpression):
             return self._whose(value, call, depth + 1)
         return "only the towers under that scope"
+
+    def _literal_tower(self, literal: str) -> str | None:
+        """Which tower a literal scope names, read from the tower loop's own name scope
+        (``'tower%d' % i`` takes 'tower0' at i == 0). get_collection matches the scope as a
+        prefix, so a literal every tower's scope starts with selects them all."""
+        wanted = literal.rstrip("/")
+        for towers in self.tower_loops():
+            count = _tower_count(towers)
+            for index, spelling in _tower_scopes(towers, self.call_name):
+                names = [_scope_name(spelling, index, k) for k in range(count or 64)]
+                where = f"the towers' name scope `{self.src(spelling, 30)}`"
+                if wanted in names:
+                    k = names.index(wanted)
+                    if k == 0:
+                        who = "first tower only: just tower 0's"
+                    elif count is not None and k == count - 1:
+                        who = f"last tower only: just the last tower's (tower {k} of {count})"
+                    else:
+                        who = f"tower {k} only: just tower {k}'s"
+                    return (
+                        f"{who} sub-batch updates the moving statistics ({where} at {index} == {k})"
+                    )
+                if count is not None and all((n or "").startswith(literal) for n in names[:count]):
+                    return (
+                        f"all towers: every tower's name scope starts with it ({where}; "
+                        "get_collection matches the scope as a prefix), so every tower's "
+                        "update runs, one after another"
+                    )
+        return None
 
     def _inside_loop(self, call: cst.Call, loop: cst.CSTNode, first: str, last: str) -> str:
         """Collected once per tower: an ``if i == 0`` guard, a list built up, or overwritten."""
@@ -356,6 +452,59 @@ d_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'discriminator')
                     if isinstance(target.target, cst.Name):
                         derived.add(target.target.value)
         return None, derived - names
+
+
+def _loop_indices(towers: Towers) -> list[str]:
+    """The names that hold the tower index: the loop's (``for i, d in enumerate(...)``: ``i``),
+    or the parameters of the function the loop calls per tower."""
+    names: list[str] = []
+    loop = towers.replicator
+    if isinstance(loop, cst.For):
+        target = loop.target
+        if isinstance(target, cst.Tuple) and target.elements:
+            target = target.elements[0].value
+        if isinstance(target, cst.Name):
+            names.append(target.value)
+    if towers.tower_fn is not None:
+        names += [p.name.value for p in towers.tower_fn.params.params]
+    return names
+
+
+def _tower_count(towers: Towers) -> int | None:
+    """``for i in range(2)`` or ``enumerate(['/gpu:0', '/gpu:1'])``: 2; None when not literal."""
+    loop = towers.replicator
+    if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call):
+        return None
+    func, args = loop.iter.func, loop.iter.args
+    if isinstance(func, cst.Name) and func.value == "range" and len(args) == 1:
+        return int_value(args[0].value)
+    if isinstance(func, cst.Name) and func.value == "enumerate" and len(args) == 1:
+        value = args[0].value
+        return len(value.elements) if isinstance(value, cst.List | cst.Tuple) else None
+    return None
+
+
+def _tower_scopes(towers: Towers, call_name) -> list[tuple[str, cst.BaseExpression]]:  # type: ignore[no-untyped-def]
+    """(index name, scope expression) of the per-tower name/variable scopes: those whose name
+    changes with the tower index."""
+    roots: list[cst.CSTNode] = [
+        towers.replicator.body if isinstance(towers.replicator, LOOP) else towers.replicator
+    ]
+    if towers.tower_fn is not None:
+        roots.append(towers.tower_fn.body)
+    found = []
+    indices = _loop_indices(towers)
+    for root in roots:
+        for node in walk(root, into_defs=False):
+            if not isinstance(node, cst.Call) or call_name(node) not in SCOPES:
+                continue
+            spelling = get_arg(node, 0, "name_or_scope") or get_arg(node, 0, "name")
+            for index in indices:
+                if spelling is not None and _scope_name(spelling, index, 0) != _scope_name(
+                    spelling, index, 1
+                ):
+                    found.append((index, spelling))
+    return found
 
 
 def _first_or_last(node: cst.BaseExpression) -> int | None:

@@ -23,6 +23,7 @@ from tfmigrate.engine import Settings, process_source
 from tfmigrate.names import NameResolver
 from tfmigrate.rules import _keras_model_emit as emit
 from tfmigrate.rules import _tower_program_example as example
+from tfmigrate.rules._static_loops import unroll
 from tfmigrate.rules._variable_names import VariableNames
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
 
@@ -76,6 +77,28 @@ def convnet(images, is_training):
     net = tf_slim.flatten(net)
     return tf_slim.fully_connected(net, NUM_CLASSES, activation_fn=None, scope='logits')
 """
+# Layers built in loops over literal lists (unrolled; names from %, f-strings and .format).
+LOOP_CNN = """
+import tensorflow as tf
+
+def loop_cnn(images, training):
+    net = images
+    # Two conv blocks.
+    for k, (filters, stride) in enumerate(zip([4, 6], (1, 2))):
+        net = tf.compat.v1.layers.conv2d(net, filters, 3, strides=stride, padding='same',
+                                         use_bias=False, name='conv%d' % (k + 1))
+        net = tf.compat.v1.layers.batch_normalization(net, momentum=0.5, training=training,
+                                                      name=f'bn{k + 1}')
+        net = tf.nn.relu(net)
+    net = tf.compat.v1.layers.flatten(net)
+    for i in range(2):
+        if i == 1:
+            net = tf.compat.v1.layers.dense(net, NUM_CLASSES, name='logits')
+        else:
+            net = tf.compat.v1.layers.dense(net, 5, activation=tf.nn.tanh,
+                                            name='fc_{}'.format(i + 1))
+    return net
+"""
 # slim's normalizer_fn / normalizer_params (a frozen batch norm on 4-D and on 2-D inputs),
 # arg_scopes from a function and in the model function, slim.repeat, a dropout and a mean pool
 # between layers, variance-scaling initializers.
@@ -116,6 +139,7 @@ CASES = [
     dict(source=LAYERS_CNN, function="cnn", shape=[4, 6, 6, 2], training_kw="training", dropout=True),
     dict(source=LAYERS_MLP, function="model", shape=[8, 5], training_kw="training"),
     dict(source=SLIM_CNN, function="convnet", shape=[4, 6, 6, 2], training_kw="is_training"),
+    dict(source=LOOP_CNN, function="loop_cnn", shape=[4, 6, 6, 2], training_kw="training"),
 ]  # fmt: skip
 
 
@@ -225,6 +249,56 @@ def test_slim_normalizers_arg_scopes_and_repeat_as_slim_applies_them():
     ]
 
 
+def test_literal_loops_are_unrolled_with_their_layer_names():
+    model = _convert(LOOP_CNN, "loop_cnn")
+    by_name = {layer.name: layer.constructor for layer in model.layers}
+    assert by_name["conv2"] == (
+        'keras.layers.Conv2D(6, 3, strides=2, padding="same", use_bias=False, name="conv2")'
+    )
+    assert by_name["bn2"].startswith("TF1BatchNorm(unbiased_ranks=(4,), momentum=0.5")
+    assert by_name["fc_1"] == 'keras.layers.Dense(5, activation="tanh", name="fc_1")'
+    assert (
+        "fc_2" not in by_name
+        and by_name["logits"] == 'keras.layers.Dense(NUM_CLASSES, name="logits")'
+    )
+    assert list(model.variables("", "m"))[:3] == ["conv1/kernel", "bn1/gamma", "bn1/beta"]
+    # call(): the iterations written out, the loop's comment kept before the first one.
+    assert (
+        "        net = images\n"
+        "        # Two conv blocks.\n"
+        "        net = self.conv1(net)\n"
+        "        net = self.bn1(net, training=training)\n"
+        "        net = tf.nn.relu(net)\n"
+        "        net = self.conv2(net)\n"
+    ) in model.source
+    assert "for " not in model.source and "if " not in model.source
+    # The manifest's legacy names read the loop the same way.
+    module = cst.parse_module(textwrap.dedent(LOOP_CNN))
+    reader = VariableNames(module, NameResolver.for_module(module).qualify)
+    names = reader.run([cst.parse_statement("logits = loop_cnn(images, True)")])
+    assert names == list(model.variables("", "m"))
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("'conv%d' % (k + 1)", "'conv3'"),
+        ("'%s_%d' % ('block', k)", "'block_2'"),
+        ("f'bn{k:02d}_{name!s}'", "'bn02_x'"),
+        ("'fc_{}_{n}'.format(k * 2, n=name)", "'fc_4_x'"),
+        ("str(k) + name", "'2x'"),
+        ("[k, -k, k / 4]", "[2, -2, 0.5]"),
+        ("k > 1 and name == 'x'", "True"),
+        ("'x' * k", "'x' * 2"),  # sequence repetition is not folded
+        ("size(k)", "size(2)"),  # nor calls of anything else
+    ],
+)
+def test_loop_expressions_fold_to_literals(expression, value):
+    loop = cst.parse_statement(f"for k, name in [(2, 'x')]:\n    y = {expression}\n")
+    [statement] = unroll(loop)  # type: ignore[arg-type]
+    assert cst.Module([]).code_for_node(statement.body[0].value) == value
+
+
 def test_manifest_names_come_from_the_conversion_table():
     """VariableNames (the manifest's legacy names) reads layer calls through the Keras
     conversion's mapping: the same names, arg_scopes applied, trainability included."""
@@ -250,7 +324,10 @@ def test_manifest_names_come_from_the_conversion_table():
         ("net = slim.fully_connected(x, 4, normalizer_fn=slim.layer_norm, scope='fc')", "normalizer_fn other than"),
         ("net = slim.conv2d(x, 4, 3, scope='c', normalizer_fn=slim.batch_norm, normalizer_params=p)", "not a literal dict"),
         ("net = slim.repeat(x, k, slim.conv2d, 4, 3, scope='c')", "count that is not a literal"),
-        ("for k in range(2):\n        x = tf.compat.v1.layers.dense(x, 4, name='fc%d' % k)", "not straight-line"),
+        ("for k in range(t):\n        x = tf.compat.v1.layers.dense(x, 4, name='fc%d' % k)", "other than a literal list"),
+        ("for k in [1, 2]:\n        x = tf.compat.v1.layers.dense(x, 4, name='fc%d' % k)\n    net = k", "outside its `for` loop"),
+        ("for k in [1, 2]:\n        x = tf.compat.v1.layers.dense(x, 4, name='fc%d' % k)\n        break", "break"),
+        ("for k in [1, 2]:\n        x = tf.compat.v1.layers.dense(x, 4, name='fc%d' % t)", "literal identifier, in a `for` loop"),
         ("net = tf.compat.v1.layers.dense(x, 4, name='fc', kernel_initializer=my_init())", "initializer"),
     ],
 )  # fmt: skip
@@ -482,3 +559,84 @@ def test_model_code_it_cannot_map_stays_on_compat_v1_with_the_reason():
     assert "class TF1Variables:" in fixed.new_code and "keras.Model" not in fixed.new_code
     [note] = [n for n in fixed.manifest["notes"] if "not converted to Keras layers" in n]
     assert "a call Keras layers do not cover: `tf.square` (line 9)" in note
+
+
+_BN_ARG_SCOPE = """
+slim = tf.contrib.slim
+
+
+def net_arg_scope(is_training=True):
+    with slim.arg_scope([slim.batch_norm], is_training=is_training, decay=0.5) as sc:
+        return sc
+
+
+def net(x, is_training=True):
+    h = slim.fully_connected(x, 3, normalizer_fn=slim.batch_norm, scope='fc1')
+    h = slim.dropout(h, 0.5, is_training=is_training, scope='dropout')
+    return slim.fully_connected(h, 2, activation_fn=None, scope='logits')
+"""
+
+
+@pytest.mark.parametrize(
+    ("arg_scope", "call", "fc1_bn", "tower"),
+    [
+        # tf_slim applies an arg_scope only to the calls made under it: the towers' True is
+        # the training call's mode, so it follows Keras' `training`, which the towers pass.
+        ("net_arg_scope()", "net(x_splits[i])", "training=training", "net(x, training=True)"),
+        ("net_arg_scope(is_training=True)", "net(x_splits[i], is_training=True)",
+         "training=training", "net(x, training=True)"),
+        # False: slim normalized with the moving statistics and did not update them, in
+        # training too: inference mode, whatever `training` the model is called with.
+        ("net_arg_scope(is_training=False)", "net(x_splits[i])", "training=False",
+         "net(x, training=True)"),
+        # The call's own flag is False (dropout off) but the arg_scope trains the batch norm:
+        # one `training` cannot say both, so the batch norm's True stays fixed.
+        ("net_arg_scope()", "net(x_splits[i], is_training=False)", "training=True",
+         "net(x, training=False)"),
+    ],
+)  # fmt: skip
+def test_training_flag_from_the_towers_arg_scope(arg_scope, call, fc1_bn, tower):
+    legacy = _tower_program(
+        _BN_ARG_SCOPE,
+        f"                with slim.arg_scope({arg_scope}):\n"
+        f"                    pred = {call}\n"
+        "            loss = tf.reduce_mean(tf.square(pred - y_splits[i]), name='loss')\n",
+    )
+    fixed = process_source(
+        legacy, "train.py", Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    )
+    code = fixed.new_code
+    assert "class Net(keras.Model):" in code and "arg_scope" not in code
+    assert "def call(self, x, training=False):" in code
+    assert f"h = self.fc1_BatchNorm(h, {fc1_bn})" in code
+    assert "h = self.dropout(h, training=training)" in code
+    assert f"pred = {tower}" in code
+    compile(code, "train.py", "exec")
+
+
+def test_training_flag_of_an_arg_scope_without_a_model_flag():
+    """A model with no training parameter of its own: the towers' arg_scope True becomes one
+    (the towers pass training=True); a literal False keeps the model in inference mode."""
+    model = """
+        slim = tf.contrib.slim
+
+
+        def net(x):
+            return slim.batch_norm(slim.fully_connected(x, 2, scope='fc'), scope='bn')
+        """
+    codes = {}
+    for flag in ("True", "False"):
+        legacy = _tower_program(
+            model,
+            f"                with slim.arg_scope([slim.batch_norm], is_training={flag}):\n"
+            "                    pred = net(x_splits[i])\n"
+            "            loss = tf.reduce_mean(tf.square(pred - y_splits[i]), name='loss')\n",
+        )
+        settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+        codes[flag] = process_source(legacy, "train.py", settings).new_code
+    assert "def call(self, x, training=False):" in codes["True"]
+    assert "return self.bn(self.fc(x), training=training)" in codes["True"]
+    assert "pred = net(x, training=True)" in codes["True"]
+    assert "def call(self, x):" in codes["False"]
+    assert "return self.bn(self.fc(x), training=False)" in codes["False"]
+    assert "pred = net(x)\n" in codes["False"]

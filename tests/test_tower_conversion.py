@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import libcst as cst
@@ -25,31 +27,48 @@ SCRIPTS = {
     "addn_towers": "train.py",  # with its model module
     "slim_towers": "train_clones.py",  # tf.app.flags, a slim model package
     "layers_adam": "train.py",  # UPDATE_OPS by the first tower's literal scope, add_n(losses) / n
+    # the TF CIFAR-10 multi-GPU tutorial's layout: tf.app.flags in both modules, main(argv=None)
+    # calling train(), a get_variable model module reading FLAGS.batch_size
+    "tutorial_flags": "multi_gpu_train.py",
+    # the tutorial's input: every tower dequeues its own batch from a prefetch_queue
+    "cifar_towers": "train_multi_gpu.py",
 }  # fmt: skip
 # Script flags for verify (the same for both sides): two towers, a small batch, no dropout
 # (random ops cannot match across runtimes).
 VERIFY_ARGS = {
-    "slim_towers": ["--num_clones", "2", "--batch_size", "16", "--dropout_keep_prob", "1"]
+    "slim_towers": ["--num_clones", "2", "--batch_size", "16", "--dropout_keep_prob", "1"],
+    "tutorial_flags": ["--batch_size", "4"],  # a flag the model module defines and reads
 }
+# verify options: a Keras conv + batch-norm model whose first kernel's gradient cancels out
+# (BN after it, Momentum 0.9): float-rounding differences of the fused TF1 kernel grow to 9e-6
+# by step 3, the legacy program nudged by one float step drifts 3e-4 -- measured, not guessed.
+VERIFY_OPTIONS = {"addn_towers": ["--noise-floor"]}
 CONVERTED = tuple(SCRIPTS)
 # tower program -> the line the finding must name (what blocked the conversion).
 BLOCKED = {
-    "cifar_towers/train_multi_gpu.py": (76, "each tower dequeues its own batch"),
+    "towers/shuffled_dequeue/train.py": (51, "shuffles (tf.train.shuffle_batch)"),
 }
 TF1_ONLY = re.compile(r"\b(Session|placeholder|feed_dict|global_variables_initializer)\b")
 # tower program -> the Keras model class its model function became (the others keep their TF1
-# model code on tf.compat.v1: get_variable models, a model built in a loop)
+# model code on tf.compat.v1)
 KERAS_MODELS = {
     "bn_rmsprop": "Model", "global_updates": "Model", "sum_ema_decay": "Network",
     "slim_clones": "Mlp", "cifar_average": "Inference", "queue_saver": "Inference",
-    "layers_adam": "Net",
+    "layers_adam": "Net", "cifar_towers": "Inference",
 }  # fmt: skip
 # Of those, get_variable models: the Keras model owns the variables under their legacy names
 # (add_weight), so the weight paths are the legacy names under the model's name.
-GET_VARIABLE_MODELS = {"cifar_average": "inference", "queue_saver": "inference"}
+GET_VARIABLE_MODELS = {
+    "cifar_average": "inference", "queue_saver": "inference", "tutorial_flags": "inference",
+    "cifar_towers": "inference",
+}  # fmt: skip
 # Model functions of an imported module: the class goes in that module.
 KERAS_MODELS["slim_towers"] = "SmallNet"
-MODEL_MODULES = {"slim_towers": "nets/small_net.py"}
+KERAS_MODELS["addn_towers"] = "Build"  # built in a loop over a literal list: unrolled
+KERAS_MODELS["tutorial_flags"] = "Inference"  # a get_variable model module
+MODEL_MODULES = {
+    "slim_towers": "nets/small_net.py", "addn_towers": "model.py", "tutorial_flags": "model.py"
+}  # fmt: skip
 
 
 def _folder(name: str) -> Path:
@@ -58,9 +77,19 @@ def _folder(name: str) -> Path:
     )
 
 
+# Each fixture's rewrite, made once per test process: several tests read the same output.
+_REWRITTEN: dict[str, tuple[Path, object]] = {}
+
+
 def _rewrite_out(cli, name: str, out: Path):
-    result = cli("rewrite", "--out", out, _folder(name))
-    assert result.returncode in (0, 1), result
+    if name not in _REWRITTEN:
+        made = Path(tempfile.mkdtemp(prefix=f"tfm-{name}-"))
+        atexit.register(shutil.rmtree, made, True)
+        result = cli("rewrite", "--out", made / "out", _folder(name))
+        assert result.returncode in (0, 1), result
+        _REWRITTEN[name] = made / "out", result
+    cached, result = _REWRITTEN[name]
+    shutil.copytree(cached, out)
     return result
 
 
@@ -152,11 +181,16 @@ def test_manifest_contribution_only_when_the_fix_is_applied():
 
 
 def _verify(
-    legacy: Path, migrated: Path, steps: int = 6, args: list[str] | None = None
+    legacy: Path,
+    migrated: Path,
+    steps: int = 6,
+    args: list[str] | None = None,
+    options: list[str] | None = None,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tfmigrate", "verify", str(legacy), str(migrated),
-         "--replicas", "2", "--steps", str(steps), *(["--", *args] if args else [])],
+         "--replicas", "2", "--steps", str(steps), *(options or []),
+         *(["--", *args] if args else [])],
         capture_output=True, text=True, timeout=600,
         env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -167,12 +201,28 @@ def _verify(
 def test_converted_fixture_verifies(cli, tmp_path, name):
     out = tmp_path / "out"
     _rewrite_out(cli, name, out)
-    steps = 3 if name in ("addn_towers", "slim_towers") else 6  # convnets: fewer steps
+    convnets = ("addn_towers", "slim_towers", "tutorial_flags", "cifar_towers")
+    steps = 3 if name in convnets else 6
     script = SCRIPTS[name]
-    result = _verify(_folder(name) / script, out / script, steps, VERIFY_ARGS.get(name))
+    result = _verify(
+        _folder(name) / script, out / script, steps, VERIFY_ARGS.get(name), VERIFY_OPTIONS.get(name)
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EQUIVALENT" in result.stdout
     assert not re.findall(r"^(?:FAIL|DIVERGED|UNMATCHED)", result.stdout, re.M)
+    if name == "cifar_towers":  # tower i took the i-th batch (verify fixed TF1's free order)
+        assert re.search(r"^PASS\W+total_loss \(tower 1\)", result.stdout, re.M)
+        assert "verify ran tower i's dequeue after tower i-1's" in result.stdout
+    if name == "bn_rmsprop":
+        # Announced, and measured: replica 0's Keras batch norm (TF1BatchNorm: the fused kernel's
+        # unbiased variance) updates from tower 0's sub-batch, which is what the legacy step kept
+        # (--bn_updates first, the default): the statistics match.
+        rows = r"^PASS\W+(model/bn1/moving_\w+)\W.*announced TFM303"
+        assert re.findall(rows, result.stdout, re.M) == [
+            "model/bn1/moving_mean", "model/bn1/moving_variance"
+        ]  # fmt: skip
+        assert not re.findall(r"^EXPECTED", result.stdout, re.M)
+        assert len(re.findall(r"^PASS\W+xent/value", result.stdout, re.M)) == 2  # both towers
     if name == "sum_ema_decay":  # the shadows, the cross-tower sum and the learning rate
         for row in ("total_loss (reduced)", "learning_rate (reduced)", "global_step"):
             assert re.search(rf"^PASS\W+{re.escape(row)}", result.stdout, re.M), row
@@ -193,12 +243,35 @@ def test_converted_fixture_verifies(cli, tmp_path, name):
         assert not re.findall(rows, result.stdout, re.M)
         assert len(re.findall(r"^EXPECTED\W+SmallNet/\S+/moving_\w+", result.stdout, re.M)) >= 2
     if name == "addn_towers":  # the towers' mean loss and the whole batch's accuracy, reduced
+        # ... from a Keras model: the loop-built tf.layers model, unrolled, no TF1 variables
+        model_code = (out / MODEL_MODULES[name]).read_text()
+        assert "class Build(keras.Model):" in model_code and "tf_keras" not in model_code
+        assert "TF1Variables" not in (out / script).read_text()
         assert re.search(r"^PASS\W+Mean \(reduced\)", result.stdout, re.M)
         assert re.search(r"^PASS\W+Mean_1 \(reduced\)", result.stdout, re.M)
         shadows = re.findall(r"^(\w+)\W+net/\S+/ExponentialMovingAverage", result.stdout, re.M)
         assert len(shadows) == 10 and set(shadows) <= {"PASS", "EXPECTED"}  # orderless EMA
         expected = re.findall(r"^EXPECTED\W+(net/\S+/moving_\w+)\s", result.stdout, re.M)
         assert len(expected) == 4  # every tower's statistics updates: announced, with size
+
+
+def test_cifar_towers_dequeue_shape(cli, tmp_path):
+    """Towers that each dequeue their own batch from a prefetch_queue: one global batch of
+    num_replicas consecutive queue batches per step, replica i taking the i-th."""
+    out = tmp_path / "out"
+    _rewrite_out(cli, "cifar_towers", out)
+    code = (out / "train_multi_gpu.py").read_text()
+    entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train_multi_gpu.py"]
+    program = code.split('"""', 2)[2]  # after the module docstring
+    assert "prefetch_queue" not in program and ".dequeue()" not in program
+    assert "input_dataset = inputs(images_np, labels_np, flags.batch_size)\n" in code
+    assert (
+        "input_dataset = input_dataset.unbatch().batch("
+        "flags.batch_size * strategy.num_replicas_in_sync)"
+    ) in code
+    assert "def tower_fn(image_batch, label_batch):" in code
+    [note] = [n for n in entry["notes"] if "batch_queue.dequeue()" in n]
+    assert "verify runs the legacy towers' dequeues in tower order" in note
 
 
 def test_bn_rmsprop_shape(cli, tmp_path):
@@ -388,18 +461,43 @@ def test_queue_saver_program_runs_and_writes(tmp_path, cli):
     assert read.stdout.split("\n")[:2] == ["0 cross_entropy scalars", "10 cross_entropy scalars"]
 
 
-def test_batch_norm_sync_refuses_tf1_batch_norm(cli, tmp_path):
-    """--batch-norm sync: TF1 batch norm kept on compat.v1 has no cross-replica mode, so a
-    program that has one is left alone with a finding that says so; without batch norm the
-    option changes nothing; faithful is the default."""
+def test_batch_norm_sync(cli, tmp_path):
+    """--batch-norm sync: the batch norms of a model converted to Keras layers get
+    synchronized=True (TF1BatchNorm's own statistics too), the manifest announces cross-replica
+    statistics and, the forward pass having changed, every quantity; TF1 batch norm kept on
+    compat.v1 has no cross-replica mode, so such a program is left alone with a finding that
+    says so; without batch norm the option changes nothing; faithful is the default."""
+    synced = tmp_path / "bn_sync"
+    cli("rewrite", "--batch-norm", "sync", "--out", synced, FIXTURES / "towers" / "bn_rmsprop")
+    code = (synced / "train.py").read_text()
+    assert re.search(r"= TF1BatchNorm\(\n.*scale=False,\n +synchronized=True, name=\"bn1\"\)", code)
+    assert "keras.ops.moments(inputs, axes, synchronized=self.synchronized)" in code
+    assert 'all_reduce("sum", count)' in code  # the global batch's n/(n-1)
+    entry = json.loads((synced / "tfmigrate.json").read_text())["files"]["train.py"]
+    statistics, everything = entry["announced"]
+    assert statistics["match"][:2] == ["*/moving_mean", "*/moving_variance"]
+    assert "GLOBAL batch" in statistics["reason"] and "cross-replica" in statistics["reason"]
+    assert everything["match"] == ["*"] and "losses and the weights differ" in everything["reason"]
+    assert any("--batch-norm sync" in note for note in entry["notes"])
+    jit = cli("rewrite", "--batch-norm", "sync", "--jit", "--format", "json",
+              FIXTURES / "towers" / "bn_rmsprop")  # fmt: skip
+    [refusal] = [f for f in json.loads(jit.stdout)["findings"] if f["code"] == "TFM303"]
+    assert "--batch-norm sync with --jit" in refusal["message"]
+    legacy = tmp_path / "kept"  # a model kept on tf.compat.v1 (a get_variable + tf.layers mix)
+    legacy.mkdir()
+    mean = "    return tf.reduce_mean(tf.square(tf.matmul(x, w) - y), name='loss')\n"
+    assert example.LEGACY.count(mean) == 1
+    bn = "    h = tf.layers.batch_normalization(tf.matmul(x, w), training=True, name='bn')\n"
+    (legacy / "train.py").write_text(
+        example.LEGACY.replace(mean, bn + mean.replace("tf.matmul(x, w)", "h"))
+    )
     out = tmp_path / "sync"
-    result = cli("rewrite", "--batch-norm", "sync", "--format", "json", "--out", out,
-                 FIXTURES / "towers" / "bn_rmsprop")  # fmt: skip
+    result = cli("rewrite", "--batch-norm", "sync", "--format", "json", "--out", out, legacy)
     assert result.returncode == 1, result
-    legacy = (FIXTURES / "towers" / "bn_rmsprop" / "train.py").read_bytes()
-    assert (out / "train.py").read_bytes() == legacy
+    assert (out / "train.py").read_bytes() == (legacy / "train.py").read_bytes()
     [refusal] = [f for f in json.loads(result.stdout)["findings"] if f["code"] == "TFM303"]
-    assert refusal["line"] == 31 and "--batch-norm sync" in refusal["message"]
+    kept = "--batch-norm sync: `tf.compat.v1.layers.batch_normalization` (line 9)"
+    assert kept in refusal["message"]
     assert "no cross-replica mode" in refusal["message"]
     plain, synced, faithful = tmp_path / "plain", tmp_path / "synced", tmp_path / "faithful"
     _rewrite_out(cli, "cifar_average", plain)
@@ -429,33 +527,45 @@ def test_slim_clones_weight_decay_is_checked(cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_bn_rmsprop_statistics_are_announced(cli, tmp_path):
+def test_bn_rmsprop_synchronized_statistics_are_announced(cli, tmp_path):
+    """--batch-norm sync trains with cross-replica statistics: verify reports the statistics,
+    the losses and the weights as differing as announced, with their size -- never FAIL."""
     out = tmp_path / "out"
-    _rewrite_out(cli, "bn_rmsprop", out)
+    cli("rewrite", "--batch-norm", "sync", "--out", out, FIXTURES / "towers" / "bn_rmsprop")
     result = _verify(FIXTURES / "towers" / "bn_rmsprop" / "train.py", out / "train.py")
-    assert result.returncode == 0, result.stdout + result.stderr
-    # Announced, and measured: replica 0's Keras batch norm (TF1BatchNorm: the fused kernel's
-    # unbiased variance) updates from tower 0's sub-batch, which is what the legacy step kept
-    # (--bn_updates first, the default): the statistics match.
-    rows = r"^PASS\W+(model/bn1/moving_\w+)\W.*announced TFM303"
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "DIFFERS AS ANNOUNCED" in result.stdout
+    assert not re.findall(r"^(?:FAIL|DIVERGED|UNMATCHED)", result.stdout, re.M)
+    rows = r"^EXPECTED\W+(model/bn1/moving_\w+)\W.*announced TFM303"
     assert re.findall(rows, result.stdout, re.M) == [
         "model/bn1/moving_mean", "model/bn1/moving_variance"
     ]  # fmt: skip
-    assert not re.findall(r"^(?:FAIL|DIVERGED|EXPECTED)", result.stdout, re.M)
-    assert len(re.findall(r"^PASS\W+xent/value", result.stdout, re.M)) == 2  # both towers
+    assert "statistics of the GLOBAL batch" in " ".join(result.stdout.split())  # their reason
+    assert len(re.findall(r"^EXPECTED\W+xent/value", result.stdout, re.M)) == 2  # both towers
+    assert "replicas hold different values of model/bn1" not in result.stdout  # all-reduced
 
 
 @pytest.mark.slow
 def test_differently_written_program_verifies(cli, tmp_path):
-    """The rule's own example: no graph block, reuse=i > 0 inside the tower, default init."""
+    """The rule's own example: no graph block, reuse=i > 0 inside the tower, default init.
+    Verified with its loss from tf.losses (no scope=): the legacy tensor is
+    `tower_1/model/mean_squared_error/value`, and verify compares it."""
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / "train.py").write_text(example.LEGACY)
     out = tmp_path / "out"
     assert cli("rewrite", "--out", out, legacy).returncode in (0, 1)
     assert (out / "train.py").read_text() == example.CONVERTED
+    mean = "tf.reduce_mean(tf.square(tf.matmul(x, w) - y), name='loss')"
+    assert example.LEGACY.count(mean) == 1
+    (legacy / "train.py").write_text(
+        example.LEGACY.replace(mean, "tf.losses.mean_squared_error(y, tf.matmul(x, w))")
+    )
+    assert cli("rewrite", "--out", out, "--force", legacy).returncode in (0, 1)
     result = _verify(legacy / "train.py", out / "train.py", steps=4)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^PASS\W+model/mean_squared_error/value \(tower 1\)", result.stdout, re.M)
+    assert "UNMATCHED" not in result.stdout
 
 
 def test_example_is_current():
@@ -466,7 +576,7 @@ def test_example_is_current():
 
 def test_blocked_fixture_copy_is_byte_identical(cli, tmp_path):
     repo = tmp_path / "repo"
-    shutil.copytree(FIXTURES / "cifar_towers", repo)
+    shutil.copytree(FIXTURES / "towers" / "shuffled_dequeue", repo)
     before = {p.name: p.read_bytes() for p in repo.iterdir()}
     cli("rewrite", "--write", "--allow-dirty", "--select", "TFM303", repo)
     assert {p.name: p.read_bytes() for p in repo.iterdir()} == before
@@ -482,8 +592,12 @@ def test_addn_towers_shape(cli, tmp_path):
     model = (out / "model.py").read_text()
     files = json.loads((out / "tfmigrate.json").read_text())["files"]
     entry = files["train.py"]
-    # The model module is converted with the program: tf.layers from tf_keras.
-    assert "tf.layers.conv2d(" not in model and "tf1_core_layers.dense(net, 256" in model
+    # The model module is converted with the program: its loop over a literal list unrolled
+    # into Keras layers named after the legacy scopes ('conv%d' % (k + 1) -> conv1, conv2).
+    assert "layers.conv2d(" not in model and "tf_keras" not in model and "for k" not in model
+    assert 'self.conv2 = keras.layers.Conv2D(64, 3, padding="same", use_bias=False' in model
+    assert "net = self.bn2(net, training=training)" in model
+    assert 'build_model = model.Build(10, name="net")' in code
     assert [a["code"] for a in files["model.py"]["applied"]] == ["TFM303"]
     assert "def assign_to_device" not in code and "PS_OPS" not in code  # dead with the towers
     # The EMA runs first, on the weights the step started from; the difference is announced.
@@ -503,7 +617,9 @@ def test_addn_towers_shape(cli, tmp_path):
     )
     assert "set_memory_growth(gpu, True)" in main and "GPUOptions" not in code
     assert "program[\"checkpoint\"].write('/tmp/addn_towers/model.ckpt')" in code
-    assert entry["variables"] == {"*": "*"}  # the model lives in model.py: mapped by name
+    assert entry["variables"]["net/conv2/kernel"] == "net/conv2/kernel"
+    assert entry["variables"]["net/bn1/moving_variance"] == "net/bn1/moving_variance"
+    assert len([k for k in entry["variables"] if "ExponentialMovingAverage" not in k]) == 14
 
 
 def test_model_module_of_a_blocked_program_stays(cli, tmp_path):
@@ -571,9 +687,8 @@ def test_differently_written_mean_loss_keeps_its_legacy_name():
     code = process_source(STACKED_MEAN, "train.py", settings).new_code
     assert code is not None and not TF1_ONLY.findall(code)
     # The aggregation wrote Mean, Mean_1 (one per variable) at the root: the mean loss is Mean_2.
-    assert (
-        "outputs['Mean_2'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs['loss']" in code
-    )
+    mean = "outputs['Mean_2'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs["
+    assert mean + "'sparse_softmax_cross_entropy_loss/value']" in code
     assert 'for gpu in tf.config.list_physical_devices("GPU"):' in code
 
 
@@ -590,6 +705,35 @@ def test_clipping_after_the_aggregation_is_refused_with_its_line():
     assert "`tf.clip_by_global_norm` clips the aggregated gradients" in finding.message
 
 
+# Written differently again (verify: EQUIVALENT, every value bit-identical over 6 steps with
+# `--keep 1.0`): contrib layers, a keep_prob placeholder_with_default fed a flag, the batch size
+# computed after the Session opens, `tf.reduce_mean(tower_losses)` logged.
+FED_DEFAULT = "\"\"\"Two-layer classifier trained on synthetic data over several GPUs (tower style).\"\"\"\nfrom __future__ import print_function\n\nimport argparse\nimport time\n\nimport numpy as np\nimport tensorflow as tf\n\n\ndef average_gradients(tower_grads):\n    average_grads = []\n    for grad_and_vars in zip(*tower_grads):\n        grads = [tf.expand_dims(g, 0) for g, _ in grad_and_vars]\n        grad = tf.reduce_mean(tf.concat(grads, 0), 0)\n        average_grads.append((grad, grad_and_vars[0][1]))\n    return average_grads\n\n\ndef classifier(x, keep_prob):\n    h = tf.contrib.layers.fully_connected(x, 64, scope='hidden')\n    h = tf.nn.dropout(h, keep_prob)\n    return tf.contrib.layers.fully_connected(h, 5, activation_fn=None, scope='out')\n\n\ndef make_data(n, dim, seed):\n    rng = np.random.RandomState(seed)\n    x = rng.randn(n, dim).astype(np.float32)\n    y = (x[:, :5].argmax(axis=1)).astype(np.int32)\n    return x, y\n\n\ndef main(args):\n    data_x, data_y = make_data(4096, 20, 0)\n    with tf.Graph().as_default(), tf.device('/cpu:0'):\n        x = tf.placeholder(tf.float32, [None, 20], name='x')\n        y = tf.placeholder(tf.int32, [None], name='y')\n        keep_prob = tf.placeholder_with_default(1.0, [])\n        global_step = tf.train.get_or_create_global_step()\n        boundaries = [args.steps // 2]\n        lr = tf.train.piecewise_constant(global_step, boundaries, [args.lr, args.lr * 0.1])\n        opt = tf.train.GradientDescentOptimizer(lr)\n\n        xs = tf.split(x, args.num_gpus)\n        ys = tf.split(y, args.num_gpus)\n        tower_grads, tower_losses = [], []\n        with tf.variable_scope(tf.get_variable_scope()):\n            for i in range(args.num_gpus):\n                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i):\n                    logits = classifier(xs[i], keep_prob)\n                    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(\n                        labels=ys[i], logits=logits))\n                    tf.get_variable_scope().reuse_variables()\n                    tower_grads.append(opt.compute_gradients(loss))\n                    tower_losses.append(loss)\n        grads = average_gradients(tower_grads)\n        train_op = opt.apply_gradients(grads, global_step=global_step)\n        mean_loss = tf.reduce_mean(tower_losses)\n\n        config = tf.ConfigProto(allow_soft_placement=True)\n        config.gpu_options.allow_growth = True\n        sess = tf.Session(config=config)\n        sess.run(tf.global_variables_initializer())\n        batch = args.batch_size * args.num_gpus\n        start = time.time()\n        for step in range(args.steps):\n            lo = (step * batch) % (len(data_x) - batch)\n            feed = {x: data_x[lo:lo + batch], y: data_y[lo:lo + batch], keep_prob: args.keep}\n            _, l = sess.run([train_op, mean_loss], feed_dict=feed)\n            if step % 10 == 0:\n                print('step %d loss %.4f (%.1f s)' % (step, l, time.time() - start))\n\n\nif __name__ == '__main__':\n    parser = argparse.ArgumentParser()\n    parser.add_argument('--num_gpus', type=int, default=2)\n    parser.add_argument('--batch_size', type=int, default=32)\n    parser.add_argument('--steps', type=int, default=200)\n    parser.add_argument('--lr', type=float, default=0.1)\n    parser.add_argument('--keep', type=float, default=0.5)\n    main(parser.parse_args())\n"
+
+
+def test_fed_default_session_values_and_a_mean_of_the_list_convert():
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(FED_DEFAULT, "train.py", settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    # the flag fed at every step is what the graph reads; the feed dict is gone from the loop
+    assert "keep_prob = args.keep\n" in code and "feed = " not in code
+    # plain values made after the Session opens: in the feeding generator and in the loop
+    assert code.count("batch = args.batch_size * strategy.num_replicas_in_sync") == 2
+    assert code.count("start = time.time()") == 2
+    assert (
+        "outputs['Mean_4'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs['Mean']" in code
+    )
+
+
+def test_a_default_fed_a_changing_value_is_refused():
+    changing = FED_DEFAULT.replace("keep_prob: args.keep}", "keep_prob: 1.0 / (step + 1)}")
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(changing, "train.py", settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None
+    assert "`keep_prob` (placeholder_with_default) is fed a value made in the" in finding.message
+
+
 def test_layers_adam_shape(cli, tmp_path):
     """Written differently from the other fixtures: the first tower's UPDATE_OPS collected after
     the loop by its literal scope name, `tf.add_n(tower_losses) / num_gpus` logged, a Saver that
@@ -599,10 +743,10 @@ def test_layers_adam_shape(cli, tmp_path):
     code = (out / "train.py").read_text()
     entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
     assert any("UPDATE_OPS only of the towers selected by `i == 0`" in n for n in entry["notes"])
-    # the towers' mean loss keeps its legacy name (the division's op, `truediv`)
-    assert (
-        "outputs['truediv'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs['loss']" in code
-    )
+    # the towers' mean loss keeps its legacy name (the division's op, `truediv`), and so does
+    # each tower's tf.losses value it averages
+    mean = "outputs['truediv'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs["
+    assert mean + "'sparse_softmax_cross_entropy_loss/value']" in code
     assert "program[\"checkpoint\"].write('%s-%d' % ('towers.ckpt', FLAGS.steps))" in code
     assert "CheckpointManager" not in code
 
@@ -616,3 +760,110 @@ def test_update_ops_of_a_scope_no_tower_takes_is_refused_with_the_towers_names()
     assert result.new_code is None
     assert "UPDATE_OPS of scope 'tower_0', which no tower's name scope takes" in finding.message
     assert "'tower0' for tower 0" in finding.message
+
+
+def test_tutorial_flags_shape(cli, tmp_path):
+    """The TF CIFAR-10 multi-GPU tutorial's layout: tf.app.flags defined in the script and in
+    the model module, `main(argv=None)` calling `train()` run by `tf.app.run()`, the gradients
+    appended in two statements, a get_variable model module (`_variable_on_cpu` /
+    `_variable_with_weight_decay`) whose model reads `FLAGS.batch_size`."""
+    out = tmp_path / "out"
+    _rewrite_out(cli, "tutorial_flags", out)
+    code = (out / "multi_gpu_train.py").read_text()
+    model = (out / "model.py").read_text()
+    files = json.loads((out / "tfmigrate.json").read_text())["files"]
+    # absl's flags in both modules, the same definitions: one registry, the same command line.
+    assert "tf.app" not in code + model and "from absl import flags\n" in model
+    assert "FLAGS = flags.FLAGS\n" in code and "FLAGS = flags.FLAGS\n" in model
+    assert "flags.DEFINE_integer('num_gpus', 2," in code
+    assert "flags.DEFINE_integer('batch_size', 8," in model
+    # main(argv=None) stays the function app.run runs; it calls the migrated train().
+    assert "def main(argv=None):  # pylint: disable=unused-argument\n  train()\n" in code
+    assert code.rstrip().endswith('if __name__ == "__main__":\n  app.run(main)')
+    assert "FLAGS(['multi_gpu_train.py', *argv], known_only=True)" in code
+    # The model module's function is the Keras class the script builds; its helpers go.
+    assert "class Inference(keras.Model):" in model and "def inference(" not in model
+    assert "_variable_on_cpu" not in model and "_variable_with_weight_decay" not in model
+    assert "reshape = tf.reshape(pool1, [FLAGS.batch_size, -1])" in model
+    assert "def loss(logits, labels):" in model  # still the script's
+    assert 'inference = model.Inference(name="inference")' in code
+    assert "def tower_loss(inference, scope, images, labels):" in code
+    assert "losses = [*inference.losses, model.loss(logits, labels)]" in code
+    # The model builds from each replica's own static batch (the reshape reads it).
+    assert "spec.shape[0] // strategy.num_replicas_in_sync if spec.shape[0] else None" in code
+    assert [a["code"] for a in files["model.py"]["applied"]] == ["TFM303"]
+    assert files["multi_gpu_train.py"]["variables"]["local2/weights"] == "inference/local2/weights"
+
+
+def test_tutorial_launcher_doing_more_is_refused_with_its_line():
+    source = (_folder("tutorial_flags") / "multi_gpu_train.py").read_text()
+    busy = source.replace("  train()\n\n\nif __name__", "  print(argv)\n  train()\n\n\nif __name__")
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(busy, "multi_gpu_train.py", settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None and finding.line == 122
+    assert "`tf.app.run` does not run the training function `train`" in finding.message
+    assert "nor a `main(argv)` that only calls `train()`" in finding.message
+
+
+def _argparse_tutorial(repo: Path, parse_in_main: bool) -> str:
+    """The tutorial layout with argparse instead of tf.app.flags: the parser built and parsed
+    at module level (or first in the main block, `FLAGS = None` above), no flags in the model
+    module (verify: EQUIVALENT, like the tf.app.flags spelling)."""
+    shutil.copytree(_folder("tutorial_flags"), repo)
+    model = (repo / "model.py").read_text()
+    start, end = model.index("FLAGS = tf.app.flags.FLAGS"), model.index("IMAGE_SIZE = 8")
+    model = model[:start] + "BATCH_SIZE = 8\n" + model[end:]
+    (repo / "model.py").write_text(
+        model.replace("FLAGS.data_seed", "7").replace("FLAGS.batch_size", "BATCH_SIZE")
+    )
+    train = (repo / "multi_gpu_train.py").read_text()
+    train = train.replace("import time\n", "import argparse\nimport time\n")
+    start, end = train.index("FLAGS = tf.app.flags.FLAGS"), train.index("\n\ndef tower_loss")
+    parser = (
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--max_steps', type=int, default=1000)\n"
+        "parser.add_argument('--num_gpus', type=int, default=2)\n"
+        "parser.add_argument('--batch_size', type=int, default=8)\n"
+        "parser.add_argument('--learning_rate', type=float, default=0.1)\n"
+        "parser.add_argument('--log_device_placement', action='store_true')\n"
+        "FLAGS, unparsed = parser.parse_known_args()\n"
+    )
+    if parse_in_main:
+        train = train[:start] + "FLAGS = None\n" + train[end:]
+        main = "".join(f"  {line}\n" for line in parser.splitlines()) + "  main()\n"
+        train = train.replace("  tf.app.run()\n", main)
+    else:
+        train = train[:start] + parser + train[end:]
+        train = train.replace("  tf.app.run()\n", "  main()\n")
+    (repo / "multi_gpu_train.py").write_text(train)
+    return train
+
+
+def test_module_level_argparse_flags_are_parsed_in_the_main_block(cli, tmp_path):
+    _argparse_tutorial(tmp_path / "legacy", parse_in_main=False)
+    out = tmp_path / "out"
+    assert cli("rewrite", "--out", out, tmp_path / "legacy").returncode in (0, 1)
+    code = (out / "multi_gpu_train.py").read_text()
+    assert not TF1_ONLY.findall(code) and 'model.Inference(name="inference")' in code
+    assert "\nFLAGS = None  # parsed in the main block (tfmigrate_program: from argv)\n" in code
+    assert "\nparser" not in code  # built in make_parser now
+    assert "def make_parser():\n  parser = argparse.ArgumentParser()\n" in code
+    assert "  global FLAGS\n  FLAGS, _ = make_parser().parse_known_args(argv)\n" in code
+    assert code.rstrip().endswith(
+        "if __name__ == '__main__':\n  FLAGS, unparsed = make_parser().parse_known_args()\n  main()"
+    )
+    # The parse already in the main block (FLAGS = None above it): it stays there.
+    legacy = _argparse_tutorial(tmp_path / "in_main", parse_in_main=True)
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    converted = process_source(legacy, str(tmp_path / "in_main" / "multi_gpu_train.py"), settings)
+    assert converted.new_code is not None and "\nFLAGS = None\n" in converted.new_code
+    assert converted.new_code.rstrip().endswith(
+        "if __name__ == '__main__':\n  FLAGS, unparsed = make_parser().parse_known_args()\n  main()"
+    )
+    # Used besides building and parsing: refused, saying so.
+    used = legacy.replace("  main()\n", "  parser.print_help()\n  main()\n")
+    refused = process_source(used, str(tmp_path / "in_main" / "multi_gpu_train.py"), settings)
+    [finding] = [f for f in refused.findings if f.code == "TFM303"]
+    assert refused.new_code is None
+    assert "`parser` is used besides building and parsing" in finding.message

@@ -49,7 +49,11 @@ class Tolerances:
         return f"atol {self.atol:g} (steps 1-{self.early_steps}), then rtol {self.rtol:g}"
 
     def array_ok(self, legacy: np.ndarray, migrated: np.ndarray) -> bool:
-        return bool(np.all(np.abs(legacy - migrated) <= self.weights_atol + self.weights_rtol * np.abs(legacy)))
+        return bool(
+            np.all(
+                np.abs(legacy - migrated) <= self.weights_atol + self.weights_rtol * np.abs(legacy)
+            )
+        )
 
     def array_text(self) -> str:
         return f"rtol {self.weights_rtol:g}, atol {self.weights_atol:g}"
@@ -109,15 +113,19 @@ def could_not_run(reason: str, notes: list[str] | None = None) -> Comparison:
     return Comparison(verdict=COULD_NOT_RUN, reason=reason, notes=notes or [])
 
 
-def compare(legacy: SideData, migrated: SideData, manifest: ScriptManifest, tol: Tolerances) -> Comparison:
+def compare(
+    legacy: SideData, migrated: SideData, manifest: ScriptManifest, tol: Tolerances
+) -> Comparison:
     for side in (legacy, migrated):
         if side.record.status != OK:
             return could_not_run(f"{side.record.side} side: {side.record.message}")
     n_steps = min(len(legacy.record.steps), len(migrated.record.steps))
     notes: list[str] = []
     if len(legacy.record.steps) != len(migrated.record.steps):
-        notes.append(f"legacy ran {len(legacy.record.steps)} steps, migrated {len(migrated.record.steps)}; "
-                     f"comparing the first {n_steps}")
+        notes.append(
+            f"legacy ran {len(legacy.record.steps)} steps, migrated {len(migrated.record.steps)}; "
+            f"comparing the first {n_steps}"
+        )
     if n_steps == 0:
         return could_not_run("no training step ran on one of the sides", notes)
 
@@ -128,14 +136,21 @@ def compare(legacy: SideData, migrated: SideData, manifest: ScriptManifest, tol:
     rows, series = _compare_fetches(legacy.record, migrated.record, n_steps, manifest, tol)
     rows += _compare_variables(legacy, migrated, n_steps, manifest, tol, notes)
     for name, spread in migrated.record.replica_spread.items():
-        notes.append(f"migrated replicas hold different values of {name} (max |replica i - replica 0| = "
-                     f"{spread:.3g}); replica 0's is what a checkpoint keeps")
+        notes.append(
+            f"migrated replicas hold different values of {name} (max |replica i - replica 0| = "
+            f"{spread:.3g}); replica 0's is what a checkpoint keeps"
+        )
 
-    result = Comparison(verdict=EQUIVALENT, rows=rows, series=series, notes=notes, steps_compared=n_steps)
+    result = Comparison(
+        verdict=EQUIVALENT, rows=rows, series=series, notes=notes, steps_compared=n_steps
+    )
     compared = [r for r in rows if r.status in (PASS, FAIL, EXPECTED)]
     if not compared:
-        return could_not_run("nothing to compare: no legacy fetch and no mapped variable has a migrated "
-                             "counterpart (check the manifest's 'fetches' and 'variables')", notes)
+        return could_not_run(
+            "nothing to compare: no legacy fetch and no mapped variable has a migrated "
+            "counterpart (check the manifest's 'fetches' and 'variables')",
+            notes,
+        )
     if not any(r.phase == FETCH_PHASE and r.status != UNMATCHED for r in rows):
         notes.append("no per-step fetched scalar was compared (none matched); only variables were")
     _judge(result)
@@ -149,29 +164,41 @@ def _judge(result: Comparison) -> None:
     compared = [r for r in rows if r.status in (PASS, FAIL, EXPECTED, NOISE)]
     failing = [r for r in rows if r.status == FAIL]
     if failing:
-        first = min(failing, key=lambda r: (r.first_step if r.first_step is not None else n_steps + 1, r.phase))
+        first = min(
+            failing,
+            key=lambda r: (r.first_step if r.first_step is not None else n_steps + 1, r.phase),
+        )
         result.verdict = DIVERGED
         result.first_divergence = {
             "step": first.first_step,
             "quantity": first.quantity,
-            "phase": ("fetched before the update of step", "after the update of step",
-                      "final values")[first.phase],
+            "phase": (
+                "fetched before the update of step",
+                "after the update of step",
+                "final values",
+            )[first.phase],
         }
         where = f"step {first.first_step}" if first.first_step is not None else "the final values"
-        result.reason = f"first divergence at {where}: {first.quantity} ({first.note or first.tolerance})"
+        result.reason = (
+            f"first divergence at {where}: {first.quantity} ({first.note or first.tolerance})"
+        )
         return
     fetched = [r for r in compared if r.phase == FETCH_PHASE]
     if all(r.status == EXPECTED for r in (fetched or compared)):
         expected = [r.quantity for r in (fetched or compared)]
         result.verdict = ANNOUNCED
-        result.reason = (f"{', '.join(expected[:3])}{' and more' if len(expected) > 3 else ''} differ, as the "
-                         "migration announced: this run measures the difference; it does not show that "
-                         "both programs train the same")
+        result.reason = (
+            f"{', '.join(expected[:3])}{' and more' if len(expected) > 3 else ''} differ, as the "
+            "migration announced: this run measures the difference; it does not show that "
+            "both programs train the same"
+        )
 
 
 def noise_manifest(manifest: ScriptManifest) -> ScriptManifest:
     """Legacy against legacy: every mapped legacy variable and fetch is its own counterpart."""
-    return ScriptManifest(variables={name: name for name in manifest.variables}, source=manifest.source)
+    return ScriptManifest(
+        variables={name: name for name in manifest.variables}, source=manifest.source
+    )
 
 
 def apply_noise_floor(result: Comparison, floor: Comparison, factor: float = NOISE_FACTOR) -> None:
@@ -184,19 +211,25 @@ def apply_noise_floor(result: Comparison, floor: Comparison, factor: float = NOI
         own = drift.get(row.quantity)
         if row.status != FAIL or row.max_abs is None or not own:
             continue
-        row.note = (f"{row.note}; legacy vs itself nudged: {own:.3g}" if row.note
-                    else f"legacy vs itself nudged: {own:.3g}")
+        row.note = (
+            f"{row.note}; legacy vs itself nudged: {own:.3g}"
+            if row.note
+            else f"legacy vs itself nudged: {own:.3g}"
+        )
         if row.max_abs <= factor * own:
             row.status = NOISE
     moved = [r for r in floor.rows if r.max_abs]
     result.notes.append(
         f"noise floor: the legacy program started again from weights one float step away drifted from "
         f"its first run on {len(moved)} of {len(floor.rows)} quantities (largest {max((r.max_abs or 0.0) for r in floor.rows):.3g}); "
-        f"differences within {factor:g}× that drift count as rounding ({NOISE.upper()})")
+        f"differences within {factor:g}× that drift count as rounding ({NOISE.upper()})"
+    )
     _judge(result)
 
 
-def _input_mismatch(legacy: RunRecord, migrated: RunRecord, n_steps: int, notes: list[str]) -> str | None:
+def _input_mismatch(
+    legacy: RunRecord, migrated: RunRecord, n_steps: int, notes: list[str]
+) -> str | None:
     unchecked = 0
     for ls, ms in zip(legacy.steps[:n_steps], migrated.steps[:n_steps], strict=True):
         if ls.inputs is None or ms.inputs is None:
@@ -204,16 +237,22 @@ def _input_mismatch(legacy: RunRecord, migrated: RunRecord, n_steps: int, notes:
             continue
         if ls.inputs != ms.inputs:
             if ls.samples and ms.samples and ls.samples != ms.samples:
-                return (f"the two sides trained on different inputs at step {ls.step}: legacy's step had "
-                        f"{ls.samples} samples, migrated's {ms.samples} — a batch size mix-up? Under "
-                        "MirroredStrategy fit() and experimental_distribute_dataset take the GLOBAL batch "
-                        "(all replicas), as multi_gpu_model and tower code sliced it.")
-            return (f"the two sides trained on different inputs at step {ls.step} (input fingerprints "
-                    f"legacy {ls.inputs} vs migrated {ms.inputs}); a divergence would be meaningless. "
-                    "Make both programs read the same data in the same order and split it the same way.")
+                return (
+                    f"the two sides trained on different inputs at step {ls.step}: legacy's step had "
+                    f"{ls.samples} samples, migrated's {ms.samples} — a batch size mix-up? Under "
+                    "MirroredStrategy fit() and experimental_distribute_dataset take the GLOBAL batch "
+                    "(all replicas), as multi_gpu_model and tower code sliced it."
+                )
+            return (
+                f"the two sides trained on different inputs at step {ls.step} (input fingerprints "
+                f"legacy {ls.inputs} vs migrated {ms.inputs}); a divergence would be meaningless. "
+                "Make both programs read the same data in the same order and split it the same way."
+            )
     if unchecked:
-        notes.append(f"inputs could not be fingerprinted on {unchecked} of {n_steps} steps "
-                     "(no fed arrays or recognised input pipeline)")
+        notes.append(
+            f"inputs could not be fingerprinted on {unchecked} of {n_steps} steps "
+            "(no fed arrays or recognised input pipeline)"
+        )
     return None
 
 
@@ -225,7 +264,9 @@ def _fetch_table(record: RunRecord, n_steps: int) -> dict[str, dict[int, Fetch]]
     return table
 
 
-def _counterpart(f: Fetch, manifest: ScriptManifest, migrated: dict[str, dict[int, Fetch]]) -> str | None:
+def _counterpart(
+    f: Fetch, manifest: ScriptManifest, migrated: dict[str, dict[int, Fetch]]
+) -> str | None:
     """The migrated fetch name that should equal legacy fetch ``f``."""
     by_key: dict[tuple[str, int | None], str] = {}
     for name, steps in migrated.items():
@@ -234,16 +275,22 @@ def _counterpart(f: Fetch, manifest: ScriptManifest, migrated: dict[str, dict[in
     target = manifest.fetches.get(f.name) or manifest.fetches.get(f.name + ":0")
     if target is not None:
         key, replica = parse_fetch_target(target)
-        return by_key.get((key, replica if replica is not None else f.tower)) or by_key.get((key, None))
-    candidates = [f.base, f.base.split("/")[-1]]
-    for base in candidates:
+        return by_key.get((key, replica if replica is not None else f.tower)) or by_key.get(
+            (key, None)
+        )
+    # The legacy name carries every scope open where the op was made (`net/xent_loss/value` under
+    # a variable_scope); the migrated key names the value without them: try each tail of the
+    # path, longest first.
+    parts = f.base.split("/")
+    for base in ("/".join(parts[i:]) for i in range(len(parts))):
         if (base, f.tower) in by_key:
             return by_key[(base, f.tower)]
     return None
 
 
-def _compare_fetches(legacy: RunRecord, migrated: RunRecord, n_steps: int, manifest: ScriptManifest,
-                     tol: Tolerances) -> tuple[list[Row], list[Series]]:
+def _compare_fetches(
+    legacy: RunRecord, migrated: RunRecord, n_steps: int, manifest: ScriptManifest, tol: Tolerances
+) -> tuple[list[Row], list[Series]]:
     ltable, mtable = _fetch_table(legacy, n_steps), _fetch_table(migrated, n_steps)
     rows, series = [], []
     for lname, lsteps in ltable.items():
@@ -253,8 +300,16 @@ def _compare_fetches(legacy: RunRecord, migrated: RunRecord, n_steps: int, manif
         quantity = f"{sample.base} ({tower})"
         category = "loss" if "loss" in sample.base.lower() else "fetch"
         if mname is None:
-            rows.append(Row(quantity, category, lname, "-", UNMATCHED,
-                            note="no migrated train_step value matches; map it in the manifest's 'fetches'"))
+            rows.append(
+                Row(
+                    quantity,
+                    category,
+                    lname,
+                    "-",
+                    UNMATCHED,
+                    note="no migrated train_step value matches; map it in the manifest's 'fetches'",
+                )
+            )
             continue
         msteps = mtable[mname]
         common = sorted(s for s in lsteps if s in msteps)
@@ -270,12 +325,24 @@ def _compare_fetches(legacy: RunRecord, migrated: RunRecord, n_steps: int, manif
             note = f"legacy {lsteps[s].value:.8g} vs migrated {msteps[s].value:.8g} at step {s}"
         if announced:
             note = f"announced {announced.code}: {announced.reason}".strip()
-        rows.append(Row(
-            quantity, category, lname, mname, status, steps_compared=len(common),
-            max_abs=max(diffs) if diffs else None,
-            max_rel=max((d / abs(a) for d, a in zip(diffs, lv, strict=True) if a), default=None),
-            first_step=bad[0] if bad else None, phase=FETCH_PHASE, tolerance=tol.scalar_text(), note=note,
-        ))
+        rows.append(
+            Row(
+                quantity,
+                category,
+                lname,
+                mname,
+                status,
+                steps_compared=len(common),
+                max_abs=max(diffs) if diffs else None,
+                max_rel=max(
+                    (d / abs(a) for d, a in zip(diffs, lv, strict=True) if a), default=None
+                ),
+                first_step=bad[0] if bad else None,
+                phase=FETCH_PHASE,
+                tolerance=tol.scalar_text(),
+                note=note,
+            )
+        )
         series.append(Series(quantity, common, lv, mv))
     return rows, series
 
@@ -286,8 +353,14 @@ def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return (float(d.max()) if d.size else 0.0, float(rel.max()) if rel.size else 0.0)
 
 
-def _compare_variables(legacy: SideData, migrated: SideData, n_steps: int, manifest: ScriptManifest,
-                       tol: Tolerances, notes: list[str]) -> list[Row]:
+def _compare_variables(
+    legacy: SideData,
+    migrated: SideData,
+    n_steps: int,
+    manifest: ScriptManifest,
+    tol: Tolerances,
+    notes: list[str],
+) -> list[Row]:
     rows = []
     same_length = len(legacy.record.steps) == len(migrated.record.steps)
     for lname, mname in manifest.variables.items():
@@ -315,8 +388,17 @@ def _compare_variables(legacy: SideData, migrated: SideData, n_steps: int, manif
         elif compared:
             final_ok = first_bad is None
         else:
-            rows.append(Row(f"{lname}", category, lname, mname, UNMATCHED,
-                            phase=FINAL_PHASE, note="no values on one of the sides"))
+            rows.append(
+                Row(
+                    f"{lname}",
+                    category,
+                    lname,
+                    mname,
+                    UNMATCHED,
+                    phase=FINAL_PHASE,
+                    note="no values on one of the sides",
+                )
+            )
             continue
         ok = final_ok and first_bad is None
         status = PASS if ok else (EXPECTED if announced else FAIL)
@@ -325,25 +407,46 @@ def _compare_variables(legacy: SideData, migrated: SideData, n_steps: int, manif
             note = f"announced {announced.code}: {announced.reason} (measured max |diff| {max_abs:.3g})".strip()
         elif not ok:
             note = f"max |diff| {max_abs:.3g}, max rel {max_rel:.3g}"
-        rows.append(Row(
-            lname, category, lname, mname, status, steps_compared=compared, max_abs=max_abs, max_rel=max_rel,
-            first_step=first_bad, phase=VARIABLE_PHASE if first_bad is not None else FINAL_PHASE,
-            tolerance=tol.array_text(), note=note,
-        ))
+        rows.append(
+            Row(
+                lname,
+                category,
+                lname,
+                mname,
+                status,
+                steps_compared=compared,
+                max_abs=max_abs,
+                max_rel=max_rel,
+                first_step=first_bad,
+                phase=VARIABLE_PHASE if first_bad is not None else FINAL_PHASE,
+                tolerance=tol.array_text(),
+                note=note,
+            )
+        )
     return rows
 
 
 def compare_roundtrip(before: np.ndarray, after: np.ndarray, tol: Tolerances) -> Row:
     """Predictions of the trained in-strategy model vs the same model reloaded without a strategy."""
-    row = Row("predictions after save → reload without strategy", "roundtrip", "in-strategy", "reloaded",
-              PASS, steps_compared=1, phase=FINAL_PHASE, tolerance=tol.array_text())
+    row = Row(
+        "predictions after save → reload without strategy",
+        "roundtrip",
+        "in-strategy",
+        "reloaded",
+        PASS,
+        steps_compared=1,
+        phase=FINAL_PHASE,
+        tolerance=tol.array_text(),
+    )
     if before.shape != after.shape:
         row.status, row.note = FAIL, f"prediction shapes differ: {before.shape} vs {after.shape}"
         return row
     row.max_abs, row.max_rel = _diff(before, after)
     if not tol.array_ok(before, after):
         row.status = FAIL
-        row.note = f"max |diff| {row.max_abs:.3g}: the saved model does not reload to the trained one"
+        row.note = (
+            f"max |diff| {row.max_abs:.3g}: the saved model does not reload to the trained one"
+        )
     return row
 
 

@@ -169,6 +169,7 @@ class LegacyRecorder:
 
         session_lib.BaseSession.close = close
         self._watch_queue_runners()
+        self._order_tower_dequeues()
         self._install_keras()
 
     def _install_keras(self) -> None:
@@ -242,6 +243,43 @@ class LegacyRecorder:
                 raise
 
         queue_runner_impl.QueueRunner._run = run
+
+    def _order_tower_dequeues(self) -> None:
+        """Towers that each dequeue from one queue take the step's batches in no fixed order:
+        measured on TF 2.21's compat layer with op determinism, 2 towers took them in reverse
+        order in nearly every step but not all, 4 towers in a few different orders. The migrated
+        program gives replica i the i-th batch, one of the orders TF1 allows; tower i's dequeue
+        here runs after tower i-1's (a control dependency), so the legacy run takes that order
+        too, every step, and each tower's batch is fingerprinted as before."""
+        from tensorflow.python.ops import data_flow_ops
+        from tensorflow.python.util import nest
+
+        orig = data_flow_ops.QueueBase.dequeue
+        rec = self
+
+        def dequeue(queue: Any, name: Any = None) -> Any:
+            out = orig(queue, name)
+            op = nest.flatten(out)[0].op
+            tower = _tower_of_device(op.device)
+            previous = getattr(queue, "_tfmigrate_last_dequeue", None)
+            if (
+                previous is not None
+                and tower is not None
+                and previous[0].graph is op.graph
+                and previous[1] == tower - 1
+            ):
+                op._add_control_input(previous[0])
+                note = (
+                    "the legacy towers dequeue their own batches from one queue, in no fixed "
+                    "order in TF1: verify ran tower i's dequeue after tower i-1's, so tower i "
+                    "took the i-th batch of each step, as replica i does"
+                )
+                if note not in rec.record.notes:
+                    rec.record.notes.append(note)
+            queue._tfmigrate_last_dequeue = (op, tower)
+            return out
+
+        data_flow_ops.QueueBase.dequeue = dequeue
 
     def exit(self) -> None:
         """Write the record and end the process (threads of the script must not keep it alive)."""

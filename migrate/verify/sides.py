@@ -52,7 +52,9 @@ class RunPlan:
     timeout: float = 600.0
     mapping: dict[str, str] | None = None
     script_args: tuple[str, ...] = ()
-    legacy_done: Path | None = None  # a reusable earlier legacy run (its out folder): run only migrated
+    legacy_done: Path | None = (
+        None  # a reusable earlier legacy run (its out folder): run only migrated
+    )
     roundtrip: bool = False
     workers: int = 0  # >0: the migrated side runs as this many MultiWorkerMirroredStrategy workers
     # boot flags of one side only (convert-checkpoint's check: start both from checkpoints)
@@ -69,24 +71,36 @@ class RunPlan:
         return self.workdir / "roundtrip"
 
 
-def _env(extra: dict[str, str], seed: int, device: str, drop: tuple[str, ...] = ()) -> dict[str, str]:
+def _env(
+    extra: dict[str, str], seed: int, device: str, drop: tuple[str, ...] = ()
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra)
     env["PYTHONHASHSEED"] = str(seed)
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # importing the user's modules must not write __pycache__ there
+    env["PYTHONDONTWRITEBYTECODE"] = (
+        "1"  # importing the user's modules must not write __pycache__ there
+    )
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = "-1"
     return env
 
 
-def _start(cmd: list[str], cwd: Path, env: dict[str, str], log_prefix: Path,
-           new_session: bool = False) -> subprocess.Popen:
+def _start(
+    cmd: list[str], cwd: Path, env: dict[str, str], log_prefix: Path, new_session: bool = False
+) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
     stdout = open(log_prefix.with_suffix(".stdout"), "w")  # noqa: SIM115  closed after wait
     stderr = open(log_prefix.with_suffix(".stderr"), "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                            start_new_session=new_session)  # new_session: killable as a process group
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=stdout,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL,
+        start_new_session=new_session,
+    )  # new_session: killable as a process group
     proc._tfmigrate_logs = (stdout, stderr)  # type: ignore[attr-defined]
     return proc
 
@@ -97,15 +111,20 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _finish(side: str, proc: subprocess.Popen, out: Path, log_prefix: Path, timed_out: bool) -> SideRun:
+def _finish(
+    side: str, proc: subprocess.Popen, out: Path, log_prefix: Path, timed_out: bool
+) -> SideRun:
     for f in proc._tfmigrate_logs:  # type: ignore[attr-defined]
         f.close()
     record = RunRecord.load(out) if (out / RECORD_JSON).exists() else None
     return SideRun(
-        side=side, out=out, returncode=proc.returncode,
+        side=side,
+        out=out,
+        returncode=proc.returncode,
         stdout=log_prefix.with_suffix(".stdout").read_text(errors="replace"),
         stderr=log_prefix.with_suffix(".stderr").read_text(errors="replace"),
-        timed_out=timed_out, record=record,
+        timed_out=timed_out,
+        record=record,
     )
 
 
@@ -122,23 +141,62 @@ def side_commands(plan: RunPlan) -> SideCommands:
     """Prepare the scratch folder and build both sides' boot commands."""
     work = plan.workdir
     work.mkdir(parents=True, exist_ok=True)
-    legacy_out, migrated_out = work / "legacy" / "out", work / "migrated" / "out"
-    for d in (legacy_out, migrated_out):
+    for d in (work / "legacy" / "out", work / "migrated" / "out"):
         d.mkdir(parents=True, exist_ok=True)
-    mapping_file = work / "mapping.json"
+    mapping_file, trace_file = _plan_files(plan)
     mapping_file.write_text(json.dumps(plan.mapping or {}, indent=2))
-    trace_file = work / "trace.json"
     trace_file.write_text(json.dumps(sorted((plan.mapping or {}).keys())))
+    return _commands(plan)
+
+
+def _plan_files(plan: RunPlan) -> tuple[Path, Path]:
+    """The variable mapping the migrated side loads, the legacy names the legacy side traces."""
+    return plan.workdir / "mapping.json", plan.workdir / "trace.json"
+
+
+def _commands(plan: RunPlan) -> SideCommands:
+    """Both sides' boot commands over the files side_commands wrote (writes nothing)."""
+    work = plan.workdir
+    legacy_out, migrated_out = work / "legacy" / "out", work / "migrated" / "out"
+    mapping_file, trace_file = _plan_files(plan)
     tail = ["--", *plan.script_args]
     common = ["--steps", str(plan.steps), "--seed", str(plan.seed)]
-    legacy_cmd = [sys.executable, "-m", "tfmigrate.verify.legacy_boot", "--script", str(plan.legacy.resolve()),
-                  "--out", str(legacy_out), "--towers", str(plan.towers), "--device", plan.device, *common]
+    legacy_cmd = [
+        sys.executable,
+        "-m",
+        "tfmigrate.verify.legacy_boot",
+        "--script",
+        str(plan.legacy.resolve()),
+        "--out",
+        str(legacy_out),
+        "--towers",
+        str(plan.towers),
+        "--device",
+        plan.device,
+        *common,
+    ]
     if plan.mapping and plan.mapping != SAME_NAMES:  # by name: the legacy side traces its weights
         legacy_cmd += ["--trace", str(trace_file)]
-    migrated_cmd = [sys.executable, "-m", "tfmigrate.verify.migrated_boot", "--script",
-                    str(plan.migrated.resolve()), "--out", str(migrated_out), "--replicas", str(plan.replicas),
-                    "--device", plan.device, "--init", str(legacy_out / INIT_NPZ), "--mapping",
-                    str(mapping_file), "--wait", str(plan.timeout), *common]
+    migrated_cmd = [
+        sys.executable,
+        "-m",
+        "tfmigrate.verify.migrated_boot",
+        "--script",
+        str(plan.migrated.resolve()),
+        "--out",
+        str(migrated_out),
+        "--replicas",
+        str(plan.replicas),
+        "--device",
+        plan.device,
+        "--init",
+        str(legacy_out / INIT_NPZ),
+        "--mapping",
+        str(mapping_file),
+        "--wait",
+        str(plan.timeout),
+        *common,
+    ]
     if plan.roundtrip:
         migrated_cmd += ["--roundtrip", str(plan.roundtrip_dir)]
     legacy_cmd += plan.legacy_flags
@@ -155,11 +213,18 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
     legacy_out, migrated_out = cmds.legacy_out, cmds.migrated_out
     legacy_proc = None
     if plan.legacy_done is None:
-        legacy_proc = _start(legacy_cmd + tail, work / "legacy" / "cwd",
-                             _env(LEGACY_ENV, plan.seed, plan.device), work / "legacy" / "log")
-    migrated_proc = _start(migrated_cmd + tail, work / "migrated" / "cwd",
-                           _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)),
-                           work / "migrated" / "log")
+        legacy_proc = _start(
+            legacy_cmd + tail,
+            work / "legacy" / "cwd",
+            _env(LEGACY_ENV, plan.seed, plan.device),
+            work / "legacy" / "log",
+        )
+    migrated_proc = _start(
+        migrated_cmd + tail,
+        work / "migrated" / "cwd",
+        _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)),
+        work / "migrated" / "log",
+    )
     procs = [p for p in (legacy_proc, migrated_proc) if p is not None]
     deadline = time.monotonic() + plan.timeout
     timed_out = False
@@ -168,7 +233,11 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
             if time.monotonic() > deadline:
                 timed_out = True
                 break
-            if legacy_proc is not None and legacy_proc.poll() is not None and not (legacy_out / INIT_NPZ).exists():
+            if (
+                legacy_proc is not None
+                and legacy_proc.poll() is not None
+                and not (legacy_out / INIT_NPZ).exists()
+            ):
                 break  # the migrated side would wait forever for the initial variables
             time.sleep(0.05)
     finally:
@@ -178,35 +247,75 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
     if legacy_proc is None:
         legacy_run = SideRun("legacy", legacy_out, 0, "", "", False, RunRecord.load(legacy_out))
     else:
-        legacy_run = _finish("legacy", legacy_proc, legacy_out, work / "legacy" / "log",
-                             legacy_proc.pid in timed_out_sides)
-    return legacy_run, _finish("migrated", migrated_proc, migrated_out, work / "migrated" / "log",
-                               migrated_proc.pid in timed_out_sides)
+        legacy_run = _finish(
+            "legacy",
+            legacy_proc,
+            legacy_out,
+            work / "legacy" / "log",
+            legacy_proc.pid in timed_out_sides,
+        )
+    return legacy_run, _finish(
+        "migrated",
+        migrated_proc,
+        migrated_out,
+        work / "migrated" / "log",
+        migrated_proc.pid in timed_out_sides,
+    )
+
+
+def noise_command(plan: RunPlan, seed: int = 1) -> list[str]:
+    """The nudged legacy run's command: the first legacy command with its own out folder. It
+    reads the mapping/trace files the main runs used and leaves them as they are (the report
+    keeps them)."""
+    cmd = _commands(plan).legacy
+    cmd[cmd.index("--out") + 1] = str(plan.workdir / "noise" / "out")
+    return [*cmd, "--nudge-initial", str(seed), "--", *plan.script_args]
 
 
 def run_noise(plan: RunPlan, seed: int = 1) -> SideRun:
     """The legacy program once more, from weights one float step away from the first run's: how
     far its own training carries a rounding difference (verify --noise-floor)."""
-    cmd = side_commands(plan).legacy
     out = plan.workdir / "noise" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    cmd[cmd.index("--out") + 1] = str(out)
-    cmd += ["--nudge-initial", str(seed), "--", *plan.script_args]
-    return _run_alone("legacy (nudged)", cmd, out, plan.workdir / "noise", plan,
-                      _env(LEGACY_ENV, plan.seed, plan.device))
+    return _run_alone(
+        "legacy (nudged)",
+        noise_command(plan, seed),
+        out,
+        plan.workdir / "noise",
+        plan,
+        _env(LEGACY_ENV, plan.seed, plan.device),
+    )
 
 
 def run_roundtrip(plan: RunPlan) -> SideRun:
     """Reload what the migrated run saved in a fresh process without a strategy (one device)."""
     folder = plan.roundtrip_dir
-    cmd = [sys.executable, "-m", "tfmigrate.verify.roundtrip_boot", "--script", str(plan.migrated.resolve()),
-           "--dir", str(folder), "--seed", str(plan.seed), "--", *plan.script_args]
-    return _run_alone("roundtrip", cmd, folder, plan.workdir / "roundtrip-run", plan,
-                      _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfmigrate.verify.roundtrip_boot",
+        "--script",
+        str(plan.migrated.resolve()),
+        "--dir",
+        str(folder),
+        "--seed",
+        str(plan.seed),
+        "--",
+        *plan.script_args,
+    ]
+    return _run_alone(
+        "roundtrip",
+        cmd,
+        folder,
+        plan.workdir / "roundtrip-run",
+        plan,
+        _env(MIGRATED_ENV, plan.seed, plan.device, drop=("TF_USE_LEGACY_KERAS",)),
+    )
 
 
-def _run_alone(side: str, cmd: list[str], out: Path, folder: Path, plan: RunPlan,
-               env: dict[str, str]) -> SideRun:
+def _run_alone(
+    side: str, cmd: list[str], out: Path, folder: Path, plan: RunPlan, env: dict[str, str]
+) -> SideRun:
     """One more process after both sides: run it in ``folder``/cwd to its end (or the timeout)."""
     proc = _start(cmd, folder / "cwd", env, folder / "log")
     try:

@@ -58,10 +58,23 @@ def test_manifest_lookup_and_parse(tmp_path):
     script = tmp_path / "pkg" / "train.py"
     script.write_text("")
     manifest = tmp_path / "tfmigrate.json"
-    manifest.write_text(json.dumps({"format": 1, "files": {"pkg/train.py": {
-        "variables": {"a/w": "m/a/kernel"}, "fetches": {"tower_1/loss": "loss[1]"},
-        "announced": [{"match": "*/moving_mean", "code": "TFM301", "reason": "replica 0"}],
-        "applied": []}}}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "files": {
+                    "pkg/train.py": {
+                        "variables": {"a/w": "m/a/kernel"},
+                        "fetches": {"tower_1/loss": "loss[1]"},
+                        "announced": [
+                            {"match": "*/moving_mean", "code": "TFM301", "reason": "replica 0"}
+                        ],
+                        "applied": [],
+                    }
+                },
+            }
+        )
+    )
     assert find_manifest(script) == manifest
     entry = load_manifest(manifest, script)
     assert entry.variables == {"a/w": "m/a/kernel"}
@@ -94,13 +107,30 @@ def test_arrays_roundtrip_with_scope_names(tmp_path):
 
 # -- comparison on synthetic records -------------------------------------------------------------
 
+
 def _side(side, losses, *, tower=1, inputs=None, every=1, weights=None):
     rec = RunRecord(side=side, devices=2)
     for i, v in enumerate(losses, start=1):
-        fetches = [Fetch(name="tower_1/loss" if side == "legacy" else f"loss[{tower}]", base="loss",
-                         tower=tower, value=v)] if (i - 1) % every == 0 else []
-        rec.steps.append(Step(step=i, seconds=0.01, fetches=fetches,
-                              inputs=inputs[i - 1] if inputs else [f"in{i}"]))
+        fetches = (
+            [
+                Fetch(
+                    name="tower_1/loss" if side == "legacy" else f"loss[{tower}]",
+                    base="loss",
+                    tower=tower,
+                    value=v,
+                )
+            ]
+            if (i - 1) % every == 0
+            else []
+        )
+        rec.steps.append(
+            Step(
+                step=i,
+                seconds=0.01,
+                fetches=fetches,
+                inputs=inputs[i - 1] if inputs else [f"in{i}"],
+            )
+        )
     rec.variables = {"w": {"kind": "weight", "shape": [2]}}
     final = {"w": np.asarray(weights if weights is not None else [1.0, 2.0], np.float32)}
     return cmp.SideData(rec, {}, final, {})
@@ -111,15 +141,23 @@ def _manifest():
 
 
 def test_equal_runs_are_equivalent():
-    result = cmp.compare(_side("legacy", [2.0, 1.5, 1.2]), _side("migrated", [2.0, 1.5, 1.2 + 1e-7]),
-                         _manifest(), cmp.Tolerances())
+    result = cmp.compare(
+        _side("legacy", [2.0, 1.5, 1.2]),
+        _side("migrated", [2.0, 1.5, 1.2 + 1e-7]),
+        _manifest(),
+        cmp.Tolerances(),
+    )
     assert result.verdict == cmp.EQUIVALENT
     assert [r.status for r in result.rows] == [cmp.PASS, cmp.PASS]
 
 
 def test_first_divergence_names_step_and_quantity():
-    result = cmp.compare(_side("legacy", [2.0, 1.5, 1.2, 1.0]), _side("migrated", [2.0, 1.5, 1.3, 1.1]),
-                         _manifest(), cmp.Tolerances())
+    result = cmp.compare(
+        _side("legacy", [2.0, 1.5, 1.2, 1.0]),
+        _side("migrated", [2.0, 1.5, 1.3, 1.1]),
+        _manifest(),
+        cmp.Tolerances(),
+    )
     assert result.verdict == cmp.DIVERGED
     assert result.first_divergence["step"] == 3
     assert "loss (tower 1)" in result.first_divergence["quantity"]
@@ -134,7 +172,9 @@ def test_later_steps_use_relative_tolerance():
 
 def test_loss_fetched_every_few_steps_compares_common_steps_only():
     legacy = _side("legacy", [2.0, 9.0, 1.2, 9.0, 1.0], every=2)
-    result = cmp.compare(legacy, _side("migrated", [2.0, 1.5, 1.2, 1.1, 1.0]), _manifest(), cmp.Tolerances())
+    result = cmp.compare(
+        legacy, _side("migrated", [2.0, 1.5, 1.2, 1.1, 1.0]), _manifest(), cmp.Tolerances()
+    )
     assert result.verdict == cmp.EQUIVALENT
     assert result.rows[0].steps_compared == 3
 
@@ -160,9 +200,15 @@ def test_batch_size_mix_up_is_named_with_the_sample_counts():
 
 
 def test_announced_difference_is_expected_with_its_size():
-    manifest = ScriptManifest(variables={"w": "w"}, announced=[Announced(["w"], "TFM301", "replica 0")])
-    result = cmp.compare(_side("legacy", [1.0]), _side("migrated", [1.0], weights=[1.0, 2.5]), manifest,
-                         cmp.Tolerances())
+    manifest = ScriptManifest(
+        variables={"w": "w"}, announced=[Announced(["w"], "TFM301", "replica 0")]
+    )
+    result = cmp.compare(
+        _side("legacy", [1.0]),
+        _side("migrated", [1.0], weights=[1.0, 2.5]),
+        manifest,
+        cmp.Tolerances(),
+    )
     assert result.verdict == cmp.EQUIVALENT
     row = next(r for r in result.rows if r.legacy == "w")
     assert row.status == cmp.EXPECTED and row.max_abs == pytest.approx(0.5)
@@ -187,9 +233,26 @@ def test_unmatched_fetch_is_reported_not_failed():
     assert result.rows[0].status == cmp.UNMATCHED
 
 
+def test_fetch_under_enclosing_scopes_matches_the_key_that_names_it_without_them():
+    """tf.losses under a variable_scope: `tower_1/net/sparse_softmax_cross_entropy_loss/value`
+    is the migrated key `sparse_softmax_cross_entropy_loss/value`, not any other `.../value`."""
+    legacy, migrated = _side("legacy", [2.0, 1.0]), _side("migrated", [2.0, 1.0])
+    for step in legacy.record.steps:
+        step.fetches[0].base = "net/sparse_softmax_cross_entropy_loss/value"
+    for step in migrated.record.steps:
+        step.fetches[0].name = step.fetches[0].base = "sparse_softmax_cross_entropy_loss/value"
+        step.fetches.append(Fetch(name="xent/value", base="xent/value", tower=1, value=9.0))
+    result = cmp.compare(legacy, migrated, _manifest(), cmp.Tolerances())
+    assert result.verdict == cmp.EQUIVALENT
+    [row] = [r for r in result.rows if r.phase == cmp.FETCH_PHASE]
+    assert row.status == cmp.PASS and row.migrated == "sparse_softmax_cross_entropy_loss/value"
+
+
 def test_cli_import_does_not_import_tensorflow():
-    code = ("import sys, tfmigrate.cli, tfmigrate.verify.command, tfmigrate.verify.verifier, "
-            "tfmigrate.verify.report; sys.exit('tensorflow' in sys.modules)")
+    code = (
+        "import sys, tfmigrate.cli, tfmigrate.verify.command, tfmigrate.verify.verifier, "
+        "tfmigrate.verify.report; sys.exit('tensorflow' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -202,7 +265,17 @@ def test_legacy_rev_takes_the_script_folder_from_git(tmp_path):
     script = repo / "proj" / "train.py"
     script.write_text("print('legacy')\n")
     (repo / "proj" / "model.py").write_text("X = 1\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e", "-c", "commit.gpgsign=false"]
+    git = [
+        "git",
+        "-C",
+        str(repo),
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@e",
+        "-c",
+        "commit.gpgsign=false",
+    ]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "legacy"], check=True)
@@ -213,8 +286,18 @@ def test_legacy_rev_takes_the_script_folder_from_git(tmp_path):
 
 
 def _row(quantity: str, max_abs: float, status: str = cmp.FAIL, step: int | None = 1) -> cmp.Row:
-    return cmp.Row(quantity, "weight", quantity, quantity, status, steps_compared=4, max_abs=max_abs,
-                   first_step=step, phase=cmp.VARIABLE_PHASE, note=f"max |diff| {max_abs:.3g}")
+    return cmp.Row(
+        quantity,
+        "weight",
+        quantity,
+        quantity,
+        status,
+        steps_compared=4,
+        max_abs=max_abs,
+        first_step=step,
+        phase=cmp.VARIABLE_PHASE,
+        note=f"max |diff| {max_abs:.3g}",
+    )
 
 
 def _judged(rows: list[cmp.Row]) -> cmp.Comparison:
@@ -235,7 +318,31 @@ def test_noise_floor_accepts_only_differences_the_legacy_program_makes_with_itse
 
     # 4x the drift is a difference of the migration; so is any change where the nudge moved nothing
     result = _judged([_row("a", 4e-6), _row("c", 1e-9, step=2)])
-    cmp.apply_noise_floor(result, cmp.Comparison(verdict=cmp.DIVERGED, rows=[_row("a", 1e-6), _row("c", 0.0)]))
+    cmp.apply_noise_floor(
+        result, cmp.Comparison(verdict=cmp.DIVERGED, rows=[_row("a", 1e-6), _row("c", 0.0)])
+    )
     assert result.verdict == cmp.DIVERGED
     assert [r.status for r in result.rows] == [cmp.FAIL, cmp.FAIL]
     assert result.first_divergence["quantity"] == "a"
+
+
+def test_noise_run_leaves_the_main_runs_files_alone(tmp_path, monkeypatch):
+    """--noise-floor's extra legacy run reads the mapping/trace files of the main runs (kept
+    with --report) and writes only into its own folder."""
+    from tfmigrate.verify import sides
+
+    plan = sides.RunPlan(legacy=tmp_path / "train.py", migrated=tmp_path / "new.py",
+                         workdir=tmp_path / "work", mapping={"a/w": "m/w"}, script_args=("--x", "1"))  # fmt: skip
+    main = sides.side_commands(plan)
+    files = {p: p.read_text() for p in (plan.workdir / "mapping.json", plan.workdir / "trace.json")}
+    for p in files:
+        p.write_text(files[p] + " ")  # what the main runs left, to be kept byte for byte
+    ran = []
+    monkeypatch.setattr(sides, "_run_alone", lambda side, cmd, out, *rest: ran.append((cmd, out)))
+    sides.run_noise(plan, seed=3)
+    assert all(p.read_text() == text + " " for p, text in files.items())
+    [(cmd, out)] = ran
+    assert out == plan.workdir / "noise" / "out" and out.is_dir()
+    assert cmd[cmd.index("--out") + 1] == str(out)
+    assert cmd[cmd.index("--trace") + 1] == main.legacy[main.legacy.index("--trace") + 1]
+    assert cmd[-5:] == ["--nudge-initial", "3", "--", "--x", "1"]
