@@ -108,6 +108,8 @@ class Logging:
     writer: tuple[str, cst.BaseExpression] | None = None  # `w = tf.summary.FileWriter(dir)`
     saver: tuple[str, cst.BaseExpression | None] | None = None  # (saver, max_to_keep)
     queue_runners: bool = False  # `tf.train.start_queue_runners(sess=sess)` was dropped
+    # `writer.flush()` / `writer.close()` after the loop: the TF2 writer has both, kept as they are
+    closing: list[cst.BaseStatement] = field(default_factory=list)
 
 
 # The dataset a queue input function returns now (a name the training function keeps free).
@@ -187,6 +189,7 @@ class Program:
     # one-per-variable ops of the same type (see tower_program._number_after_variables)
     per_variable_names: dict[str, tuple[str, int]] = field(default_factory=dict)
     device_settings: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
+    config_calls: list[cst.BaseStatement] = field(default_factory=list)  # tf.config, as written
     final_save: cst.BaseExpression | None = None  # `Saver().save(sess, path)` after the loop
     memory_fetches: dict[str, str] = field(default_factory=dict)  # tensor -> memory_stats op
 
@@ -345,6 +348,8 @@ class _Tail:
         self.replica_lists: dict[str, str] = {}
         self.settings: list[tuple[str, cst.BaseExpression]] = []
         self.configs: set[str] = set()  # names of the ConfigProto / GPUOptions
+        # tf.config calls already written (by TFM105's fix, or by hand), moved into main()
+        self.config_calls: list[cst.BaseStatement] = []
         self.memory: dict[str, str] = {}
         self.root_counts: dict[str, int] = {}
         # op type -> how many unnamed ops of it the aggregation writes (each made once per
@@ -1605,6 +1610,7 @@ class ProgramReader:
             fetch_names=tail.names,
             per_variable_names=tail.per_variable,
             device_settings=tail.settings,
+            config_calls=tail.config_calls,
             final_save=self._final_save,
             memory_fetches={
                 f.tensor: MEMORY_STATS[tail.memory[f.tensor]]
@@ -1653,6 +1659,21 @@ class ProgramReader:
             self._log.saver = (assigned[0][0], get_arg(call, None, "max_to_keep"))
             return True
         return False
+
+    @staticmethod
+    def _writer_call(statement: cst.CSTNode | None) -> str | None:
+        """``w.close()`` or ``w.flush()``: the name ``w``."""
+        small = _simple(statement) if statement is not None else None
+        call = small.value if isinstance(small, cst.Expr) else None
+        if (
+            isinstance(call, cst.Call)
+            and not call.args
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in ("close", "flush")
+            and isinstance(call.func.value, cst.Name)
+        ):
+            return call.func.value.value
+        return None
 
     def _session_logging(self, statement: cst.CSTNode, session: str) -> bool:
         """``tf.train.start_queue_runners(sess=sess)`` and ``w = tf.summary.FileWriter(dir,
@@ -1932,8 +1953,13 @@ class ProgramReader:
         if self._monitored is not None:
             # MonitoredTrainingSession initialises by itself: a fake initializer slot.
             statements = [statements[0], None, *statements[1:]]
-        if len(statements) > 3 and self._saved_at_end(statements[-1], session):
-            statements = statements[:-1]  # `Saver().save(sess, path)`: main() writes it now
+        closing: list[cst.BaseStatement] = []
+        for _ in range(3):  # the writer's close/flush and the final save, in any order
+            if len(statements) > 3 and self._writer_call(statements[-1]):
+                closing.insert(0, statements[-1])
+                statements = statements[:-1]
+            elif len(statements) > 3 and self._saved_at_end(statements[-1], session):
+                statements = statements[:-1]  # `Saver().save(sess, path)`: main() writes it now
         if len(statements) < 3:
             raise Blocked(
                 statements[0],
@@ -1941,6 +1967,10 @@ class ProgramReader:
                 "`sess.run(initializer)`, one step loop",
             )
         prelude = [s for s in statements[2:-1] if not self._session_logging(s, session)]
+        for statement in closing:
+            if self._log.writer is None or self._writer_call(statement) != self._log.writer[0]:
+                raise Blocked(statement, "code after the step loop other than a final save")
+        self._log.closing = closing
         for statement in prelude:
             # Plain Python the loop needs (`global_batch = ...`): no session, no graph.
             if session in free_names(statement) or _assign(statement) is None:
@@ -2410,7 +2440,25 @@ class ProgramReader:
             if len(path) > 1 and path[0] in tail.configs:
                 tail.setting(".".join(path[1:]), small.value, statement)
                 return True
+        if self._tf_config_only(statement):
+            tail.config_calls.append(statement)  # type: ignore[arg-type]
+            return True
         return False
+
+    def _tf_config_only(self, statement: cst.CSTNode) -> bool:
+        """``tf.config.set_soft_device_placement(True)``, or ``for gpu in
+        tf.config.list_physical_devices('GPU'): tf.config.experimental.set_memory_growth(gpu,
+        True)``: device settings in TF2's own spelling (what TFM105 writes)."""
+        if isinstance(statement, cst.For) and not statement.orelse:
+            source = _call_of(statement.iter)
+            return (
+                source is not None
+                and (self.call_q(source) or "").startswith("tensorflow.config.")
+                and all(self._tf_config_only(s) for s in statement.body.body)  # type: ignore[union-attr]
+            )
+        small = _simple(statement)
+        call = _call_of(small.value) if isinstance(small, cst.Expr) else None
+        return call is not None and (self.call_q(call) or "").startswith("tensorflow.config.")
 
     def _config_settings(self, call: cst.Call, tail: _Tail, prefix: str = "") -> None:
         q = self.call_q(call)

@@ -906,6 +906,8 @@ if __name__ == "__main__":
             "    # by tf.train.Checkpoint (object-based: not readable by the legacy Saver).\n"
             f'    program["checkpoint"].write({emitter.expr(program.final_save)})\n'
         )
+    for statement in program.logging.closing:  # the summary writer's close()/flush()
+        loop_end += f"    {emitter.code(statement).strip()}\n"
     unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
     signature = module.code_for_node(function.params)
     text = (
@@ -1121,11 +1123,15 @@ def _device_settings(emitter: Emitter) -> str:
     """The Session's ConfigProto settings as tf.config calls, first thing in main(): they
     must run before anything touches a device."""
     settings = emitter.p.device_settings
-    if not settings:
-        return ""
-    lines = ["# The legacy session config (ConfigProto) -> tf.config, before any device is used."]
+    lines = []
+    if settings:
+        lines.append(
+            "# The legacy session config (ConfigProto) -> tf.config, before any device is used."
+        )
     for key, value in settings:
         lines.extend(DEVICE_SETTINGS[key].format(v=emitter.expr(value)).splitlines())
+    for statement in emitter.p.config_calls:  # tf.config calls the program made: still first
+        lines.extend(emitter.code(statement).strip("\n").splitlines())
     return "".join(f"    {line}\n" for line in lines)
 
 

@@ -15,6 +15,7 @@ import libcst as cst
 import pytest
 
 from tfmigrate.engine import Settings, process_source
+from tfmigrate.registry import rule_by_code
 from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
 
@@ -732,6 +733,40 @@ def test_a_default_fed_a_changing_value_is_refused():
     [finding] = [f for f in result.findings if f.code == "TFM303"]
     assert result.new_code is None
     assert "`keep_prob` (placeholder_with_default) is fed a value made in the" in finding.message
+
+
+def test_device_settings_already_in_tf_config_spelling_move_into_main():
+    # `rewrite --select TFM105` first, the whole program later: the tf.config calls TFM105
+    # wrote between apply_gradients and the Session run first thing in the migrated main.
+    legacy = (_folder("cifar_average") / "train.py").read_text()
+    device_rule = rule_by_code("TFM105")
+    assert device_rule is not None
+    step1 = process_source(legacy, "train.py", Settings(rules=(device_rule,), fix=True))
+    assert (
+        step1.new_code is not None and "tf.config.set_soft_device_placement(True)" in step1.new_code
+    )
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(step1.new_code, "train.py", settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    main = code.split("def train(flags):")[1]
+    assert main.index("tf.config.set_soft_device_placement(True)") < main.index(
+        "MirroredStrategy()"
+    )
+
+
+def test_summary_writer_closed_after_the_loop_stays_closed():
+    legacy = (_folder("queue_saver") / "train.py").read_text()
+    loop_end = "global_step=step)\n"
+    closed = legacy.replace(loop_end, loop_end + "    summary_writer.close()\n", 1)
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(closed, "train.py", settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    main = code.split("def train(flags):")[1]
+    assert main.index("for step in range(") < main.index("summary_writer.close()")
+    other = legacy.replace(loop_end, loop_end + "    saver.close()\n", 1)
+    result = process_source(other, "train.py", settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None and "code after the step loop" in finding.message
 
 
 def test_layers_adam_shape(cli, tmp_path):
