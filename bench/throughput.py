@@ -1,6 +1,7 @@
 """Scan and rewrite throughput: tfmigrate against TensorFlow's own tf_upgrade_v2, in one run.
 
     .venv/bin/python bench/throughput.py [--files 1200] [--repeat 1] [--trees fixtures,large]
+        [--only "scan -j1,rewrite -j1,tf_upgrade_v2"]
 
 Two trees: (a) the fixtures as they are, (b) a large tree of TF-era Python files (the fixtures'
 sources with their identifiers varied, plus TensorFlow's and tf_slim's own Python sources from
@@ -86,7 +87,9 @@ def build_fixture_tree(target: Path) -> int:
     return sum(1 for p in target.rglob("*") if p.suffix in (".py", ".ipynb"))
 
 
-def run_tree(label: str, tree: Path, n: int, tmp: Path, repeat: int) -> None:
+def run_tree(
+    label: str, tree: Path, n: int, tmp: Path, repeat: int, only: list[str] | None = None
+) -> None:
     bin_dir = Path(sys.executable).parent
     tfm = [sys.executable, "-m", "tfmigrate"]
     upgrader = bin_dir / "tf_upgrade_v2"
@@ -127,6 +130,8 @@ def run_tree(label: str, tree: Path, n: int, tmp: Path, repeat: int) -> None:
             str(tmp / "report.txt"),
             "--no_import_rename",
         ]
+    if only:
+        commands = {name: cmd for name, cmd in commands.items() if any(o in name for o in only)}
     print(f"\n## {label}: {n} files", flush=True)
     rows = []
     for name, cmd in commands.items():
@@ -180,7 +185,13 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=1200, help="size of the large tree")
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs per command")
     parser.add_argument("--trees", default="fixtures,large", help="which trees to time")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated commands to time (e.g. 'scan -j1,tf_upgrade_v2')",
+    )
     args = parser.parse_args()
+    only = [o.strip() for o in args.only.split(",") if o.strip()] or None
     trees = [t.strip() for t in args.trees.split(",") if t.strip()]
 
     print(f"{os.cpu_count()} cores; Python {sys.version.split()[0]}; load {os.getloadavg()[0]:.1f}")
@@ -189,12 +200,12 @@ def main() -> None:
         if "fixtures" in trees:
             tree = tmp / "fixtures"
             n = build_fixture_tree(tree)
-            run_tree("(a) the fixtures", tree, n, tmp, args.repeat)
+            run_tree("(a) the fixtures", tree, n, tmp, args.repeat, only)
             shutil.rmtree(tree)
         if "large" in trees:
             tree = tmp / "tree"
             n = build_tree(tree, args.files)
-            run_tree("(b) a large tree", tree, n, tmp, args.repeat)
+            run_tree("(b) a large tree", tree, n, tmp, args.repeat, only)
     print(f"load after: {os.getloadavg()[0]:.1f}")
 
 

@@ -108,7 +108,7 @@ def process_source(
         first_pass = replace(settings, rules=possible)
         resolver = _resolver_from(facts)
     try:
-        module = cst.parse_module(source)
+        module = tree.parse_module(source)
     except cst.ParserSyntaxError as exc:
         return SourceResult(error=check_syntax(source, path) or _libcst_error(exc))
 

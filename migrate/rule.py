@@ -21,6 +21,7 @@ from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
 
 from tfmigrate import tree
 from tfmigrate.names import NameResolver
+from tfmigrate.positions import LazyPositions
 from tfmigrate.prefilter import CodeFacts, Trigger
 
 T = TypeVar("T")
@@ -144,13 +145,9 @@ class RuleContext:
 
 
 def positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
-    """PositionProvider's positions of every node. Run directly: ``MetadataWrapper.resolve``
-    would then also walk the whole tree with libcst's re-validating visitor for the batchable
-    providers, of which there are none here (that walk cost as much as the positions)."""
-    provider = PositionProvider()
-    provider._computed = {}
-    provider._gen_impl(module)
-    return provider._computed
+    """PositionProvider's positions of every node, each worked out when asked for
+    (``tfmigrate.positions``; ``MetadataWrapper.resolve`` would also walk the whole tree)."""
+    return LazyPositions(module)
 
 
 @dataclass

@@ -74,22 +74,103 @@ def _values(node: cst.CSTNode, getter: Callable[[cst.CSTNode], object], single: 
     return found
 
 
-# Node class -> (getter of its child fields in visit order, one field?); None: libcst's
-# ``children`` for that class.
-_READERS: dict[type, tuple[Callable[[cst.CSTNode], object], bool] | None] = {}
+# Node class -> its children reader; None: libcst's ``children`` for that class.
+_READERS: dict[type, Callable[[cst.CSTNode], Sequence[cst.CSTNode]] | None] = {}
 
 
-def _learn(node: cst.CSTNode) -> tuple[Callable[[cst.CSTNode], object], bool] | None:
-    fields = _visited_fields(type(node))
-    reader = None
-    if fields is not None:
-        reader = (operator.attrgetter(*fields), len(fields) == 1) if fields else (_none, True)
-        expected = node.children
-        got = _values(node, *reader)
-        if len(got) != len(expected) or any(a is not b for a, b in zip(got, expected, strict=True)):
-            reader = None
+def _learn(node: cst.CSTNode) -> Callable[[cst.CSTNode], Sequence[cst.CSTNode]] | None:
+    reader = _compiled_reader(type(node))
+    if reader is None or not _same_children(node, reader(node)):
+        reader = None
+        fields = _visited_fields(type(node))
+        if fields is not None:
+            getter = operator.attrgetter(*fields) if fields else _none
+            single = len(fields) <= 1
+
+            def generic(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
+                return _values(node, getter, single)
+
+            if _same_children(node, generic(node)):
+                reader = generic
     _READERS[type(node)] = reader
     return reader
+
+
+def _same_children(node: cst.CSTNode, got: Sequence[cst.CSTNode]) -> bool:
+    expected = node.children
+    return len(got) == len(expected) and all(a is b for a, b in zip(got, expected, strict=True))
+
+
+def _visit_calls(cls: type) -> list[tuple[str, str]] | None:
+    """``(visit function, field)`` for each child field ``cls._visit_and_replace_children``
+    visits, in order, when each is a plain ``visit_x(self, "f", self.f, visitor)``; else None."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls._visit_and_replace_children))
+        function = ast.parse(source).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    if not isinstance(function, ast.FunctionDef) or len(function.body) != 1:
+        return None
+    statement = function.body[0]
+    if not isinstance(statement, ast.Return):
+        return None
+    if statement.value is None or (
+        isinstance(statement.value, ast.Name) and statement.value.id == "self"
+    ):
+        return []  # a leaf
+    rebuilt = statement.value
+    if not isinstance(rebuilt, ast.Call) or rebuilt.args:
+        return None
+    calls: list[tuple[str, str]] = []
+    for keyword in rebuilt.keywords:
+        value = keyword.value
+        if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+            if any(
+                isinstance(inner, ast.Name) and inner.id.startswith("visit_")
+                for inner in ast.walk(value)
+            ):
+                return None  # a visit inside an expression: not a plain field
+            continue  # a field copied as it is (a string value, an operator kind)
+        kind = value.func.id
+        if kind not in _FIELD_READS:
+            return None
+        read = value.args[2] if len(value.args) == 4 else None
+        if not (
+            isinstance(read, ast.Attribute)
+            and isinstance(read.value, ast.Name)
+            and read.value.id == "self"
+            and keyword.arg == read.attr
+        ):
+            return None
+        calls.append((kind, read.attr))
+    return calls
+
+
+# How each of libcst's visit helpers reads its field, as code appending to ``found``.
+_FIELD_READS = {
+    "visit_required": "found.append(node.{0})",
+    "visit_optional": "value = node.{0}\n    if value is not None:\n        found.append(value)",
+    "visit_sentinel": (
+        "value = node.{0}\n    if value is not _SENTINEL:\n        found.append(value)"
+    ),
+    "visit_sequence": "found.extend(node.{0})",
+    "visit_body_sequence": "found.extend(node.{0})",
+    "visit_iterable": "found.extend(node.{0})",
+}
+
+
+def _compiled_reader(cls: type) -> Callable[[cst.CSTNode], list[cst.CSTNode]] | None:
+    """A function that lists a ``cls`` node's children field by field, written for ``cls`` from
+    its ``_visit_and_replace_children``: no per-value type tests, a third of the generic cost."""
+    calls = _visit_calls(cls)
+    if calls is None:
+        return None
+    lines = ["def read(node):", "    found = []"]
+    lines += ["    " + _FIELD_READS[kind].format(field) for kind, field in calls]
+    lines.append("    return found")
+    namespace: dict[str, object] = {"_SENTINEL": cst.MaybeSentinel.DEFAULT}
+    exec("\n".join(lines), namespace)  # noqa: S102 - code built from field names only
+    return namespace["read"]  # type: ignore[return-value]
 
 
 def _none(node: cst.CSTNode) -> None:
@@ -104,7 +185,7 @@ def children(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
         reader = _learn(node)
     if reader is None:
         return node.children
-    return _values(node, *reader)
+    return reader(node)
 
 
 def walk(node: cst.CSTNode, stop: tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
@@ -267,3 +348,19 @@ def visit_batched(node: cst.CSTNode, visitors: Iterable[cst.BatchableCSTVisitor]
             method(current)
         stack.append((current, True))
         stack.extend((child, False) for child in reversed(children(current)))
+
+
+def parse_module(source: str | bytes) -> cst.Module:
+    """``cst.parse_module`` without re-validating each node the parser builds: the parser only
+    builds valid nodes (libcst's own comment on ``CSTNode.__post_init__`` suggests as much),
+    and the checks were a fifth of the parse. Nodes built later (fixes) are validated."""
+    validate = cst.CSTNode.__post_init__
+    cst.CSTNode.__post_init__ = _unchecked  # type: ignore[method-assign]
+    try:
+        return cst.parse_module(source)
+    finally:
+        cst.CSTNode.__post_init__ = validate  # type: ignore[method-assign]
+
+
+def _unchecked(node: cst.CSTNode) -> None:
+    return None

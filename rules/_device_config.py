@@ -189,8 +189,11 @@ class DeviceConfig:
         return None
 
     def _build(self, collect: _Collect) -> None:
+        config_calls = [c for c in collect.calls if self._qualify(c.func) == CONFIG_PROTO]
+        gpu_calls = [c for c in collect.calls if self._qualify(c.func) == GPU_OPTIONS]
         stores: dict[str, int] = {}
-        for name in collect.names:
+        # Without such calls nothing is grouped: no need for every name's parent (a tree walk).
+        for name in collect.names if config_calls or gpu_calls else ():
             parent = self.parent(name)
             if isinstance(parent, cst.AssignTarget | cst.AnnAssign | cst.AugAssign | cst.For):
                 if getattr(parent, "target", None) is name:
@@ -198,8 +201,6 @@ class DeviceConfig:
             elif isinstance(parent, cst.Param | cst.AsName):
                 stores[name.value] = stores.get(name.value, 0) + 1
 
-        config_calls = [c for c in collect.calls if self._qualify(c.func) == CONFIG_PROTO]
-        gpu_calls = [c for c in collect.calls if self._qualify(c.func) == GPU_OPTIONS]
         named: dict[str, tuple[cst.Call, cst.BaseStatement]] = {}
         for call in config_calls + gpu_calls:
             bound = self._binding(call)

@@ -161,3 +161,27 @@ def test_walk_can_stop_at_definitions():
     module = cst.parse_module("def f():\n    x = 1\ny = 2\n")
     names = [n.value for n in tree.walk(module, (cst.FunctionDef,)) if isinstance(n, cst.Name)]
     assert names == ["y"]  # the def itself is yielded, its name and body are not entered
+
+
+def test_most_node_classes_get_a_compiled_reader():
+    for _, module in MODULES:
+        for node in tree.walk(module):
+            tree.children(node)
+    readers = {cls: tree._READERS[cls] for cls in tree._READERS}
+    compiled = [cls for cls, reader in readers.items() if reader and reader.__name__ == "read"]
+    assert len(compiled) >= 0.9 * len(readers)
+
+
+def test_parse_without_node_checks_builds_the_same_tree_and_restores_them():
+    for path in _sources()[:: max(1, len(_sources()) // 6)]:
+        source = path.read_bytes()
+        try:
+            expected = cst.parse_module(source)
+        except cst.ParserSyntaxError:
+            with pytest.raises(cst.ParserSyntaxError):
+                tree.parse_module(source)
+            continue
+        got = tree.parse_module(source)
+        assert got.deep_equals(expected) and got.code == expected.code, path
+    with pytest.raises(cst.CSTValidationError):  # nodes built afterwards are checked again
+        cst.Name("not a name")
