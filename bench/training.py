@@ -15,7 +15,8 @@ the train op (feeding its batch, or running its in-graph input pipeline); the mi
 next(iterator) over its distributed batches plus the train_step call until its fetched values
 are on the host -- or, for a program that offers its step for several steps per call (the
 protocol's one_step), each of verify's calls' time over the steps it ran (batches taken inside
-the call). No side is timed while the other one runs: the legacy program first trains
+the call; as many steps per call as the program's own loop runs: 20 for the rewrite's
+StepsInOneCall, `steps_per_execution` for a `fit` program). No side is timed while the other one runs: the legacy program first trains
 alone, then each migrated program is verified against that legacy run (verify's --legacy-cache),
 so only the migrated process is busy while it is timed. `--rounds R` repeats that sequence; the
 table shows medians (a shared machine's load drifts between runs).

@@ -38,19 +38,17 @@ FORWARD = (
     "losses and the weights differ from the legacy run's by design; verify measures by how much"
 )
 
-# TF1BatchNorm computes the statistics of its fused-kernel path itself: with synchronized=True it
-# takes them over every replica's sub-batch too, and counts the global batch for the unbiased
-# variance (n/(n-1) of the global batch, as one TF1 device given the whole batch would).
-_LOCAL_MOMENTS = "        mean, variance = tf.nn.moments(inputs, axes)\n"
+# With synchronized=True TF1BatchNorm leaves the fused kernel (it sees one replica's sub-batch) for
+# statistics of its own over every replica's sub-batch, and counts the global batch for the
+# unbiased variance (n/(n-1) of the global batch, as one TF1 device given the whole batch would).
+_LOCAL_MOMENTS = "            mean, variance = tf.nn.moments(inputs, axes)\n"
 _SYNC_MOMENTS = (
-    "        mean, variance = keras.ops.moments(inputs, axes, synchronized=self.synchronized)\n"
+    "            mean, variance = keras.ops.moments(inputs, axes, synchronized=self.synchronized)\n"
 )
-_LOCAL_COUNT = (
-    "            count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), axes)), inputs.dtype)\n"
-)
+_LOCAL_COUNT = "                count = tf.cast(tf.size(inputs) // tf.size(mean), inputs.dtype)\n"
 _SYNC_COUNT = _LOCAL_COUNT + (
-    "            if self.synchronized:  # the global batch: every replica's sub-batch\n"
-    '                count = tf.distribute.get_replica_context().all_reduce("sum", count)\n'
+    "                if self.synchronized:  # the global batch: every replica's sub-batch\n"
+    '                    count = tf.distribute.get_replica_context().all_reduce("sum", count)\n'
 )
 
 

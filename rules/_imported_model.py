@@ -35,6 +35,8 @@ class ImportedModel:
     arg_scope_functions: set[str] = field(default_factory=set)  # those the towers used
     # variable helpers of a get_variable model that only it used (they go with it)
     dropped: set[str] = field(default_factory=set)
+    # other functions of the model module rewritten with it (name -> the new function)
+    rewritten: dict[str, cst.FunctionDef] = field(default_factory=dict)
 
 
 def _module_names(module: cst.Module) -> dict[str, str]:
@@ -209,6 +211,8 @@ def keras_model_module(context, importer_name: str, rule: type) -> tuple[cst.Mod
     for statement in module.body:
         if statement is imported.function:
             body.extend(tower_program._keras_classes(keras, statement, unit))
+        elif isinstance(statement, cst.FunctionDef) and statement.name.value in imported.rewritten:
+            body.append(imported.rewritten[statement.name.value])
         elif not (isinstance(statement, cst.FunctionDef) and statement.name.value in dropped):
             body.append(statement)
     new = tower_program._drop_dead_aliases(module.with_changes(body=body))

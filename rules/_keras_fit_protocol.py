@@ -132,12 +132,24 @@ def {ENTRY_POINT}(strategy, argv):
         model.reset_metrics()  # fit logs running means over the epoch: verify compares each step
         return model.train_function(iter([batch]))  # tfmigrate: ignore[TFM205] (made above)
 
-    return {{
+    def one_step(batch):
+        # fit's step as train_function runs it, with the metrics reset in the same call (an
+        # eager reset cost more than the step) and the replicas' values averaged as fit's are
+        model.reset_metrics()
+        outputs = strategy.run(model.train_step, args=(batch,))
+        local = strategy.experimental_local_results
+        return tf.nest.map_structure(lambda value: tf.reduce_mean(local(value), axis=0), outputs)
+
+    program = {{
         "variables": {{v.path: v for v in model.weights}},
         "train_step": train_step,
         "batches": strategy.experimental_distribute_dataset(dataset),
         "model": model,
     }}
+    if not schedules:  # (schedule callbacks run in Python between steps)
+        # verify runs the steps as fit does: steps_per_execution to a call, batches taken inside
+        program.update(one_step=one_step, steps_per_call=model.steps_per_execution)
+    return program
 '''
 
 

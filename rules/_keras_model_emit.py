@@ -35,7 +35,10 @@ __all__ = ["NotConvertible", "convert", "layer_variables", "LAYER_KINDS", "TF1_B
 
 
 # Emitted once into a program whose model has a TF1 fused batch norm. Measured on TF 2.21's
-# compat layer: tf_slim / contrib batch_norm feed the moving variance with the Bessel-corrected
+# compat layer: TF1 ran FusedBatchNormV3 (and its own gradient kernel) where this class does, and
+# the same ops give bit-identical outputs, gradients and moving statistics; the unfused ops
+# (moments, batch_normalization) round differently (gamma/beta gradients ~1e-6 relative), which a
+# conv kernel whose gradient cancels through the batch norm magnifies over steps. tf_slim / contrib batch_norm feed the moving variance with the Bessel-corrected
 # batch variance on 2-D and 4-D inputs (fused kernel), tf.layers.batch_normalization on 4-D
 # inputs only (2-D: the biased variance, as Keras does). slim's batch_norm(trainable=False)
 # still normalizes with the batch's statistics in training and updates its moving statistics
@@ -43,11 +46,12 @@ __all__ = ["NotConvertible", "convert", "layer_variables", "LAYER_KINDS", "TF1_B
 # from a layer that is not trainable); Keras 3's trainable=False would mean inference mode.
 TF1_BATCH_NORM = '''
 class TF1BatchNorm(keras.layers.BatchNormalization):
-    """Keras batch norm whose moving variance follows TF1's fused kernel: updated with the
-    unbiased batch variance n/(n-1) (on inputs of the ranks in `unbiased_ranks`). The batch
-    is normalized with the biased variance, as both did. `frozen`: TF1's trainable=False --
-    gamma/beta are not trained, training still uses the batch's statistics, and the moving
-    statistics are updated only on inputs of the ranks in `frozen_update_ranks`."""
+    """Keras batch norm computed as TF1 did. On inputs of the ranks in `unbiased_ranks` TF1 ran
+    its fused kernel (FusedBatchNormV3, 2-D inputs viewed as NHWC): so does this layer in
+    training, for the same rounding and gradient kernel, and its moving variance takes that
+    kernel's unbiased batch variance n/(n-1). `frozen`: TF1's trainable=False -- gamma/beta are
+    not trained, training still uses the batch's statistics, and the moving statistics are
+    updated only on inputs of the ranks in `frozen_update_ranks`."""
 
     def __init__(self, unbiased_ranks=(2, 4), frozen=False, frozen_update_ranks=(2,), **kwargs):
         super().__init__(**kwargs)
@@ -66,16 +70,35 @@ class TF1BatchNorm(keras.layers.BatchNormalization):
         update = not self.frozen or rank in self.frozen_update_ranks
         if not training or (update and rank not in self.unbiased_ranks):
             return super().call(inputs, training=training, mask=mask)
-        axes = [i for i in range(rank) if i != self.axis % rank]
-        mean, variance = tf.nn.moments(inputs, axes)
+        if rank in self.unbiased_ranks and not self.synchronized:
+            outputs, mean, variance = self._fused(inputs)
+        else:
+            axes = [i for i in range(rank) if i != self.axis % rank]
+            mean, variance = tf.nn.moments(inputs, axes)
+            outputs = tf.nn.batch_normalization(
+                inputs, mean, variance, self.beta, self.gamma, self.epsilon)
+            if update:
+                count = tf.cast(tf.size(inputs) // tf.size(mean), inputs.dtype)
+                variance = variance * count / (count - 1.0)
         if update:
-            count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(inputs), axes)), inputs.dtype)
-            decay = 1.0 - self.momentum
+            # 1 - momentum as TF1 computed it: in float32 in its Keras layer (4-D inputs), in
+            # float64 in slim's own fused code (2-D inputs)
+            decay = 1.0 - (tf.constant(self.momentum) if rank == 4 else self.momentum)
             self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
-            self.moving_variance.assign_sub(
-                (self.moving_variance - variance * count / (count - 1.0)) * decay)
-        return tf.nn.batch_normalization(
-            inputs, mean, variance, self.beta, self.gamma, self.epsilon)
+            self.moving_variance.assign_sub((self.moving_variance - variance) * decay)
+        return outputs
+
+    def _fused(self, inputs):
+        """TF1's training-mode kernel: the output, the batch mean and the unbiased variance."""
+        channels = inputs.shape[-1]
+        gamma = self.gamma if self.scale else tf.ones([channels])
+        beta = self.beta if self.center else tf.zeros([channels])
+        x = inputs if len(inputs.shape) == 4 else tf.reshape(inputs, [-1, 1, 1, channels])
+        empty = tf.constant([])  # no running statistics in: TF1 updated them outside the kernel
+        outputs, mean, variance = tf.raw_ops.FusedBatchNormV3(
+            x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=self.epsilon,
+            data_format="NHWC", is_training=True)[:3]
+        return tf.reshape(outputs, tf.shape(inputs)), mean, variance
 
     def get_config(self):
         return {**super().get_config(), "unbiased_ranks": self.unbiased_ranks,
@@ -94,6 +117,8 @@ _OPS_KEPT = frozenset(
     {"reshape", "identity", "squeeze", "concat", "add", "multiply", "reduce_mean", "reduce_max",
      "reduce_sum", "math.reduce_mean", "math.reduce_max", "math.reduce_sum"}
 )  # fmt: skip
+# Random layers: verify compares their runs only with the randomness off (announced).
+DROPOUT_NOTE = "dropout -> keras.layers.Dropout with the same rate: its random masks are not TF1's"
 _LEGACY_ACTIVATIONS = {f"nn.{n}": n for n in _NN_KEPT} | {"tanh": "tanh", "sigmoid": "sigmoid"}
 
 
@@ -391,6 +416,7 @@ class _Reader:
             "slim.batch_norm": self._batch_norm,
             "layers.dropout": self._dropout,
             "slim.dropout": self._slim_dropout,
+            "nn.dropout": self._nn_dropout,
             "slim.repeat": self._repeat,
         }
         outer, self.kind = self.kind, short
@@ -461,9 +487,7 @@ class _Reader:
             ("seed", self._config(a["seed"]) if "seed" in a else None),
             ("name", f'"{name}"' if name else None),
         ]
-        self.notes.append(
-            "dropout -> keras.layers.Dropout with the same rate: its random masks are not TF1's"
-        )
+        self.notes.append(DROPOUT_NOTE)
         layer = Layer(
             self._attribute(name, "dropout"),
             f"keras.layers.Dropout({self._kwargs(pairs)})",
@@ -472,6 +496,39 @@ class _Reader:
             training=True,
         )
         return layer, a["inputs"], training
+
+    def _nn_dropout(self, call: cst.Call):  # type: ignore[no-untyped-def]
+        """TF1's ``tf.nn.dropout(x, keep_prob)`` (or ``rate=``): always active, whatever the
+        mode, so the Keras layer is called with ``training=True``."""
+        if (self.qualify(call.func) or "").startswith("tensorflow.compat.v2."):
+            raise NotConvertible(call, "a TF2 tf.nn.dropout (its second argument is the rate)")
+        a = self._args(
+            _x_as_inputs(call), ("inputs", "keep_prob", "noise_shape", "seed", "name", "rate"),
+            frozenset(),
+        )  # fmt: skip
+        if "noise_shape" in a or ("keep_prob" in a) == ("rate" in a):
+            raise NotConvertible(call, "a tf.nn.dropout with a noise_shape, or not one of keep_prob / rate")  # fmt: skip
+        name = self._name(call, a.get("name"), "dropout")
+        if "rate" in a:
+            rate = self._config(a["rate"])
+        else:
+            keep = self._config(a["keep_prob"])
+            simple = isinstance(a["keep_prob"], cst.Name | cst.Float | cst.Integer | cst.Attribute)
+            rate = f"1 - {keep}" if simple else f"1 - ({keep})"
+        pairs = [
+            ("", rate),
+            ("seed", self._config(a["seed"]) if "seed" in a else None),
+            ("name", f'"{name}"' if name else None),
+        ]
+        self.notes.append(DROPOUT_NOTE)
+        layer = Layer(
+            self._attribute(name, "dropout"),
+            f"keras.layers.Dropout({self._kwargs(pairs)})",
+            {},
+            name,
+            training=True,
+        )
+        return layer, a["inputs"], "True"
 
     def _normalizer(self, call: cst.Call, a: dict, name: str) -> Stages | None:
         """slim's ``normalizer_fn=slim.batch_norm, normalizer_params={...}``: the batch norm
@@ -693,9 +750,7 @@ class _Reader:
             name,
             training=True,
         )
-        self.notes.append(
-            "dropout -> keras.layers.Dropout with the same rate: its random masks are not TF1's"
-        )
+        self.notes.append(DROPOUT_NOTE)
         return layer, a["inputs"], training
 
     def _batch_normalization(self, call: cst.Call):  # type: ignore[no-untyped-def]
@@ -791,6 +846,15 @@ def _with_normalizer(
         [(f"tf.nn.{activation}", None)] if activation else []
     )
     return Stages([(layer, None), *normalizer.steps, *after], inputs)
+
+
+def _x_as_inputs(call: cst.Call) -> cst.Call:
+    """``tf.nn.dropout(x=h, ...)``: its input keyword read as the layers' ``inputs``."""
+    args = [
+        a.with_changes(keyword=cst.Name("inputs")) if a.keyword and a.keyword.value == "x" else a
+        for a in call.args
+    ]
+    return call.with_changes(args=args)
 
 
 def _quoted(value: str | None) -> str | None:
@@ -893,7 +957,7 @@ LAYER_KINDS = frozenset(
         "layers.dense", "layers.conv2d", "slim.fully_connected", "slim.conv2d",
         "layers.max_pooling2d", "slim.max_pool2d", "layers.flatten", "slim.flatten",
         "layers.batch_normalization", "slim.batch_norm", "layers.dropout", "slim.dropout",
-        "slim.repeat",
+        "nn.dropout", "slim.repeat",
     }
 )  # fmt: skip
 _LAYER_KINDS = LAYER_KINDS

@@ -215,6 +215,15 @@ class _Helpers:
                 if decayed is not None:
                     env[target] = value  # what `tf.add_to_collection(key, target)` adds
                     continue
+            if isinstance(small, cst.Assign) and isinstance(small.value, cst.IfExp):
+                # The tutorial's `dtype = tf.float16 if FLAGS.use_fp16 else tf.float32`.
+                branches = (small.value.body, small.value.orelse)
+                if all((self.qualify(b) or "").startswith("tensorflow.") for b in branches):
+                    raise NotConvertible(
+                        statement,
+                        "a variable dtype chosen at run time (a float16 switch): only float32 "
+                        "variables convert to Keras weights",
+                    )
             raise NotConvertible(
                 statement, "a statement in a variable helper this conversion does not read"
             )
@@ -679,15 +688,150 @@ def _collection_key(call: cst.Call) -> str | None:
     return str(key.evaluated_value) if isinstance(key, cst.SimpleString) else None
 
 
+def _collection_losses(
+    imported: ImportedModel, key: str, block: list[cst.BaseStatement], script: cst.Module
+) -> dict[str, cst.FunctionDef] | str:
+    """The model module's functions the towers call for their effect on the `key` collection
+    (``_ = model.loss(logits, labels)``), each rewritten to return the value it added: name ->
+    the new function. The reason when such a function is used otherwise."""
+    functions = {s.name.value: s for s in imported.module.body if isinstance(s, cst.FunctionDef)}
+    found: dict[str, cst.FunctionDef] = {}
+    calls = [
+        (n, statement) for statement in block for n in walk(statement)
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+        and isinstance(n.func.value, cst.Name) and n.func.value.value == imported.access
+        and n.func.attr.value in functions
+    ]  # fmt: skip
+    for call, statement in calls:
+        name = call.func.attr.value  # type: ignore[attr-defined]
+        rewritten = _returning_added(functions[name], key, imported.qualify)
+        if rewritten is None:
+            continue
+        if isinstance(rewritten, str):
+            return f"`{imported.access}.{name}`: {rewritten}"
+        if _discarded_call(statement) is not call:
+            return (
+                f"the towers use the value of `{imported.access}.{name}`, the sum of the "
+                f"unscoped `{key}` collection (in tower i>0 every tower's losses so far)"
+            )
+        uses = [
+            n for n in walk(script)
+            if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name)
+            and n.value.value == imported.access and n.attr.value == name
+        ]  # fmt: skip
+        if len(uses) != 1 or any(
+            isinstance(n, cst.Name) and n.value == name
+            for s in imported.module.body
+            if s is not functions[name]
+            for n in walk(s)
+        ):
+            return (
+                f"`{imported.access}.{name}` (which sums the unscoped `{key}` collection) is "
+                "used besides the towers' discarded call"
+            )
+        found[name] = rewritten
+    return found
+
+
+def _discarded_call(statement: cst.BaseStatement) -> cst.Call | None:
+    """The call of `f(...)` or `_ = f(...)`: its value is not used."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return None
+    small = statement.body[0]
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        return small.value
+    if (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and small.targets[0].target.value == "_"
+        and isinstance(small.value, cst.Call)
+    ):
+        return small.value
+    return None
+
+
+def _returning_added(
+    function: cst.FunctionDef, key: str, qualify: Qualify
+) -> cst.FunctionDef | str | None:
+    """`function` rewritten to return what it adds to the `key` collection, when it adds one
+    value (`tf.add_to_collection(key, x)`, a statement) and ends by returning the sum of the
+    unscoped collection (`return tf.add_n(tf.get_collection(key)[, name=...])`); None when it
+    does not touch the collection, else why it cannot be rewritten."""
+    uses = [
+        n for n in walk(function)
+        if isinstance(n, cst.Call) and qualify(n.func) in (_ADD, _GET) and _collection_key(n) == key
+    ]  # fmt: skip
+    if not uses:
+        return None
+    body = _body(function)
+    last = body[-1]
+    total = (
+        last.body[0].value
+        if isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)
+        else None
+    )
+    read = get_arg(total, 0, "inputs") if isinstance(total, cst.Call) else None
+    if not (
+        isinstance(total, cst.Call)
+        and qualify(total.func) == "tensorflow.add_n"
+        and isinstance(read, cst.Call)
+        and qualify(read.func) == _GET
+        and len(read.args) == 1
+        and all(a.keyword is None or a.keyword.value == "name" for a in total.args[1:])
+    ):
+        return f"it uses the `{key}` collection otherwise than returning the sum of all of it"
+    adds = [
+        (index, s.body[0].value)
+        for index, s in enumerate(body)
+        if isinstance(s, cst.SimpleStatementLine)
+        and isinstance(s.body[0], cst.Expr)
+        and isinstance(s.body[0].value, cst.Call)
+        and qualify(s.body[0].value.func) == _ADD
+    ]
+    if len(adds) != 1 or len(uses) != 2 or len(adds[0][1].args) != 2:
+        return f"it adds to the `{key}` collection otherwise than once, in a statement"
+    index, add = adds[0]
+    value = add.args[1].value
+    if free_names(value) & set().union(set(), *(bound_names(s) for s in body[index + 1 : -1])):
+        return f"the value it adds to the `{key}` collection changes before it returns"
+    # The sum's comment described the TF1 total: it goes with it.
+    returned = last.with_changes(
+        body=[cst.Return(value.deep_clone())],
+        leading_lines=[
+            cst.EmptyLine(comment=cst.Comment(c))
+            for c in (
+                f"# TF2 has no `{key}` collection: this returns what TF1 added to it, not the",
+                "# collection's sum; the caller adds the model's weight decay (its `losses`).",
+            )
+        ],
+    )
+    kept = [s for i, s in enumerate(body) if i != index][:-1]
+    docstring = list(function.body.body)[: len(function.body.body) - len(body)]
+    return function.with_changes(
+        body=function.body.with_changes(body=[*docstring, *kept, returned])
+    )
+
+
 def _read_losses(
-    block: list[cst.BaseStatement], key: str, instance: str, qualify: Qualify, call: cst.Call
+    block: list[cst.BaseStatement],
+    key: str,
+    instance: str,
+    qualify: Qualify,
+    call: cst.Call,
+    adders: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> list[cst.BaseStatement] | str:
     """The statements that read the model's weight decay from the `key` collection, reading
     `<instance>.losses` instead: `tf.add_to_collection(key, x)` ... `tf.get_collection(key,
-    scope)` -> `[*<instance>.losses, x, ...]` (the decay first: the model call added it first)."""
+    scope)` -> `[*<instance>.losses, x, ...]` (the decay first: the model call added it first).
+    `adders`: functions (`model.loss`) whose discarded call adds the value it now returns."""
     added: list[tuple[int, cst.BaseExpression]] = []
     reads: list[tuple[int, cst.Call]] = []
     for index, statement in enumerate(block):
+        adder = _discarded_call(statement)
+        if adder is not None and cst.Module([]).code_for_node(adder.func) in adders:
+            added.append((index, adder))
+            continue
         for node in walk(statement):
             if isinstance(node, cst.Call) and qualify(node.func) in (_ADD, _GET):
                 if _collection_key(node) != key:
@@ -941,6 +1085,7 @@ def plan_weights(
         block = _body(caller)
     if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
         return f"`{legacy}` is not called with its input alone"
+    loss_notes: list[str] = []
     keys = {w.collection for w in model.weights if w.collection}
     if len(keys) > 1:
         return "the weight decay goes to several collections"
@@ -966,11 +1111,17 @@ def plan_weights(
             and _collection_key(n) == key
         ]
         if imported is not None:
+            # The tutorial's `loss()`: it adds its cross entropy to the collection and returns
+            # the sum of the whole (unscoped) collection, which the towers discard.
+            adders = _collection_losses(imported, key, block, module)
+            if isinstance(adders, str):
+                return adders
             outside += [
                 n
                 for s in model_module.body
                 if s is not function
                 and not (isinstance(s, cst.FunctionDef) and s.name.value in model.helpers)
+                and not (isinstance(s, cst.FunctionDef) and s.name.value in adders)
                 for n in walk(s)
                 if isinstance(n, cst.Call)
                 and model_qualify(n.func) in (_ADD, _GET)
@@ -986,10 +1137,22 @@ def plan_weights(
             )
         ):
             return f"the `{key}` collection is used outside the function that calls the model"
-        read = _read_losses(block, key, instance, qualify, call)
+        read = _read_losses(
+            block, key, instance, qualify, call,
+            {f"{imported.access}.{n}" for n in adders} if imported is not None else set(),
+        )  # fmt: skip
         if isinstance(read, str):
             return read
         block = read
+        if imported is not None and adders:
+            imported.rewritten.update(adders)
+            loss_notes = [
+                f"`{imported.access}.{n}` added its value to the `{key}` collection and "
+                f"returned the sum of the whole collection (in tower i>0 every tower's losses "
+                "so far), which the towers discarded: it returns the value it added, which "
+                f"the tower sums with the model's weight decay as it summed its scope's `{key}`"
+                for n in sorted(adders)
+            ]
     if imported is not None:  # `model.inference(images)` -> the instance's call
         block = [s.visit(_CallInstance(imported.access, legacy)) for s in block]
         call = next(
@@ -1089,6 +1252,7 @@ def plan_weights(
             "the weight decay the legacy code put in a collection is a Keras L2 regularizer on "
             "each weight, read through the model's `losses` where the collection was read"
         )
+    notes += loss_notes
     keras_model = KerasModel(
         function=function,
         class_name=class_name,

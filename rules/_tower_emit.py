@@ -253,6 +253,13 @@ _LOSS_SCOPES = {
     "sparse_softmax_cross_entropy": "sparse_softmax_cross_entropy_loss",
 }  # fmt: skip
 _LOSS_MODULES = ("tf.losses", "tf.compat.v1.losses")
+# The op a Python operator on tensors adds, named after its type as any unnamed op is.
+_OPERATOR_OPS: dict[type, str] = {
+    cst.Add: "add",
+    cst.Subtract: "sub",
+    cst.Multiply: "mul",
+    cst.Divide: "truediv",
+}
 
 
 def _unsynchronized_build(tower: str, model: str) -> str:
@@ -485,15 +492,24 @@ class Emitter:
 
     def _op_name(self, name: str, statements, depth: int = 0) -> str | None:  # type: ignore[no-untyped-def]
         value = None
+        conditional: set[int] = set()  # assignments some towers skip (`if i == 0: loss = ...`)
+        last_conditional = False
         for statement in statements:
             for node in walk(statement):
+                if isinstance(node, cst.If):
+                    conditional |= {id(n) for n in walk(node)}
                 if isinstance(node, cst.Assign) and any(
                     isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets
                 ):
-                    value = node.value
+                    value, last_conditional = node.value, id(node) in conditional
+        if last_conditional and isinstance(value, cst.BinaryOperation):
+            return None  # the towers' tensors have different ops: no one name
         return self._name_of(value, depth)
 
     def _name_of(self, value, depth: int) -> str | None:  # type: ignore[no-untyped-def]
+        if isinstance(value, cst.BinaryOperation) and type(value.operator) in _OPERATOR_OPS:
+            # `tower_loss(...) / num_gpus`: TF1 named the tensor after the operator's op
+            return _OPERATOR_OPS[type(value.operator)]
         if not isinstance(value, cst.Call) or depth > 5:
             return None
         literal = get_arg(value, None, "name")
@@ -1025,12 +1041,12 @@ class Emitter:
                     if fetch.tensor == p.logging.summary_op:
                         # The merged summary: its scalars' values, by tag, for the writer.
                         values = ", ".join(
-                            f"{self.code(tag)}: {self._fetched_value(tensor, keys)}"
-                            for tag, tensor in p.logging.scalars
+                            f"{self.code(tag)}: {self._fetched_value(tensor, keys, tower)}"
+                            for tag, tensor, tower in p.logging.scalars
                         )
                         statements.append(cst.parse_statement(f"{fetch.target} = {{{values}}}"))
                         continue
-                    value = self._fetched_value(fetch.tensor, keys)
+                    value = self._fetched_value(fetch.tensor, keys, fetch.tower)
                     if not several:
                         value += ".numpy()"
                     statements.append(cst.parse_statement(f"{fetch.target} = {value}"))
@@ -1048,15 +1064,19 @@ class Emitter:
             statements.append(self._retarget(statement).visit(_LoopLogging(p)))
         return statements
 
-    def _fetched_value(self, tensor: str, keys: dict[str, str]) -> str:
-        """The loop's value of a fetched tensor: the last tower's, or the reduced one."""
+    def _fetched_value(self, tensor: str, keys: dict[str, str], tower: int | None = None) -> str:
+        """The loop's value of a fetched tensor: the last tower's, the reduced one, or (`tower`
+        given, `tensor` a per-tower list) that tower's entry: the same replica's."""
+        replica = -1
+        if tower is not None:
+            tensor, replica = self.p.collected[tensor], tower
         key = keys[tensor]
         several = self.steps_in_calls()  # each step's values, per replica, on the host already
         if tensor in self.p.reductions or tensor in self.setup_fetches():
             return f"outputs[{key!r}][0]" if several else f"outputs[{key!r}]"
         if several:
-            return f"outputs[{key!r}][-1]"
-        return f"strategy.experimental_local_results(outputs[{key!r}])[-1]"
+            return f"outputs[{key!r}][{replica}]"
+        return f"strategy.experimental_local_results(outputs[{key!r}])[{replica}]"
 
     def steps_in_calls(self) -> bool:
         """May main() run the loop's steps several to a tf.function call (StepsInOneCall)? Only a

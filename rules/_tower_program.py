@@ -66,6 +66,7 @@ class Placeholder:
 class Fetch:
     target: str | None  # the loop's variable receiving the value (None for `_`)
     tensor: str  # the tower-body name that was fetched
+    tower: int | None = None  # `losses[0]`: tensor is the per-tower list, this the literal index
 
 
 @dataclass
@@ -103,7 +104,8 @@ class TowerFeed:
 class Logging:
     """What the legacy program wrote besides training: summaries and checkpoints."""
 
-    scalars: list[tuple[cst.BaseExpression, str]] = field(default_factory=list)  # (tag, tensor)
+    # (tag, tensor, tower): tower is the literal index of `losses[0]` (tensor the list), or None
+    scalars: list[tuple[cst.BaseExpression, str, int | None]] = field(default_factory=list)
     summary_op: str | None = None  # `summary_op = tf.summary.merge_all()`
     writer: tuple[str, cst.BaseExpression] | None = None  # `w = tf.summary.FileWriter(dir)`
     saver: tuple[str, cst.BaseExpression | None] | None = None  # (saver, max_to_keep)
@@ -1323,6 +1325,17 @@ class ProgramReader:
                 aggregate = (_assign(inline[0])[0][0], self._inline_averaged(inline[1]))  # type: ignore[index]
                 tail.unknown.update(_op_types(inline))
                 continue  # the aggregation loop itself
+            inline_call = self._aggregated_inline(assigned, tower_list) if not aggregate else None
+            if inline_call is not None:
+                # `train_op = opt.apply_gradients(average_gradients(tower_grads), ...)`: read as
+                # `grads = average_gradients(tower_grads)` then the apply on `grads`
+                helper = self._helper_def(inline_call.func.value)  # type: ignore[attr-defined]
+                if helper is not None and id(helper) in self.aggregation:
+                    name = f"{tower_list}_aggregated"
+                    aggregate = (name, self.aggregation[id(helper)])
+                    tail.unknown.update(_op_types([helper]))
+                    statement = statement.deep_replace(inline_call, cst.Name(name))  # type: ignore[assignment]
+                    assigned = _assign(statement)
             if aggregate is None:
                 if assigned is None or len(assigned[0]) != 1:
                     raise Blocked(
@@ -1548,6 +1561,12 @@ class ProgramReader:
         tower_names = bound_names(cst.IndentedBlock(body=tower["body"])) | {tower["index"]}
         setup_names = set().union(set(), *(bound_names(s) for s in setup))
         for fetch in fetches:
+            if fetch.tower is not None and fetch.tensor not in tower["collected"]:
+                raise Blocked(
+                    run_statement,
+                    f"the loop fetches `{fetch.tensor}[{fetch.tower}]`, and `{fetch.tensor}` is "
+                    "not a list the towers append their tensors to",
+                )
             if fetch.tensor == train_op or fetch.tensor in tower["collected"]:
                 continue
             if fetch.tensor in reductions or fetch.tensor == self._log.summary_op:
@@ -1629,9 +1648,21 @@ class ProgramReader:
         call = _call_of(small.value) if isinstance(small, cst.Expr) else None
         if call is not None and self.call_q(call) == "tensorflow.summary.scalar":
             tag, tensor = get_arg(call, 0, "name"), get_arg(call, 1, "tensor")
-            if len(call.args) != 2 or not isinstance(tensor, cst.Name) or tag is None:
-                raise Blocked(statement, "a summary other than tf.summary.scalar(tag, tensor)")
-            self._log.scalars.append((tag, tensor.value))
+            fetched = _fetched_name(tensor) if tensor is not None else None
+            if len(call.args) == 2 and isinstance(tensor, cst.Subscript) and fetched is None:
+                raise Blocked(
+                    statement,
+                    f"tf.summary.scalar of `{self.rule.src(tensor, 40)}`: only an integer "
+                    "literal index into a per-tower list (`losses[0]`, `losses[-1]`) says "
+                    "which replica's value to log",
+                )
+            if len(call.args) != 2 or fetched is None or tag is None:
+                raise Blocked(
+                    statement,
+                    "a summary other than tf.summary.scalar(tag, tensor) or "
+                    "tf.summary.scalar(tag, per_tower_list[<integer literal>])",
+                )
+            self._log.scalars.append((tag, *fetched))
             return True
         if assigned is None or len(assigned[0]) != 1:
             return False
@@ -1659,6 +1690,26 @@ class ProgramReader:
             self._log.saver = (assigned[0][0], get_arg(call, None, "max_to_keep"))
             return True
         return False
+
+    def _aggregated_inline(
+        self, assigned: tuple[list[str], cst.BaseExpression] | None, tower_list: str
+    ) -> cst.Call | None:
+        """``helper(tower_grads)`` given straight to ``opt.apply_gradients``."""
+        call = _call_of(assigned[1]) if assigned is not None and len(assigned[0]) == 1 else None
+        if not (
+            call is not None
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "apply_gradients"
+        ):
+            return None
+        inner = _call_of(get_arg(call, 0, "grads_and_vars"))
+        if (
+            inner is not None
+            and isinstance(inner.func, cst.Name)
+            and free_names(inner) == {inner.func.value, tower_list}
+        ):
+            return inner
+        return None
 
     @staticmethod
     def _writer_call(statement: cst.CSTNode | None) -> str | None:
@@ -1711,8 +1762,8 @@ class ProgramReader:
             return fetches
         if log.writer is None:
             raise Blocked(run_statement, "a merged summary fetched without a FileWriter")
-        fetched = {f.tensor for f in fetches}
-        return fetches + [Fetch(None, t) for _, t in log.scalars if t not in fetched]
+        fetched = {(f.tensor, f.tower) for f in fetches}
+        return fetches + [Fetch(None, t, k) for _, t, k in log.scalars if (t, k) not in fetched]
 
     def _is_method_statement(
         self, statement: cst.CSTNode, receiver: str, method: str, argument: str | None
@@ -2038,20 +2089,32 @@ class ProgramReader:
                 listed[1],
             )
         if isinstance(fetched, cst.Name) and len(assigned[0]) == 1:
-            names = [fetched.value]  # `loss_value = sess.run(train_tensor, ...)`
+            names = [(fetched.value, None)]  # `loss_value = sess.run(train_tensor, ...)`
         elif not isinstance(fetched, cst.List | cst.Tuple) or not all(
-            isinstance(e.value, cst.Name) for e in fetched.elements
+            _fetched_name(e.value) for e in fetched.elements
         ):
-            raise Blocked(run_call, "sess.run fetches something other than a list of names")
+            for element in fetched.elements if isinstance(fetched, cst.List | cst.Tuple) else []:
+                if isinstance(element.value, cst.Subscript) and not _fetched_name(element.value):
+                    raise Blocked(
+                        run_call,
+                        f"sess.run fetches `{self.rule.src(element.value, 40)}`: only an "
+                        "integer literal index into a per-tower list (`losses[0]`, "
+                        "`losses[-1]`) says which replica's value to log",
+                    )
+            raise Blocked(
+                run_call,
+                "sess.run fetches something other than a list of names "
+                "(or of per-tower list entries `losses[<integer literal>]`)",
+            )
         else:
-            names = [e.value.value for e in fetched.elements]  # type: ignore[union-attr]
+            names = [_fetched_name(e.value) for e in fetched.elements]  # type: ignore[misc]
         if len(names) != len(assigned[0]):
             raise Blocked(run_call, "sess.run's fetches and targets differ in length")
-        if train_op not in names:
+        if (train_op, None) not in names:
             raise Blocked(run_call, f"sess.run does not run `{train_op}`")
         fetches = [
-            Fetch(None if target == "_" else target, tensor)
-            for target, tensor in zip(assigned[0], names, strict=True)
+            Fetch(None if target == "_" else target, tensor, tower)
+            for target, (tensor, tower) in zip(assigned[0], names, strict=True)
         ]
         if self._monitored is not None:
             if feed is not None:
@@ -2519,6 +2582,28 @@ class ProgramReader:
             and isinstance(func.value, cst.Name)
             and func.value.value == receiver
         )
+
+
+def _fetched_name(node: cst.BaseExpression) -> tuple[str, int | None] | None:
+    """A fetch the loop can log: ``loss`` -> ('loss', None); one tower's entry of a per-tower
+    list, ``losses[0]`` or ``losses[-1]`` -> ('losses', 0) / ('losses', -1). Any other index
+    (a variable, a slice) is refused: which replica to log must be known when converting."""
+    if isinstance(node, cst.Name):
+        return node.value, None
+    if not (
+        isinstance(node, cst.Subscript)
+        and isinstance(node.value, cst.Name)
+        and len(node.slice) == 1
+        and isinstance(node.slice[0].slice, cst.Index)
+    ):
+        return None
+    index = node.slice[0].slice.value
+    sign = 1
+    if isinstance(index, cst.UnaryOperation) and isinstance(index.operator, cst.Minus):
+        index, sign = index.expression, -1
+    if not isinstance(index, cst.Integer):
+        return None
+    return node.value.value, sign * int(index.evaluated_value)
 
 
 def _scope_name(expression: cst.BaseExpression, index: str, tower: int) -> str | None:

@@ -18,6 +18,7 @@ from tfmigrate.rules import _multi_worker_emit as multi_worker
 from tfmigrate.rules import _tower_model_module as model_code
 from tfmigrate.rules import _tower_program_example as example
 from tfmigrate.rules._absl_flags import to_absl_flags, uses_tf_flags
+from tfmigrate.rules._keras_model_emit import DROPOUT_NOTE
 from tfmigrate.rules._keras_model_plan import KerasPlan
 from tfmigrate.rules._keras_model_plan import plan as plan_keras_model
 from tfmigrate.rules._tower_emit import JIT_NOTE, Emitter, _indent, store_source
@@ -91,7 +92,9 @@ class TowerProgramToMirroredStrategy(TowerRule):
       the loop is asked of tf.config (never compared by verify); `tf.app.flags` /
       `tf.app.run` become absl's (in the model module too; a `main(argv=None)` that only
       calls `train()` is kept); argparse flags parsed into a module-level `FLAGS` keep their
-      parser in `make_parser()` and are parsed in the main block;
+      parser in `make_parser()` and are parsed in the main block, and so does a parser built at
+      module level for a main block calling `main(parser.parse_args())` (refused, with the
+      line, when the parser is used for anything else);
     - `--batch-norm sync` (option `batch-norm`) gives every batch norm of a model converted to
       Keras layers `synchronized=True` (statistics over the global batch, the same moving
       statistics on every replica; the manifest announces that losses and weights then differ
@@ -102,8 +105,8 @@ class TowerProgramToMirroredStrategy(TowerRule):
     - a model function of TF1 layer calls with literal names (tf.layers, slim / contrib.layers,
       tf.nn activations between them) becomes a `keras.Model` subclass, each legacy API's
       defaults spelled out, built once in `strategy.scope()` and called by every replica with
-      `training=True`; TF1's fused batch norm keeps its unbiased moving variance
-      (`TF1BatchNorm`); the manifest maps legacy variable names to Keras weight paths; slim's
+      `training=True`; TF1's fused batch norm keeps its kernel and its unbiased moving
+      variance (`TF1BatchNorm`); the manifest maps legacy variable names to Keras weight paths; slim's
       `normalizer_fn`/`normalizer_params` (a frozen `trainable: False` batch norm included),
       `arg_scope`s (literal, nested, or returned by an arg-scope function), `slim.repeat` and
       `slim.dropout` are read as slim applies them; a model function of an imported module
@@ -590,6 +593,55 @@ def _builds_parser(rule: TowerRule, statement: cst.BaseStatement, parser: str) -
     )
 
 
+def _module_level_parser(
+    rule: TowerRule, main: cst.If, parser: str
+) -> list[cst.BaseStatement] | None:
+    """``parser = argparse.ArgumentParser(...)`` and the ``parser.add_argument(...)`` calls
+    right after it at module level, for a main block ending ``train(parser.parse_args())``:
+    those statements (they move into make_parser). None: no module-level parser of that name.
+    Blocked when the parser is used for anything else (its line and what it does)."""
+    module = rule.context.module
+    body = list(module.body)
+    start = next(
+        (i for i, s in enumerate(body) if parser in bound_names(s) and _assign(s) is not None),
+        None,
+    )
+    if start is None:
+        return None
+    if not _builds_parser(rule, body[start], parser):
+        raise Blocked(body[start], f"`{parser}` is not built by `argparse.ArgumentParser()`")
+    end = start + 1
+    while end < len(body) and _builds_parser(rule, body[end], parser):
+        end += 1
+    built = body[start:end]
+    # Allowed: those statements, the main block's own add_argument calls, the final parse.
+    allowed = {id(s) for s in built}
+    allowed |= {id(s) for s in main.body.body[:-1] if _builds_parser(rule, s, parser)}
+    for statement in [*body, *main.body.body[:-1]]:
+        if statement is main or id(statement) in allowed:
+            continue
+        attributes = {id(n.attr) for n in walk(statement) if isinstance(n, cst.Attribute)}
+        use = next(
+            (
+                n
+                for n in walk(statement)
+                if isinstance(n, cst.Name) and n.value == parser and id(n) not in attributes
+            ),
+            None,
+        )
+        if use is not None:  # named by the statement that holds it, even inside a function
+            held = rule.enclosing_statement(use)
+            raise Blocked(
+                held,
+                f"`{parser}` is used besides building it at module level and parsing it in "
+                f"the main block (line {rule.line(use)}: `{rule.src(held, 40)}`)",
+            )
+    last = main.body.body[-1]
+    if _names_used(cst.Module(body=[last])).get(parser, 0) != 1:
+        raise Blocked(last, f"`{parser}` is used besides being parsed in the main block")
+    return built
+
+
 def _check_batch_norm_mode(rule: TowerRule) -> None:
     mode = batch_norm_sync.mode(rule.context.options)
     if mode not in batch_norm_sync.MODES:
@@ -781,6 +833,7 @@ def _convert(
         raise Blocked(context.module, "the tower loop could not be found again after renaming")
     program, main, main_call, absl = _analyse(reader_rule, loops[0].replicator)
     parsed: GlobalFlags | None = absl if isinstance(absl, GlobalFlags) else None
+    module_parser: list[cst.BaseStatement] | None = None  # a parser built at module level
     absl = absl if isinstance(absl, AbslMain) else None
     unit = module.default_indent
     _number_after_variables(program, module, reader_rule)
@@ -835,7 +888,11 @@ if __name__ == "__main__":
         assert parser_name is not None
         parser_statements = list(main.body.body[:-1])
         if parser_name not in set().union(*(bound_names(s) for s in parser_statements)):
-            raise Blocked(main, f"`{parser_name}` is not built in the main block")
+            # Built at module level: those statements move into make_parser too.
+            module_parser = _module_level_parser(reader_rule, main, parser_name)
+            if module_parser is None:
+                raise Blocked(main, f"`{parser_name}` is not built in the main block")
+            parser_statements = [*module_parser, *parser_statements]
         parse_line = ""
         main_text = f"""
 
@@ -985,6 +1042,7 @@ def {function.name.value}({signature}):
             statement is helper
             or statement is parse_helper
             or (statement is main and program.parser is None)
+            or (module_parser is not None and any(statement is s for s in module_parser))
             or (absl is not None and statement is absl.alias)
         ):
             continue
@@ -1692,6 +1750,22 @@ def _manifest(
                 f"the update and train_step returns it as `{key}`"
             )
             continue
+        entries = sorted(  # `losses[0]`: one tower's entry of a per-tower list
+            {
+                (f.tensor, f.tower)
+                for f in program.fetches
+                if f.tower is not None and program.collected.get(f.tensor) == tensor
+            }
+        )
+        for listed, tower in entries:
+            which = "the last tower" if tower == -1 else f"tower {tower}"
+            notes.append(
+                f"TFM303: the loop fetched {which}'s `{tensor}` (`{listed}[{tower}]`); "
+                f"train_step returns it per replica as `{key}` and the loop logs replica "
+                f"{tower}'s" + (" (the last)" if tower == -1 else "")
+            )
+        if entries and not any(f.tensor == tensor for f in program.fetches):
+            continue
         if not any(f.tensor == tensor for f in program.fetches) and (
             program.run_fetches_list is None
         ):
@@ -1735,6 +1809,11 @@ def _manifest(
         manifest["announced"] = [
             *manifest.get("announced", []),  # type: ignore[list-item]
             {"match": ["*"], "code": "TFM303", "reason": batch_norm_sync.FORWARD},
+        ]
+    if keras is not None and DROPOUT_NOTE in keras.notes:  # equal runs need the dropout off
+        manifest["announced"] = [
+            *manifest.get("announced", []),  # type: ignore[list-item]
+            {"match": ["*"], "code": "TFM303", "reason": DROPOUT_NOTE},
         ]
     if keras is not None:
         mapping = {"global_step": "global_step"} if keras.global_step else {}

@@ -64,6 +64,7 @@ def model(inputs, training=False):
     net = tf.compat.v1.layers.dense(inputs, 5, use_bias=False, name='fc1')
     net = tf.compat.v1.layers.batch_normalization(net, momentum=0.5, training=training, name='bn1')
     net = tf.nn.tanh(net)
+    net = tf.compat.v1.nn.dropout(net, rate=0.0)
     return tf.compat.v1.layers.dense(net, NUM_CLASSES, name='logits')
 """
 SLIM_CNN = """
@@ -215,6 +216,43 @@ def test_each_legacy_default_spelled_out():
         'keras.layers.Conv2D(4, [3, 3], padding="same", activation="relu", name="conv1")'
     )
     assert slim_cnn.layers[2].constructor == "keras.layers.MaxPooling2D([2, 2], 2)"
+
+
+NN_DROPOUT = """
+import tensorflow as tf
+
+def classifier(x, keep_prob):
+    h = tf.contrib.layers.fully_connected(x, 64, scope='hidden')
+    h = tf.nn.dropout(h, keep_prob)
+    h = tf.nn.dropout(h, keep_prob=KEEP + 0.1, name='second')
+    h = tf.nn.dropout(x=h, rate=0.25)
+    return tf.contrib.layers.fully_connected(h, 5, activation_fn=None, scope='out')
+"""
+
+
+def test_tf1_nn_dropout_is_a_dropout_layer_active_in_every_mode():
+    model = _convert(NN_DROPOUT, "classifier")
+    dropouts = [layer.constructor for layer in model.layers if "Dropout" in layer.constructor]
+    # TF1's second argument is the keep probability; a compound one keeps its grouping.
+    assert dropouts == [
+        "keras.layers.Dropout(1 - keep_prob)",
+        'keras.layers.Dropout(1 - (KEEP + 0.1), name="second")',
+        "keras.layers.Dropout(0.25)",
+    ]
+    assert model.init_params == ["keep_prob"]  # a constructor argument, not a call() input
+    # tf.nn.dropout has no training flag: it dropped in evaluation too
+    assert "h = self.dropout(h, training=True)" in model.source
+    assert "h = self.second(h, training=True)" in model.source
+    assert model.training_param is None and emit.DROPOUT_NOTE in model.notes
+
+
+def test_tf2_nn_dropout_and_a_dropout_computed_by_a_call_are_refused():
+    v2 = NN_DROPOUT.replace("tf.nn.dropout(h, keep_prob)", "tf.compat.v2.nn.dropout(h, 0.5)")
+    with pytest.raises(emit.NotConvertible, match="its second argument is the rate"):
+        _convert(v2, "classifier")
+    called = NN_DROPOUT.replace("dropout(h, keep_prob)", "dropout(h, min(keep_prob, 1))")
+    with pytest.raises(emit.NotConvertible, match="computed by a call"):
+        _convert(called, "classifier")
 
 
 def test_slim_normalizers_arg_scopes_and_repeat_as_slim_applies_them():

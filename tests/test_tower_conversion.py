@@ -17,6 +17,7 @@ import pytest
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.registry import rule_by_code
 from tfmigrate.rules import _tower_program_example as example
+from tfmigrate.rules._keras_model_emit import DROPOUT_NOTE
 from tfmigrate.rules.tower_program import TowerProgramToMirroredStrategy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -40,10 +41,10 @@ VERIFY_ARGS = {
     "slim_towers": ["--num_clones", "2", "--batch_size", "16", "--dropout_keep_prob", "1"],
     "tutorial_flags": ["--batch_size", "4"],  # a flag the model module defines and reads
 }
-# verify options: a Keras conv + batch-norm model whose first kernel's gradient cancels out
-# (BN after it, Momentum 0.9): float-rounding differences of the fused TF1 kernel grow to 9e-6
-# by step 3, the legacy program nudged by one float step drifts 3e-4 -- measured, not guessed.
-VERIFY_OPTIONS = {"addn_towers": ["--noise-floor"]}
+# verify options by fixture. addn_towers needs no --noise-floor: its first conv kernel's gradient
+# cancels out through the batch norm, which once magnified the unfused batch norm's rounding to
+# 9e-6 by step 3; TF1BatchNorm runs TF1's fused kernel, so the weights match exactly.
+VERIFY_OPTIONS: dict[str, list[str]] = {}
 CONVERTED = tuple(SCRIPTS)
 # tower program -> the line the finding must name (what blocked the conversion).
 BLOCKED = {
@@ -211,6 +212,8 @@ def test_converted_fixture_verifies(cli, tmp_path, name):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EQUIVALENT" in result.stdout
     assert not re.findall(r"^(?:FAIL|DIVERGED|UNMATCHED)", result.stdout, re.M)
+    if name == "tutorial_flags":  # the tower's sum, named after the discarded loss() sum's
+        assert re.search(r"^PASS\W+total_loss_1 \(tower 1\)", result.stdout, re.M)
     if name == "cifar_towers":  # tower i took the i-th batch (verify fixed TF1's free order)
         assert re.search(r"^PASS\W+total_loss \(tower 1\)", result.stdout, re.M)
         assert "verify ran tower i's dequeue after tower i-1's" in result.stdout
@@ -254,6 +257,7 @@ def test_converted_fixture_verifies(cli, tmp_path, name):
         assert len(shadows) == 10 and set(shadows) <= {"PASS", "EXPECTED"}  # orderless EMA
         expected = re.findall(r"^EXPECTED\W+(net/\S+/moving_\w+)\s", result.stdout, re.M)
         assert len(expected) == 4  # every tower's statistics updates: announced, with size
+        assert re.search(r"^PASS\W+net/conv1/kernel\W", result.stdout, re.M)  # no noise floor
 
 
 def test_cifar_towers_dequeue_shape(cli, tmp_path):
@@ -706,6 +710,64 @@ def test_clipping_after_the_aggregation_is_refused_with_its_line():
     assert "`tf.clip_by_global_norm` clips the aggregated gradients" in finding.message
 
 
+def _one_tower_logged(fetches: str, scalar: str = "losses[0]") -> str:
+    """STACKED_MEAN logging one tower's entry of its per-tower `losses` list, in the fetches
+    and in a summary written through merge_all."""
+    return (
+        STACKED_MEAN.replace(
+            "    mean_loss = tf.reduce_mean(tf.stack(losses))\n",
+            f"    tf.summary.scalar('first_loss', {scalar})\n    merged = tf.summary.merge_all()\n",
+        )
+        .replace(
+            "        sess.run(tf.global_variables_initializer())\n",
+            "        sess.run(tf.global_variables_initializer())\n"
+            "        writer = tf.summary.FileWriter('logs', sess.graph)\n",
+        )
+        .replace(
+            "            _, l = sess.run([train_op, mean_loss], {x: xs, y: ys})\n",
+            f"            _, first, last, summary = sess.run({fetches}, {{x: xs, y: ys}})\n"
+            "            writer.add_summary(summary, step)\n",
+        )
+        .replace("print(step, l)", "print(step, first, last)")
+    )
+
+
+def test_one_towers_entry_of_a_per_tower_list_is_logged_from_its_replica():
+    legacy = _one_tower_logged("[train_op, losses[0], losses[-1], merged]")
+    assert legacy != STACKED_MEAN and "mean_loss" not in legacy
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(legacy, "train.py", settings)
+    code = result.new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    key = "outputs['sparse_softmax_cross_entropy_loss/value']"
+    assert f"first = {key}[0]\n" in code and f"last = {key}[-1]\n" in code
+    assert f"summary = {{'first_loss': {key}[0]}}" in code
+    notes = result.manifest["notes"]
+    assert "TFM303: the loop fetched tower 0's `loss` (`losses[0]`); train_step returns it " in (
+        "\n".join(notes)
+    )
+    assert any("the last tower's `loss` (`losses[-1]`)" in n and "(the last)" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("fetches", "scalar", "message"),
+    [
+        ("[train_op, losses[step % 2], losses[-1], merged]", "losses[0]", "`losses[step % 2]`"),
+        ("[train_op, losses[0], losses[-1], merged]", "losses[args.gpus - 1]", "`losses[args"),
+        (
+            "[train_op, losses[0], grads_per_tower[0], merged]",
+            "losses[0]",
+            "`grads_per_tower` is not a list the towers append their tensors to",
+        ),
+    ],
+)
+def test_a_per_tower_entry_not_named_by_a_literal_is_refused(fetches, scalar, message):
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(_one_tower_logged(fetches, scalar), "train.py", settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None and message in finding.message
+
+
 # Written differently again (verify: EQUIVALENT, every value bit-identical over 6 steps with
 # `--keep 1.0`): contrib layers, a keep_prob placeholder_with_default fed a flag, the batch size
 # computed after the Session opens, `tf.reduce_mean(tower_losses)` logged.
@@ -714,8 +776,16 @@ FED_DEFAULT = "\"\"\"Two-layer classifier trained on synthetic data over several
 
 def test_fed_default_session_values_and_a_mean_of_the_list_convert():
     settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
-    code = process_source(FED_DEFAULT, "train.py", settings).new_code
+    result = process_source(FED_DEFAULT, "train.py", settings)
+    code = result.new_code
     assert code is not None and not TF1_ONLY.findall(code)
+    # tf.nn.dropout(h, keep_prob): a Keras Dropout built with the fed value, always active;
+    # its random masks are announced, so verify compares the runs only with the dropout off.
+    assert "self.dropout = keras.layers.Dropout(1 - keep_prob)" in code
+    assert "h = self.dropout(h, training=True)" in code and "TF1Variables" not in code
+    assert 'classifier = Classifier(keep_prob, name="classifier")' in code
+    announced = {"match": ["*"], "code": "TFM303", "reason": DROPOUT_NOTE}
+    assert announced in result.manifest["announced"]
     # the flag fed at every step is what the graph reads; the feed dict is gone from the loop
     assert "keep_prob = args.keep\n" in code and "feed = " not in code
     # plain values made after the Session opens: in the feeding generator and in the loop
@@ -724,6 +794,22 @@ def test_fed_default_session_values_and_a_mean_of_the_list_convert():
     assert (
         "outputs['Mean_4'] = strategy.reduce(tf.distribute.ReduceOp.MEAN, outputs['Mean']" in code
     )
+
+
+def test_aggregation_inside_apply_gradients_and_an_operator_named_loss_convert():
+    # `opt.apply_gradients(average_gradients(tower_grads))` in one statement; the logged tower
+    # loss is `... / n`, the op TF1 named `truediv` (verify: EQUIVALENT, the loss compared).
+    source = FED_DEFAULT.replace(
+        "grads = average_gradients(tower_grads)\n        train_op = opt.apply_gradients(grads,",
+        "train_op = opt.apply_gradients(average_gradients(tower_grads),",
+    ).replace("labels=ys[i], logits=logits))", "labels=ys[i], logits=logits)) / args.num_gpus")
+    assert "= average_gradients(" not in source and "/ args.num_gpus" in source
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(source, "train.py", settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    assert "opt.apply_gradients(tower_grads_aggregated, global_step=global_step)" in code
+    assert "def average_gradients" not in code
+    assert "{'truediv': loss}" in code
 
 
 def test_a_default_fed_a_changing_value_is_refused():
@@ -821,13 +907,52 @@ def test_tutorial_flags_shape(cli, tmp_path):
     assert "_variable_on_cpu" not in model and "_variable_with_weight_decay" not in model
     assert "reshape = tf.reshape(pool1, [FLAGS.batch_size, -1])" in model
     assert "def loss(logits, labels):" in model  # still the script's
+    # loss() added its cross entropy to 'losses' and returned the unscoped collection's sum,
+    # which the towers discarded: it returns what it added; the tower sums its scope's order.
+    assert "get_collection" not in model and "add_to_collection" not in model
+    assert "  return cross_entropy_mean\n" in model
+    assert "_ = model.loss" not in code and "collection('losses'" not in code
     assert 'inference = model.Inference(name="inference")' in code
     assert "def tower_loss(inference, scope, images, labels):" in code
     assert "losses = [*inference.losses, model.loss(logits, labels)]" in code
+    notes = files["multi_gpu_train.py"]["notes"]
+    assert any("`model.loss` added its value to the `losses` collection" in n for n in notes)
     # The model builds from each replica's own static batch (the reshape reads it).
     assert "spec.shape[0] // strategy.num_replicas_in_sync if spec.shape[0] else None" in code
     assert [a["code"] for a in files["model.py"]["applied"]] == ["TFM303"]
     assert files["multi_gpu_train.py"]["variables"]["local2/weights"] == "inference/local2/weights"
+
+
+def test_tutorial_loss_used_or_fp16_variables_are_refused_with_their_reason(tmp_path):
+    """The tutorial's `loss()` sums the unscoped 'losses' collection: its value is only
+    dropped where the towers discarded it. Its `use_fp16` dtype switch has no Keras mapping
+    checked: the model stays on tf.compat.v1, saying why and where."""
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+
+    def notes(train_edit: tuple[str, str], model_edit: tuple[str, str], name: str) -> str:
+        repo = tmp_path / name
+        shutil.copytree(_folder("tutorial_flags"), repo)
+        model = (repo / "model.py").read_text()
+        (repo / "model.py").write_text(model.replace(*model_edit))
+        train = (repo / "multi_gpu_train.py").read_text().replace(*train_edit)
+        result = process_source(train, str(repo / "multi_gpu_train.py"), settings)
+        assert result.new_code is not None and "TF1Variables" in result.new_code
+        return "\n".join(result.manifest["notes"])
+
+    used = ("  _ = model.loss(logits, labels)\n", "  print(model.loss(logits, labels))\n")
+    assert (
+        "not converted to Keras layers: the towers use the value of `model.loss`, the sum of "
+        "the unscoped `losses` collection (in tower i>0 every tower's losses so far)"
+    ) in notes(used, ("", ""), "used")
+    fp16 = (
+        "    var = tf.get_variable(name, shape, initializer=initializer, dtype=tf.float32)\n",
+        "    dtype = tf.float16 if FLAGS.use_fp16 else tf.float32\n"
+        "    var = tf.get_variable(name, shape, initializer=initializer, dtype=dtype)\n",
+    )
+    assert (
+        "a variable dtype chosen at run time (a float16 switch): only float32 variables convert "
+        "to Keras weights (model.py, line 45)"
+    ) in notes(("", ""), fp16, "fp16")
 
 
 def test_tutorial_launcher_doing_more_is_refused_with_its_line():
@@ -836,7 +961,7 @@ def test_tutorial_launcher_doing_more_is_refused_with_its_line():
     settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
     result = process_source(busy, "multi_gpu_train.py", settings)
     [finding] = [f for f in result.findings if f.code == "TFM303"]
-    assert result.new_code is None and finding.line == 122
+    assert result.new_code is None and finding.line == 124
     assert "`tf.app.run` does not run the training function `train`" in finding.message
     assert "nor a `main(argv)` that only calls `train()`" in finding.message
 
@@ -902,3 +1027,50 @@ def test_module_level_argparse_flags_are_parsed_in_the_main_block(cli, tmp_path)
     [finding] = [f for f in refused.findings if f.code == "TFM303"]
     assert refused.new_code is None
     assert "`parser` is used besides building and parsing" in finding.message
+
+
+def _module_level_parser(source: str) -> str:
+    """layers_adam with its parser built at module level, after the imports, and parsed in the
+    main block: `main(parser.parse_args())` (verify: EQUIVALENT, like the fixture)."""
+    main = source.index("if __name__ == '__main__':\n")
+    block = source[main:].splitlines()[1:-1]  # the parser's statements, without the call
+    parser = "".join(f"{line.strip()}\n" for line in block)
+    source = source[:main] + "if __name__ == '__main__':\n    main(parser.parse_args())\n"
+    first = source.index("\n\n\ndef ")
+    return source[:first] + "\n\n" + parser + source[first:]
+
+
+def test_module_level_parser_parsed_in_the_main_block_converts():
+    path = _folder("layers_adam") / "train.py"
+    legacy = _module_level_parser(path.read_text())
+    assert "\nparser = argparse.ArgumentParser()\n" in legacy
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(legacy, str(path), settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    assert "\nparser" not in code  # no module-level parser left: built in make_parser
+    assert (
+        "def make_parser():\n    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--num_gpus', type=int, default=2)\n"
+        "    parser.add_argument('--batch_per_gpu', type=int, default=16)\n"
+        "    parser.add_argument('--steps', type=int, default=100)\n"
+        "    parser.add_argument('--lr', type=float, default=1e-3)\n"
+    ) in code
+    assert code.endswith('\n\nif __name__ == "__main__":\n    main(make_parser().parse_args())\n')
+    assert process_source(code, str(path), settings).new_code is None  # nothing left to do
+    # The parser used for anything else, at module level or in the main block: refused, the
+    # message naming the line of that use (the finding itself sits on the tower loop).
+    after = "parser.add_argument('--lr', type=float, default=1e-3)\n"
+    for used, text in (
+        (legacy.replace(after, after + "parser.set_defaults(steps=3)\n"), "parser.set_defaults"),
+        (legacy.replace(after, after + "\n\ndef usage():\n    parser.print_help()\n"), "parser.p"),
+        (
+            legacy.replace("    main(parser", "    parser.print_help()\n    main(parser"),
+            "parser.print_help",
+        ),
+    ):
+        refused = process_source(used, str(path), settings)
+        [finding] = [f for f in refused.findings if f.code == "TFM303"]
+        assert refused.new_code is None
+        assert "`parser` is used besides building it at module level" in finding.message
+        line = next(i for i, s in enumerate(used.splitlines(), 1) if text in s)
+        assert f"(line {line}: `{text}" in finding.message

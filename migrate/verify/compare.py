@@ -6,6 +6,7 @@ read *after* it; the first divergence is the earliest (step, phase) that breaks 
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ PASS, FAIL, EXPECTED, UNMATCHED = "pass", "fail", "expected", "unmatched"
 NOISE = "within-noise"
 NOISE_FACTOR = 3.0  # measured: rewritten Keras 2 UNet vs legacy 0.5-1.0x the nudged drift
 FETCH_PHASE, VARIABLE_PHASE, FINAL_PHASE = 0, 1, 2
+_UNIQUIFIED = re.compile(r"_\d+$")  # TF1's suffix for a name already taken in its scope
 
 
 @dataclass
@@ -281,10 +283,19 @@ def _counterpart(
     # The legacy name carries every scope open where the op was made (`net/xent_loss/value` under
     # a variable_scope); the migrated key names the value without them: try each tail of the
     # path, longest first.
-    parts = f.base.split("/")
-    for base in ("/".join(parts[i:]) for i in range(len(parts))):
-        if (base, f.tower) in by_key:
-            return by_key[(base, f.tower)]
+    names = [f.base]
+    if f.tower is not None:
+        # Towers told apart by device only (no name scope) share one name scope, so TF1 made
+        # their ops and re-entered scopes unique with a suffix (tower 1's `Mean` is `Mean_1`, its
+        # `net/xent` is `net_1/xent`); the migrated key is the op's own name, per replica. In a
+        # tower's own scope an op made earlier can take the name too (the CIFAR-10 tutorial's
+        # discarded `loss()` sum is `tower_0/total_loss`, the tower's is `tower_0/total_loss_1`).
+        names.append("/".join(_UNIQUIFIED.sub("", part) for part in f.base.split("/")))
+    for name in names:
+        parts = name.split("/")
+        for base in ("/".join(parts[i:]) for i in range(len(parts))):
+            if (base, f.tower) in by_key:
+                return by_key[(base, f.tower)]
     return None
 
 

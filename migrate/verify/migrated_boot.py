@@ -102,6 +102,10 @@ class MigratedRunner:
         self.train_step = program[protocol.KEY_TRAIN_STEP]
         self.batches = program[protocol.KEY_BATCHES]
         self.one_step = program.get(protocol.KEY_ONE_STEP)
+        # the program's own loop may run fewer steps per call than verify would (Keras' fit)
+        self.steps_per_call = int(
+            program.get(protocol.KEY_STEPS_PER_CALL) or protocol.STEPS_PER_CALL
+        )
         self.record = RunRecord(side="migrated", devices=strategy.num_replicas_in_sync)
         self.trace: dict[str, list[np.ndarray]] = {}
 
@@ -190,7 +194,7 @@ class MigratedRunner:
         train_steps = self.watched_steps(watch)
         size = sum(int(np.prod(v.shape)) for v in watch)
         per_call = max(
-            1, min(protocol.STEPS_PER_CALL, protocol.WATCHED_VALUES_PER_CALL // max(size, 1))
+            1, min(self.steps_per_call, protocol.WATCHED_VALUES_PER_CALL // max(size, 1))
         )
         count = 2
         while len(self.record.steps) < steps:

@@ -35,6 +35,14 @@ Optional key for speed, used by verify when present::
   batch) inside the call too, after that step. Without it verify calls ``train_step`` once per
   batch.
 
+With it, optionally::
+
+    "steps_per_call": 1                         # steps per call of the program's own loop
+
+- ``steps_per_call``: how many steps the program's own loop runs per call (without it verify
+  runs ``STEPS_PER_CALL``): ``model.fit`` runs ``steps_per_execution``. verify's loop then runs
+  as many per call, so that it pays (and times) what the program pays per step.
+
 Optional key for a step compiled with XLA::
 
     "jit_compile":    True                        # some of the step runs under jit_compile=True
@@ -61,6 +69,7 @@ KEY_BATCHES = "batches"
 REQUIRED_KEYS = (KEY_VARIABLES, KEY_TRAIN_STEP, KEY_BATCHES)
 KEY_ONE_STEP = "one_step"
 KEY_JIT_COMPILE = "jit_compile"
+KEY_STEPS_PER_CALL = "steps_per_call"
 STEPS_PER_CALL = 20  # steps per call of one_step's loop, after a first call of one step (tracing)
 WATCHED_VALUES_PER_CALL = 4_000_000  # fewer steps per call when the traced variables are large
 ROUNDTRIP_KEYS = ("save", "restore", "predict", "predict_inputs")

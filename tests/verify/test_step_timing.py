@@ -58,3 +58,67 @@ def test_a_step_is_timed_from_taking_its_batch_until_its_fetches_are_on_the_host
         assert [f.name for f in step.fetches] == ["loss[0]", "loss[1]"]
         assert step.samples == 4  # the batch is still fingerprinted, after the timed part
     assert runner.record.steps[1].inputs != runner.record.steps[0].inputs
+
+
+class CountingSteps:
+    """Stands in for verify's traced loop: records how many steps each call was asked for."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def __call__(self, iterator, count: int) -> list[dict]:
+        self.counts.append(count)
+        steps = []
+        for _ in range(count):
+            batch = next(iterator, None)
+            if batch is None:
+                break
+            steps.append(
+                {
+                    "outputs": {"loss": [np.float32(1.0)]},
+                    "per_replica": [],
+                    "watched": [],
+                    "inputs": [list(batch[0].parts)],
+                }
+            )
+        return steps
+
+
+def run_one_step_program(tmp_path: Path, extra: dict) -> list[int]:
+    loop = CountingSteps()
+
+    class Runner(MigratedRunner):
+        def watched_steps(self, watch):
+            return loop
+
+    def one_step(batch):
+        raise AssertionError("verify's loop runs one_step, not this test")
+
+    program = {
+        "variables": {},
+        "train_step": train_step,
+        "batches": Batches(7),
+        "one_step": one_step,
+    }
+    runner = Runner(FAKE_TF, FAKE_STRATEGY, {**program, **extra}, tmp_path)
+    runner.run(7, [])
+    assert [s.step for s in runner.record.steps] == list(range(1, 8))
+    return loop.counts
+
+
+class Batches:
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def __iter__(self):
+        for step in range(self.steps):
+            x = np.full((4, 3), step, dtype=np.float32)
+            yield (FakeDistributed([x[:2], x[2:]]),)
+
+
+def test_verify_runs_as_many_steps_per_call_as_the_programs_own_loop(tmp_path: Path):
+    # by default several steps to a call (after a first call of two: both call sites trace)
+    assert run_one_step_program(tmp_path, {}) == [2, 5]
+    # a program whose loop runs one step per call (fit without steps_per_execution) says so
+    assert run_one_step_program(tmp_path, {"steps_per_call": 1}) == [2, 1, 1, 1, 1, 1]
+    assert run_one_step_program(tmp_path, {"steps_per_call": 3}) == [2, 3, 2]

@@ -248,6 +248,21 @@ def test_fetch_under_enclosing_scopes_matches_the_key_that_names_it_without_them
     assert row.status == cmp.PASS and row.migrated == "sparse_softmax_cross_entropy_loss/value"
 
 
+def test_fetch_of_a_tower_without_name_scope_matches_its_ops_own_name():
+    """Towers apart by device only: TF1 named tower 1's loss `Mean_1` (its re-entered variable
+    scope `net_1`); the migrated key is `Mean` (`net/xent/value`) for every replica."""
+    for legacy_name, key in (("Mean_1", "Mean"), ("net_1/xent/value", "xent/value")):
+        legacy, migrated = _side("legacy", [2.0, 1.0]), _side("migrated", [2.0, 1.0])
+        for step in legacy.record.steps:
+            step.fetches[0].name = step.fetches[0].base = legacy_name
+        for step in migrated.record.steps:
+            step.fetches[0].base = key
+            step.fetches.append(Fetch(name=f"{key}[0]", base=key, tower=0, value=9.0))
+        result = cmp.compare(legacy, migrated, _manifest(), cmp.Tolerances())
+        [row] = [r for r in result.rows if r.phase == cmp.FETCH_PHASE]
+        assert row.status == cmp.PASS and row.migrated == "loss[1]", (legacy_name, row)
+
+
 def test_cli_import_does_not_import_tensorflow():
     code = (
         "import sys, tfmigrate.cli, tfmigrate.verify.command, tfmigrate.verify.verifier, "
