@@ -21,14 +21,13 @@ from conftest import FIXTURES, run_cli
 
 from tfmigrate.checkpoint.plan import Spec, plan_conversion
 
-# TFM303 converts these (slim_clones has no hand-migrated version). One program per kind of
-# migrated model: a get_variable model owned by Keras (cifar_average; queue_saver is the same
-# kind), tf.layers + batch norm (bn_rmsprop; global_updates too), EMA shadows and a global step.
+# TFM303 converts these. One program per kind of migrated model: a get_variable model owned by
+# Keras (cifar_average; queue_saver is the same kind), tf.layers + batch norm (bn_rmsprop;
+# global_updates and slim_clones' layers too), EMA shadows and a global step (sum_ema_decay).
 TOWERS = (
     "cifar_average",
     "bn_rmsprop",
     "sum_ema_decay",
-    "slim_clones",
 )
 HAND_MIGRATED = ("cifar_average", "keras2_fit")  # fixtures/migrated/: a Sequential and a fit program
 LEGACY_STEPS = 3

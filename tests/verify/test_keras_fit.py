@@ -139,6 +139,7 @@ def test_rewritten_keras2_fit_is_verified_through_a_by_name_mapping(tmp_path, le
     comp = outcome.comparison
     assert comp.verdict == cmp.EQUIVALENT, comp.reason
     assert all(r.status == cmp.PASS for r in comp.rows if r.category == "weight")
+    assert any(r.phase == cmp.FETCH_PHASE and r.status == cmp.PASS for r in comp.rows)
 
 
 # A Keras 2 script that trains from a generator (`fit_generator`) or a `Sequence` on 2 GPUs.

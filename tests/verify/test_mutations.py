@@ -12,9 +12,6 @@ MUTATIONS = [
     # (id, fixture, correct code, planted bug, first diverging step, quantity contains)
     ("loss-not-scaled-by-replicas", "cifar_average",
      "scaled_loss = total_loss / strategy.num_replicas_in_sync", "scaled_loss = total_loss", 1, ""),
-    ("loss-scaled-twice", "cifar_average",
-     "scaled_loss = total_loss / strategy.num_replicas_in_sync",
-     "scaled_loss = total_loss / strategy.num_replicas_in_sync / strategy.num_replicas_in_sync", 1, ""),
     ("regularization-loss-dropped", "cifar_average",
      "total_loss = cross_entropy + tf.add_n(model.losses)", "total_loss = cross_entropy", 1, "total_loss"),
     ("bn-momentum-as-1-minus-decay", "bn_rmsprop",
