@@ -482,20 +482,23 @@ class _Reader:
         # tf_slim: rate = 1 - keep_prob (default 0.5), is_training=True by default.
         keep = self._config(a["keep_prob"]) if "keep_prob" in a else "0.5"
         training = self._training(call, a.get("is_training"), True)
+        return self._dropout_layer(name, f"1 - {keep}", a), a["inputs"], training
+
+    def _dropout_layer(self, name: str | None, rate: str, args: dict) -> Layer:  # type: ignore[type-arg]
+        """A Keras Dropout of ``rate``, called in training mode (announced: it is random)."""
         pairs = [
-            ("", f"1 - {keep}"),
-            ("seed", self._config(a["seed"]) if "seed" in a else None),
+            ("", rate),
+            ("seed", self._config(args["seed"]) if "seed" in args else None),
             ("name", f'"{name}"' if name else None),
         ]
         self.notes.append(DROPOUT_NOTE)
-        layer = Layer(
+        return Layer(
             self._attribute(name, "dropout"),
             f"keras.layers.Dropout({self._kwargs(pairs)})",
             {},
             name,
             training=True,
         )
-        return layer, a["inputs"], training
 
     def _nn_dropout(self, call: cst.Call):  # type: ignore[no-untyped-def]
         """TF1's ``tf.nn.dropout(x, keep_prob)`` (or ``rate=``): always active, whatever the
@@ -515,19 +518,7 @@ class _Reader:
             keep = self._config(a["keep_prob"])
             simple = isinstance(a["keep_prob"], cst.Name | cst.Float | cst.Integer | cst.Attribute)
             rate = f"1 - {keep}" if simple else f"1 - ({keep})"
-        pairs = [
-            ("", rate),
-            ("seed", self._config(a["seed"]) if "seed" in a else None),
-            ("name", f'"{name}"' if name else None),
-        ]
-        self.notes.append(DROPOUT_NOTE)
-        layer = Layer(
-            self._attribute(name, "dropout"),
-            f"keras.layers.Dropout({self._kwargs(pairs)})",
-            {},
-            name,
-            training=True,
-        )
+        layer = self._dropout_layer(name, rate, a)
         return layer, a["inputs"], "True"
 
     def _normalizer(self, call: cst.Call, a: dict, name: str) -> Stages | None:

@@ -356,19 +356,22 @@ class AbslMain:
         return self.launcher.name.value if self.launcher is not None else None
 
 
+def _name_main(module: cst.Module) -> cst.If | None:
+    """The module's ``if __name__ == '__main__':`` block."""
+    for statement in module.body:
+        if (
+            isinstance(statement, cst.If)
+            and isinstance(statement.test, cst.Comparison)
+            and isinstance(statement.test.left, cst.Name)
+            and statement.test.left.value == "__name__"
+        ):
+            return statement
+    return None
+
+
 def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
     module = rule.context.module
-    main = next(
-        (
-            s
-            for s in module.body
-            if isinstance(s, cst.If)
-            and isinstance(s.test, cst.Comparison)
-            and isinstance(s.test.left, cst.Name)
-            and s.test.left.value == "__name__"
-        ),
-        None,
-    )
+    main = _name_main(module)
     body = main.body.body if main is not None else []
     small = (
         body[0].body[0] if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else None
@@ -496,17 +499,7 @@ _PARSES = ("parse_args", "parse_known_args")
 
 def _global_flags(rule: TowerRule, function: cst.FunctionDef) -> GlobalFlags | None:
     module = rule.context.module
-    main = next(
-        (
-            s
-            for s in module.body
-            if isinstance(s, cst.If)
-            and isinstance(s.test, cst.Comparison)
-            and isinstance(s.test.left, cst.Name)
-            and s.test.left.value == "__name__"
-        ),
-        None,
-    )
+    main = _name_main(module)
     if main is None or function.params.params or main.orelse is not None:
         return None
     for at_module_level, statements in ((True, list(module.body)), (False, list(main.body.body))):
@@ -739,48 +732,43 @@ def _main_block(
     """``if __name__ == '__main__':`` building an argparse parser and calling
     ``train(parser.parse_args())`` last -- or, when the training function parses its own flags,
     calling ``main()`` (that block is kept as it is)."""
-    for statement in module.body:
+    statement = _name_main(module)
+    if statement is not None:
+        body = statement.body.body
+        last = body[-1] if body else None
+        small = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
+        call = small.value if isinstance(small, cst.Expr) else None
         if (
-            isinstance(statement, cst.If)
-            and isinstance(statement.test, cst.Comparison)
-            and isinstance(statement.test.left, cst.Name)
-            and statement.test.left.value == "__name__"
+            own_parser
+            and isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value == function.name.value
+            and not call.args
         ):
-            body = statement.body.body
-            last = body[-1] if body else None
-            small = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
-            call = small.value if isinstance(small, cst.Expr) else None
-            if (
-                own_parser
-                and isinstance(call, cst.Call)
-                and isinstance(call.func, cst.Name)
-                and call.func.value == function.name.value
-                and not call.args
-            ):
-                return statement, call
-            if (
-                not own_parser
-                and isinstance(call, cst.Call)
-                and isinstance(call.func, cst.Name)
-                and call.func.value == function.name.value
-                and len(call.args) == 1
-                and len(function.params.params) == 1
-                and _parse_call(call.args[0].value) is not None
-                and statement.orelse is None
-            ):
-                return statement, call
-            call_text = "()" if own_parser else "(parser.parse_args())"
-            parsed = _module_level_parse(module)
-            raise Blocked(
-                statement,
-                f"the main block does not end with `{function.name.value}{call_text}`"
-                + (
-                    f" (the flags are parsed at module level, `{parsed}`: build the parser and "
-                    f"pass `parser.parse_args()` to `{function.name.value}` in the main block)"
-                    if parsed and not own_parser
-                    else ""
-                ),
-            )
+            return statement, call
+        if (
+            not own_parser
+            and isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value == function.name.value
+            and len(call.args) == 1
+            and len(function.params.params) == 1
+            and _parse_call(call.args[0].value) is not None
+            and statement.orelse is None
+        ):
+            return statement, call
+        call_text = "()" if own_parser else "(parser.parse_args())"
+        parsed = _module_level_parse(module)
+        raise Blocked(
+            statement,
+            f"the main block does not end with `{function.name.value}{call_text}`"
+            + (
+                f" (the flags are parsed at module level, `{parsed}`: build the parser and "
+                f"pass `parser.parse_args()` to `{function.name.value}` in the main block)"
+                if parsed and not own_parser
+                else ""
+            ),
+        )
     raise Blocked(function, "no `if __name__ == '__main__':` block calling the training function")
 
 
