@@ -1871,24 +1871,9 @@ def _plain_value(statement: cst.BaseStatement) -> bool:
         and all(isinstance(t.target, cst.Name) for t in assign.targets)
     ):
         return False
-    plain = True
-
-    class _Check(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> bool:
-            nonlocal plain
-            if dotted(node.func) not in _PLAIN_CALLS:
-                plain = False
-            return True
-
-        def visit_Subscript(self, node: cst.Subscript) -> bool:
-            nonlocal plain
-            plain = False  # an index into something the session made (fetched values)
+    for node in walk(assign.value):
+        if isinstance(node, cst.Subscript | cst.Lambda):
+            return False  # an index into something the session made (fetched values)
+        if isinstance(node, cst.Call) and dotted(node.func) not in _PLAIN_CALLS:
             return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            nonlocal plain
-            plain = False
-            return False
-
-    assign.value.visit(_Check())
-    return plain
+    return True

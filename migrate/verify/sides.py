@@ -52,9 +52,8 @@ class RunPlan:
     timeout: float = 600.0
     mapping: dict[str, str] | None = None
     script_args: tuple[str, ...] = ()
-    legacy_done: Path | None = (
-        None  # a reusable earlier legacy run (its out folder): run only migrated
-    )
+    # a reusable earlier legacy run (its out folder): run only migrated
+    legacy_done: Path | None = None
     roundtrip: bool = False
     workers: int = 0  # >0: the migrated side runs as this many MultiWorkerMirroredStrategy workers
     # boot flags of one side only (convert-checkpoint's check: start both from checkpoints)
@@ -78,9 +77,8 @@ def _env(
     env.update(extra)
     env["PYTHONHASHSEED"] = str(seed)
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = (
-        "1"  # importing the user's modules must not write __pycache__ there
-    )
+    # importing the user's modules must not write __pycache__ there
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = "-1"
     return env
