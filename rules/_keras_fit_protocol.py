@@ -9,7 +9,10 @@ global batch. The script's own code stays the one description of the program; no
 generator) or a `keras.utils.PyDataset`/`Sequence` (read as Keras 3's fit reads it, including
 the `on_epoch_end` it calls before the first step); the batches are replayed in order, and
 `LearningRateScheduler` callbacks given to `fit` set the rate at each epoch's first batch, as in
-`fit`.
+`fit`. A model compiled for several steps per call (`steps_per_execution`) has `fit`'s own
+function for them run once on one batch (every variable restored after it): verify steps the
+model in a loop of its own, and that function is another graph, which can fail where verify's
+loop does not (Keras 3.15 on several replicas).
 Module-level training code goes under `if __name__ == "__main__":` first, so that importing the
 script (as verify does) does not train.
 """
@@ -118,6 +121,24 @@ def {ENTRY_POINT}(strategy, argv):
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     model.make_train_function()
+    if model.steps_per_execution > 1:
+        # verify steps the model in a loop of its own, so fit's function for several steps per
+        # call (another graph, which Keras 3.15 cannot run on several replicas) runs once here,
+        # on one batch; every variable it moved is put back
+        state = [(v, v.numpy()) for v in [*model.variables, *model.optimizer.variables]]
+        one = strategy.experimental_distribute_dataset(probe if probe is not None else dataset.take(1))
+        try:
+            model.train_function(iter(one))  # tfmigrate: ignore[TFM205] (made above)
+        except Exception as error:
+            raise RuntimeError(
+                f"the program's fit cannot run steps_per_execution={{model.steps_per_execution}} "
+                f"steps per call on {{strategy.num_replicas_in_sync}} replicas "
+                f"({{type(error).__name__}}, above)"
+            ) from error
+        finally:
+            for variable, value in state:
+                variable.assign(value)
+            model.reset_metrics()
     # fit's learning-rate schedule callbacks set the rate at the start of each epoch
     schedules = [c for c in found["callbacks"] if isinstance(c, keras.callbacks.LearningRateScheduler)]
     for callback in schedules:

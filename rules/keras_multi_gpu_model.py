@@ -339,6 +339,22 @@ class KerasMultiGpuModel(Rule):
     moving statistics; everything, for a loss left per replica). Not fixed (reported only): a
     wrapper assigned in several places, in a loop or another kind of branch, a template not
     built in the same block, or no `compile` after the wrapper.
+
+    The converted `compile` keeps Keras' one training step per `tf.function` call. Several
+    steps per call (`steps_per_execution=32`) would make a small model's `fit` faster (verify's
+    own loop, which runs the steps without `fit`'s function, trained the keras2_fit tower
+    fixture at 291 steps/s with 32 steps per call against 98 with one), but with Keras 3.15
+    and TensorFlow 2.21 `fit` with `steps_per_execution` above 1 fails at its first
+    step under a `MirroredStrategy` of two replicas (`InvalidArgumentError: You must feed a
+    value for placeholder tensor`; one replica works; measured on 2 logical CPUs,
+    tests/test_steps_per_execution_evidence.py). Where it works it would still change training
+    unless the program's `fit` calls allow it: a `steps_per_epoch` that is not a multiple of N
+    runs whole executions past it (6 steps an epoch became 8 with N=4), and per-batch callbacks
+    (`TerminateOnNaN`, an integer `save_freq` or `update_freq`, a custom `Callback`) run once
+    per N steps. verify trains a `fit` program in a loop of its own, as many steps to a call as
+    the model's `steps_per_execution`; its entry point first runs `fit`'s own function once
+    (then restores every variable), so a `steps_per_execution` that `fit` cannot run is
+    reported as could not run, not verified.
     """
 
     code = "TFM107"

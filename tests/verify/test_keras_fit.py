@@ -4,6 +4,7 @@ planted optimizer/loss bugs in test_mutations.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -129,6 +130,10 @@ def test_rewritten_keras2_fit_is_verified_through_a_by_name_mapping(tmp_path, le
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
+    program = (out / "train.py").read_text("utf-8")
+    # fit keeps one step per call: with more, it fails on 2 replicas (TFM107's Fix safety)
+    assert "metrics=['accuracy'])\n" in program
+    assert "steps_per_execution=" not in program.split("def tfmigrate_program")[0]
     outcome = verify(legacy, out / "train.py", cache=legacy_cache)
     assert outcome.manifest is not None and outcome.manifest.variables != SAME_NAMES
     assert sorted(outcome.manifest.variables) == sorted(
@@ -140,6 +145,12 @@ def test_rewritten_keras2_fit_is_verified_through_a_by_name_mapping(tmp_path, le
     assert comp.verdict == cmp.EQUIVALENT, comp.reason
     assert all(r.status == cmp.PASS for r in comp.rows if r.category == "weight")
     assert any(r.phase == cmp.FETCH_PHASE and r.status == cmp.PASS for r in comp.rows)
+    # verify runs (and times) the steps as the program's fit does: the model's
+    # steps_per_execution (1) to a call, after a first call of two; the steps of one call share
+    # its time. Verify's own default (protocol.STEPS_PER_CALL) would give [2, 6].
+    assert outcome.migrated is not None
+    seconds = [step.seconds for step in outcome.migrated.record.steps]
+    assert [len(list(run)) for _, run in itertools.groupby(seconds)] == [2, 1, 1, 1, 1, 1, 1]
 
 
 # A Keras 2 script that trains from a generator (`fit_generator`) or a `Sequence` on 2 GPUs.
