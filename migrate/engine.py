@@ -62,10 +62,11 @@ def mentions_tensorflow(data: bytes | str) -> bool:
 def triggered_rules(source: bytes | str, rules: tuple[type[Rule], ...]) -> tuple[type[Rule], ...]:
     """The rules whose triggers could occur in ``source`` (a cheap test on its bytes)."""
     raw = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
+    found: dict[object, bool] = {}  # needle -> in raw, shared by the rules' triggers
     return tuple(
         rule
         for rule in rules
-        if rule.triggers is None or any(prefilter.raw_matches(t, raw) for t in rule.triggers)
+        if rule.triggers is None or prefilter.raw_possible(rule.triggers, raw, found)
     )
 
 
@@ -107,6 +108,7 @@ def process_source(
             return SourceResult(bindings=dict(facts.bindings))
         first_pass = replace(settings, rules=possible)
         resolver = _resolver_from(facts)
+        facts.release()  # its ast nodes: not needed while libcst holds its own tree
     try:
         module = tree.parse_module(source)
     except cst.ParserSyntaxError as exc:
@@ -146,6 +148,7 @@ def process_source(
                     rules=prefilter.possible_rules(pass_facts, settings.rules, PurePosixPath(path)),
                 )
                 pass_resolver = _resolver_from(pass_facts)
+                pass_facts.release()
             suppressible = _may_suppress(new_code)
         pass_findings, pending, _ = _run_rules(
             new_module, path, pass_settings, inherited, pass_resolver, suppressible

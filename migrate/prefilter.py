@@ -19,7 +19,7 @@ import ast
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
 
@@ -34,8 +34,12 @@ _BODY_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")  # source or
 # (``for g, _ in tower: total += g``): summing by hand, which a rule may look for.
 LOOP_SUM = "+="
 
-# A rule's trigger: a word, a qualified name, a name prefix, a quoted string, a pattern searched
-# in the words, or a tuple of triggers that must all match (see ``CodeFacts.matches``).
+# ``trainable=False``: a keyword argument, or a dict literal's string key, given that literal.
+_KEYWORD_VALUE = re.compile(r"\w+=(?:True|False)")
+
+# A rule's trigger: a word, a qualified name, a name prefix, a quoted string, a keyword given a
+# literal, a pattern searched in the words, or a tuple of triggers that must all match (see
+# ``CodeFacts.matches``).
 Trigger = str | re.Pattern[str] | tuple["Trigger", ...]
 
 
@@ -53,6 +57,35 @@ class CodeFacts:
     spelled: frozenset[str]  # the same names as imported, before canonical() (tf.compat.v1...)
     imported_modules: frozenset[str]
     bindings: dict[str, str]  # local name -> qualified name, as NameResolver.bindings
+    # The code's ``ast`` nodes, breadth first: for a rule's ``may_report`` that must look at how
+    # a name is used. The engine drops them before libcst parses (``release``).
+    nodes: list[ast.AST] = field(default_factory=list, compare=False, repr=False)
+    _parents: dict[int, ast.AST] = field(default_factory=dict, compare=False, repr=False)
+
+    def release(self) -> None:
+        self.nodes.clear()
+        self._parents.clear()
+
+    def qualify(self, node: ast.AST) -> str | None:
+        """``NameResolver.qualify`` on an ``ast`` expression: the canonical qualified name of a
+        dotted name bound to an import, else None."""
+        chain = _dotted(node) if isinstance(node, ast.expr) else None
+        if chain is None:
+            return None
+        head, _, rest = chain.partition(".")
+        bound = self.bindings.get(head)
+        if bound is None:
+            return None
+        return canonical(f"{bound}.{rest}" if rest else bound)
+
+    def parent(self, node: ast.AST) -> ast.AST | None:
+        """The node holding ``node`` (the index is built on first use)."""
+        if not self._parents and self.nodes:
+            parents = self._parents
+            for holder in self.nodes:
+                for child in ast.iter_child_nodes(holder):
+                    parents[id(child)] = holder
+        return self._parents.get(id(node))
 
     def uses_any(self, roots: Iterable[str]) -> bool:
         """Same test as ``NameResolver.uses_any``."""
@@ -69,9 +102,11 @@ class CodeFacts:
     def matches(self, trigger: Trigger) -> bool:
         """``trigger`` is a qualified name (``tensorflow.device``: a root module, then dots), a
         name prefix (``tensorflow.distribute*``, ``keras*``: some name, resolved as imported and
-        not made canonical, starts with the text before the star, dot or not), a quoted string (``'VariableV2'``: a string constant
-        equal to it), a word (a substring of an identifier, a string constant or a resolved
-        name), a compiled pattern (searched in those words) or a tuple (all of them)."""
+        not made canonical, starts with the text before the star, dot or not), a quoted string
+        (``'VariableV2'``: a string constant equal to it), a keyword given a literal
+        (``trainable=False``: a keyword argument or a dict literal's string key with that value),
+        a word (a substring of an identifier, a string constant or a resolved name), a compiled
+        pattern (searched in those words) or a tuple (all of them)."""
         if isinstance(trigger, tuple):
             return all(self.matches(part) for part in trigger)
         if isinstance(trigger, re.Pattern):
@@ -98,10 +133,17 @@ def is_quoted(trigger: str) -> bool:
     return len(trigger) >= 2 and trigger[0] == trigger[-1] == "'"
 
 
+def is_keyword_value(trigger: str) -> bool:
+    return _KEYWORD_VALUE.fullmatch(trigger) is not None
+
+
 def raw_needle(trigger: str) -> str:
     """What the raw-bytes pre-check looks for: a qualified name is spelled with its last part
     (``tf.device``, ``from tensorflow import device as d``), a name prefix likewise, a quoted
-    string without quotes (it may be written with either), a word as it is."""
+    string without quotes (it may be written with either), a keyword's value by the keyword
+    (spaces may surround the ``=``), a word as it is."""
+    if is_keyword_value(trigger):
+        return trigger.split("=", 1)[0]
     if is_prefix(trigger):
         return trigger[:-1].rsplit(".", 1)[-1]
     if is_qualified(trigger):
@@ -116,6 +158,44 @@ def raw_matches(trigger: Trigger, raw: bytes) -> bool:
     if isinstance(trigger, re.Pattern):
         return _bytes_pattern(trigger).search(raw) is not None
     return raw_needle(trigger).encode() in raw
+
+
+# id(a rule's triggers) -> (those triggers, each one's needles, all required): worked out once.
+_NEEDLES: dict[int, tuple[object, tuple[tuple[bytes | re.Pattern[bytes], ...], ...]]] = {}
+
+
+def raw_possible(
+    triggers: tuple[Trigger, ...], raw: bytes, found: dict[object, bool] | None = None
+) -> bool:
+    """``any(raw_matches(t, raw) for t in triggers)``, with the needles of a rule's triggers
+    worked out once per process rather than once per file; ``found`` remembers which needles
+    ``raw`` holds, for the next rule's triggers (many share one: ``device``)."""
+    entry = _NEEDLES.get(id(triggers))
+    if entry is None or entry[0] is not triggers:
+        entry = _NEEDLES[id(triggers)] = (triggers, tuple(_needles(t) for t in triggers))
+    if found is None:
+        found = {}
+    for needles in entry[1]:
+        for needle in needles:
+            held = found.get(needle)
+            if held is None:
+                if type(needle) is bytes:
+                    held = found[needle] = needle in raw
+                else:
+                    held = found[needle] = needle.search(raw) is not None  # type: ignore[union-attr]
+            if not held:
+                break
+        else:
+            return True
+    return False
+
+
+def _needles(trigger: Trigger) -> tuple[bytes | re.Pattern[bytes], ...]:
+    if isinstance(trigger, tuple):
+        return tuple(needle for part in trigger for needle in _needles(part))
+    if isinstance(trigger, re.Pattern):
+        return (_bytes_pattern(trigger),)
+    return (raw_needle(trigger).encode(),)
 
 
 @lru_cache(maxsize=64)
@@ -140,7 +220,8 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
     docstrings: set[int] = set()
     loops: list[ast.For | ast.AsyncFor] = []
     adds = False
-    for node in _nodes(tree):
+    nodes = _nodes(tree)
+    for node in nodes:
         kind = type(node)
         if kind is ast.Name:
             words.append(node.id)  # type: ignore[attr-defined]
@@ -165,6 +246,18 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
         elif kind is ast.keyword:
             if node.arg is not None:  # type: ignore[attr-defined]
                 words.append(node.arg)  # type: ignore[attr-defined]
+                value = node.value  # type: ignore[attr-defined]
+                if type(value) is ast.Constant and type(value.value) is bool:
+                    words.append(f"{node.arg}={value.value}")  # type: ignore[attr-defined]
+        elif kind is ast.Dict:
+            for key, value in zip(node.keys, node.values, strict=True):  # type: ignore[attr-defined]
+                if (
+                    type(key) is ast.Constant
+                    and type(value) is ast.Constant
+                    and type(key.value) is str
+                    and type(value.value) is bool
+                ):
+                    words.append(f"{key.value}={value.value}")  # {'trainable': False}
         elif kind is ast.arg:
             words.append(node.arg)  # type: ignore[attr-defined]
         elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
@@ -206,6 +299,7 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
         frozenset(spelled),
         frozenset(imported),
         bindings,
+        nodes,
     )
 
 
@@ -226,6 +320,18 @@ def _nodes(tree: ast.AST) -> list[ast.AST]:
             elif isinstance(value, ast.AST):
                 append(value)
     return nodes
+
+
+def argument(call: ast.Call, index: int | None, keyword: str) -> ast.expr | None:
+    """``_towers.get_arg`` on an ``ast`` call: by keyword, else at a positional index (starred
+    arguments left out)."""
+    for item in call.keywords:
+        if item.arg == keyword:
+            return item.value
+    if index is None:
+        return None
+    positional = [a for a in call.args if type(a) is not ast.Starred]
+    return positional[index] if index < len(positional) else None
 
 
 def possible_rules(

@@ -179,6 +179,7 @@ class Rule(cst.BatchableCSTVisitor):
     # code's identifiers or string constants (not comments or docstrings); a qualified name
     # (``tensorflow.device``), some dotted name in the code resolving to it or inside it; a name
     # prefix (``keras*``); a quoted string (``'VariableV2'``), a string constant equal to it; a
+    # keyword given a literal (``trainable=False``, also a dict literal's string key); a
     # compiled pattern; a tuple of these, all required. A file where no enabled rule's trigger
     # occurs is never parsed by libcst, which is most of the cost (see prefilter).
     triggers: ClassVar[tuple[Trigger, ...] | None] = None
@@ -194,7 +195,9 @@ class Rule(cst.BatchableCSTVisitor):
     def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
         """Asked by the light pass once the triggers matched, before any libcst tree: False
         when the rule cannot report in the file at ``path`` with these facts. For rules whose
-        findings depend on other files (their light pass is cheap); must be conservative."""
+        findings depend on other files (their light pass is cheap), or on how a name is used,
+        read from the file's ``ast`` nodes (``facts.nodes``, ``facts.parent``,
+        ``facts.qualify``); must be conservative."""
         return True
 
     # -- helpers for subclasses ---------------------------------------------------------------

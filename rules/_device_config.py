@@ -132,8 +132,11 @@ class DeviceConfig:
         parent: Callable[[cst.CSTNode], cst.CSTNode | None],
         line: Callable[[cst.CSTNode], int],
         tf: str,
+        fixing: bool = True,
     ) -> None:
         self.module = module
+        # False in `scan`: a fix is only announced, so its replacement need not be built.
+        self.fixing = fixing
         self.resolver = resolver
         self.parent = parent
         self.line = line
@@ -450,6 +453,11 @@ class DeviceConfig:
         cached = self._rewrites.get(key)
         if cached is not None:
             return cached
+        involved = [s for s, _ in group.statements] + list(remove)
+        involved += [self.statement(c) for c in group.consumers]
+        block = self._common_block([s for s in involved if s is not None])
+        if not self.fixing:
+            return block, block  # scan: the fix exists; nobody applies it
         fields = [s.field for s in group.settings]
         plan: dict[int, list[cst.BaseStatement] | None] = {}  # None: keep, with prefix below
         prefix: dict[int, list[cst.BaseStatement]] = {}
@@ -465,9 +473,6 @@ class DeviceConfig:
         for stmt in remove:  # an inline config's statements stay where the statement was
             plan[id(stmt)] = prefix.pop(id(stmt), [])
         calls = {id(c): drop_kwarg(c, "config") for c in group.consumers}
-        involved = [s for s, _ in group.statements] + list(remove)
-        involved += [self.statement(c) for c in group.consumers]
-        block = self._common_block([s for s in involved if s is not None])
         replacement = block.visit(_Rewrite(plan, prefix, calls))
         self._rewrites[key] = (block, replacement)
         return block, replacement
@@ -571,4 +576,6 @@ def remove_statement(
     """(block, block without ``statement``); an emptied block gets `pass`."""
     block = config.parent(statement)
     assert block is not None
+    if not config.fixing:
+        return block, block  # scan: the fix exists; nobody applies it
     return block, block.visit(_Rewrite({id(statement): []}, {}, {}))

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import ast
+from pathlib import PurePosixPath
+
 import libcst as cst
 
+from tfmigrate.prefilter import CodeFacts, argument
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import (
     ADD_N,
@@ -63,7 +67,7 @@ class ColocatedAveragedLoss(TowerRule):
     """
 
     code = "TFM110"
-    triggers = ('colocate_gradients_with_ops',)
+    triggers = ("colocate_gradients_with_ops=True",)  # what every candidate call passes
     name = "colocated-averaged-loss"
     summary = "one loss averaged over towers, differentiated once with colocated gradients"
     fix_safety = FixSafety.MANUAL
@@ -122,7 +126,33 @@ grads = opt.compute_gradients(loss, colocate_gradients_with_ops=False)
                                     colocate_gradients_with_ops=True)
             """,
         ),
+        Example(
+            """
+            import tensorflow as tf
+            total_loss = tf.add_n(tower_losses) / num_gpus
+            train_op = opt.minimize(total_loss, colocate_gradients_with_ops = True)
+            """,
+            message="`total_loss` is one loss averaged over the towers",
+        ),
     )
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        """``on_call``'s candidates on the ``ast`` tree: TF's own code passes the flag on to
+        its own `gradients`, which is no candidate."""
+        for node in facts.nodes:
+            if type(node) is not ast.Call:
+                continue
+            flag = argument(node, None, "colocate_gradients_with_ops")  # type: ignore[arg-type]
+            if not (type(flag) is ast.Constant and flag.value is True):  # type: ignore[attr-defined]
+                continue
+            func = node.func  # type: ignore[attr-defined]
+            name = facts.qualify(func)
+            if name == "tensorflow.gradients" or (
+                name is None and type(func) is ast.Attribute and func.attr in _GRADIENT_METHODS
+            ):
+                return True
+        return False
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)

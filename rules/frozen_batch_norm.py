@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import ast
+from pathlib import PurePosixPath
+
 import libcst as cst
 
+from tfmigrate.prefilter import CodeFacts, argument
 from tfmigrate.rule import Example, FixSafety, Rule
 
 BATCH_NORM_FUNCTIONS = frozenset(
@@ -13,6 +17,16 @@ BATCH_NORM_FUNCTIONS = frozenset(
         "tensorflow.nn.fused_batch_norm",
     }
 )
+
+
+_FUNCTIONS_AND_SCOPES = BATCH_NORM_FUNCTIONS | {
+    "tensorflow.contrib.framework.arg_scope",
+    "tensorflow.contrib.slim.arg_scope",
+}
+
+
+def _ast_false(node: ast.expr | None) -> bool:
+    return type(node) is ast.Constant and node.value is False  # type: ignore[union-attr]
 
 
 def _is_false(node: cst.BaseExpression) -> bool:
@@ -56,12 +70,16 @@ class FrozenBatchNorm(Rule):
     """
 
     code = "TFM104"
-    # A batch-norm function or arg_scope over one, or a normalizer_params dict.
-    triggers = (
-        *sorted(BATCH_NORM_FUNCTIONS),
-        "tensorflow.contrib.framework.arg_scope",
-        "tensorflow.contrib.slim.arg_scope",
-        "normalizer_params",
+    # A batch-norm function or arg_scope over one, or a normalizer_params dict; each finding is
+    # a literal `trainable=False` (a keyword, or the dict's 'trainable' key).
+    triggers = tuple(
+        (where, "trainable=False")
+        for where in (
+            *sorted(BATCH_NORM_FUNCTIONS),
+            "tensorflow.contrib.framework.arg_scope",
+            "tensorflow.contrib.slim.arg_scope",
+            "normalizer_params",
+        )
     )
     name = "frozen-batch-norm"
     summary = "batch norm with trainable=False: gamma/beta never learn"
@@ -131,7 +149,38 @@ class FrozenBatchNorm(Rule):
                 y = slim.conv2d(x, 3, [3, 3])
             """,
         ),
+        # Spaces around `=`: the light pass reads the keyword, not the bytes.
+        Example(
+            """
+            import tensorflow as tf
+            net = tf.layers.batch_normalization(x, training=True, trainable = False)
+            """,
+            fixed="""
+            import tensorflow as tf
+            net = tf.layers.batch_normalization(x, training=True)
+            """,
+        ),
     )
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        """``visit_Call``'s three cases on the ``ast`` tree, erring towards True (an arg_scope's
+        layer list is not read): `trainable=False` in the call itself, or in its
+        normalizer_params dict."""
+        for node in facts.nodes:
+            if type(node) is not ast.Call:
+                continue
+            call: ast.Call = node  # type: ignore[assignment]
+            if _ast_false(argument(call, None, "trainable")):
+                if facts.qualify(call.func) in _FUNCTIONS_AND_SCOPES:
+                    return True
+            params = argument(call, None, "normalizer_params")
+            if type(params) is ast.Dict and any(
+                type(key) is ast.Constant and key.value == "trainable" and _ast_false(value)
+                for key, value in zip(params.keys, params.values, strict=True)
+            ):
+                return True
+        return False
 
     def visit_Call(self, node: cst.Call) -> None:
         name = self.call_name(node)

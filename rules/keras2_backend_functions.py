@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 import libcst as cst
 
 from tfmigrate import tfapi
+from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 
 _BACKENDS = ("keras.backend.", "tensorflow.keras.backend.")
@@ -178,6 +180,20 @@ class Keras2BackendFunctions(Rule):
             """,
         ),
     )
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        """``visit_Call`` on the file's resolved names: a backend function with a `keras.ops`
+        counterpart, or one gone from Keras 3 (TF's own Keras calls the backend's others)."""
+        for name in facts.names:
+            if name.startswith(_BACKENDS):
+                function = name.rsplit(".", 1)[1]
+                if function in BACKEND_TO_OPS or (
+                    function not in _OWNED_ELSEWHERE
+                    and tfapi.exists(f"keras.backend.{function}") is False
+                ):
+                    return True
+        return False
 
     def visit_Call(self, node: cst.Call) -> None:
         name = self.call_name(node) or ""

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 import libcst as cst
 
 from tfmigrate import tree
+from tfmigrate.prefilter import CodeFacts, argument
 from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules._towers import (
     ADD_N,
@@ -98,10 +101,14 @@ class ManualGradientAggregation(TowerRule):
     """
 
     code = "TFM102"
-    # Findings come from these calls, or from `+=` on the towers' gradients in a loop.
+    # Findings come from these calls, or from `+=` on the towers' gradients in a loop; always
+    # next to a name that says gradients (``_about_tower_gradients``).
     triggers = (
-        *(f"tensorflow.{m}{f}" for m in ("", "math.") for f in ("reduce_mean", "reduce_sum")),
-        *(f"tensorflow.{m}{f}" for m in ("", "math.") for f in ("add_n", "accumulate_n")),
+        *(
+            (f"tensorflow.{m}{f}", GRADISH)
+            for m in ("", "math.")
+            for f in ("reduce_mean", "reduce_sum", "add_n", "accumulate_n")
+        ),
         ("+=", GRADISH),
     )
     name = "manual-gradient-aggregation"
@@ -242,6 +249,28 @@ train_op = opt.apply_gradients(grads)
             message="AVERAGES",
         ),
     )
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        """``on_call``/``visit_AugAssign`` and ``_about_tower_gradients`` on the ``ast`` tree,
+        erring towards True (the reduction's input and the helper's name are not read)."""
+        for node in facts.nodes:
+            kind = type(node)
+            if kind is ast.Call:
+                call: ast.Call = node  # type: ignore[assignment]
+                name = short_tf(facts.qualify(call.func))
+                if name in ("tensorflow.reduce_mean", "tensorflow.reduce_sum"):
+                    axis = argument(call, 1, "axis") or argument(call, None, "reduction_indices")
+                    if _ast_int(axis) != 0:
+                        continue
+                elif name not in ADD_N:
+                    continue
+                if _may_be_about_tower_gradients(node, facts):
+                    return True
+            elif kind is ast.AugAssign and type(node.op) is ast.Add:  # type: ignore[attr-defined]
+                if _may_be_about_tower_gradients(node, facts, summed=True):
+                    return True
+        return False
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)
@@ -438,6 +467,78 @@ train_op = opt.apply_gradients(grads)
             ):
                 return True
         return False
+
+
+_AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_AST_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _ast_identifiers(node: ast.AST) -> set[str]:
+    """At least every name ``identifiers`` reads in the libcst tree of ``node``."""
+    found: set[str] = set()
+    for inner in ast.walk(node):
+        kind = type(inner)
+        if kind is ast.Name:
+            found.add(inner.id)  # type: ignore[attr-defined]
+        elif kind is ast.Attribute:
+            found.add(inner.attr)  # type: ignore[attr-defined]
+        elif kind in (ast.arg, ast.keyword) and inner.arg:  # type: ignore[attr-defined]
+            found.add(inner.arg)  # type: ignore[attr-defined]
+    return found
+
+
+def _ast_int(node: ast.AST | None) -> int | None:
+    """``int_value`` on an ``ast`` expression."""
+    if type(node) is ast.Constant and type(node.value) is int:  # type: ignore[attr-defined]
+        return node.value  # type: ignore[attr-defined]
+    if type(node) is ast.UnaryOp and type(node.op) is ast.USub:  # type: ignore[attr-defined]
+        inner = node.operand  # type: ignore[attr-defined]
+        if type(inner) is ast.Constant and type(inner.value) is int:
+            return -inner.value
+    if type(node) in (ast.List, ast.Tuple) and len(node.elts) == 1:  # type: ignore[attr-defined]
+        return _ast_int(node.elts[0])  # type: ignore[attr-defined]
+    return None
+
+
+def _may_be_about_tower_gradients(node: ast.AST, facts: CodeFacts, *, summed: bool = False) -> bool:
+    """``_about_tower_gradients`` on the ``ast`` tree, reading at least the same names (all of
+    a comprehension's loops); with ``summed``, also ``visit_AugAssign``'s loop test."""
+    context = _ast_identifiers(node)
+    loop_targets: set[str] = set()
+    in_loop = transposed = False
+    iterated: list[ast.AST] = []
+    ancestor = facts.parent(node)
+    while ancestor is not None:
+        kind = type(ancestor)
+        if kind in (ast.For, ast.AsyncFor):
+            iterated.append(ancestor)
+            loop_targets |= _ast_identifiers(ancestor.target)  # type: ignore[attr-defined]
+            in_loop = True
+        elif kind is ast.While:
+            in_loop = True
+        elif kind in _AST_COMPREHENSIONS:
+            iterated.extend(ancestor.generators)  # type: ignore[attr-defined]
+        elif kind in (ast.FunctionDef, ast.AsyncFunctionDef):
+            context.add(ancestor.name)  # type: ignore[attr-defined]
+            context |= _ast_identifiers(ancestor.args)  # type: ignore[attr-defined]
+        if kind in _AST_DEFS:
+            break
+        ancestor = facts.parent(ancestor)
+    for loop in iterated:
+        context |= _ast_identifiers(loop.iter) | _ast_identifiers(loop.target)  # type: ignore[attr-defined]
+        transposed = transposed or any(
+            type(n) is ast.Call
+            and type(n.func) is ast.Name  # type: ignore[attr-defined]
+            and n.func.id == "zip"  # type: ignore[attr-defined]
+            and any(type(a) is ast.Starred for a in n.args)  # type: ignore[attr-defined]
+            for n in ast.walk(loop.iter)  # type: ignore[attr-defined]
+        )
+    if summed and not (
+        in_loop and _ast_identifiers(node.value) & loop_targets  # type: ignore[attr-defined]
+    ):
+        return False
+    text = " ".join(context)
+    return bool(GRADISH.search(text)) and (transposed or bool(TOWERISH.search(text)))
 
 
 def _is_zip_star(node: cst.BaseExpression) -> bool:

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import PurePosixPath
 
 import libcst as cst
 
+from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import TowerRule, get_arg, walk
 
@@ -27,6 +30,19 @@ _VARIABLE_FACTORIES = frozenset(
     }
 )
 _HOST_DEVICE = re.compile(r"cpu|/job:ps|ps_device|ps", re.I)
+# What reports by name: a setter, or a variable factory (pinned under `with tf.device(...)`).
+_NAMED = (
+    *_SETTERS,
+    *(("tensorflow.device", factory) for factory in sorted(_VARIABLE_FACTORIES)),
+)
+
+
+def _lists_variable_ops(node: ast.AST) -> bool:
+    """A list, tuple or set literal with a variable op's name among its items."""
+    return type(node) in (ast.List, ast.Tuple, ast.Set) and any(
+        type(item) is ast.Constant and item.value in _VARIABLE_OPS
+        for item in node.elts  # type: ignore[attr-defined]
+    )
 
 
 class ParameterServerPlacement(TowerRule):
@@ -68,7 +84,7 @@ class ParameterServerPlacement(TowerRule):
 
     code = "TFM111"
     # A setter, a factory under tf.device, or a comparison with a string naming a variable op.
-    triggers = (*_SETTERS, "tensorflow.device", *(f"'{op}'" for op in sorted(_VARIABLE_OPS)))
+    triggers = (*_NAMED, *(f"'{op}'" for op in sorted(_VARIABLE_OPS)))
     name = "parameter-server-placement"
     summary = "variables pinned to the CPU or a parameter server by hand"
     fix_safety = FixSafety.MANUAL
@@ -166,7 +182,46 @@ setter = replica_device_setter(2)
             chooser = slim.VariableDeviceChooser(num_tasks=2, device_type='CPU')
             """,
         ),
+        # The op list is a module constant defined after the device function.
+        Example(
+            """
+            import tensorflow as tf
+            def pin_variables(op):
+                if op.type in VARIABLE_OPS:
+                    return '/cpu:0'
+                return '/gpu:0'
+            VARIABLE_OPS = {'VariableV2', 'VarHandleOp'}
+            """,
+            message="`pin_variables`",
+        ),
     )
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        """A variable op's name counts only in an ``in`` test against a literal list holding
+        one (or a name, while some literal holds one) in a function that returns a device
+        (``visit_Comparison``): TF's own sources spell op names everywhere else."""
+        if any(facts.matches(trigger) for trigger in _NAMED):
+            return True
+        bound: set[str] = set()  # names assigned such a literal (``PS_OPS = [...]``)
+        named: list[tuple[str, ast.Compare]] = []
+        for node in facts.nodes:
+            kind = type(node)
+            if kind is ast.Compare:
+                for op, right in zip(node.ops, node.comparators, strict=True):  # type: ignore[attr-defined]
+                    if type(op) is not ast.In:
+                        continue
+                    if _lists_variable_ops(right):
+                        if _in_device_function(node, facts):
+                            return True
+                    elif type(right) is ast.Name:
+                        named.append((right.id, node))  # type: ignore[arg-type]
+            elif kind is ast.Assign and _lists_variable_ops(node.value):  # type: ignore[attr-defined]
+                for target in node.targets:  # type: ignore[attr-defined]
+                    bound.update(n.id for n in ast.walk(target) if type(n) is ast.Name)
+            elif kind is ast.withitem and _lists_variable_ops(node.context_expr):  # type: ignore[attr-defined]
+                bound.update(n.id for n in ast.walk(node) if type(n) is ast.Name)  # type: ignore[arg-type]
+        return any(name in bound and _in_device_function(node, facts) for name, node in named)
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)
@@ -289,6 +344,32 @@ setter = replica_device_setter(2)
                     if _HOST_DEVICE.search(spelled):
                         return spelled
         return None
+
+
+_AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _in_device_function(node: ast.AST, facts: CodeFacts) -> bool:
+    """``enclosing_def`` and ``_returns_device`` on the ``ast`` tree, erring towards True: a
+    return of a string, a name or an operation on anything."""
+    function = facts.parent(node)
+    while function is not None and not isinstance(function, _AST_DEFS):
+        function = facts.parent(function)
+    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    pending: list[ast.AST] = list(function.body)
+    while pending:
+        current = pending.pop()
+        if type(current) is ast.Return:
+            value = current.value  # type: ignore[attr-defined]
+            kind = type(value)
+            if kind in (ast.Name, ast.JoinedStr, ast.BinOp) or (
+                kind is ast.Constant and isinstance(value.value, str | bytes)
+            ):
+                return True
+        if not isinstance(current, _AST_DEFS):
+            pending.extend(ast.iter_child_nodes(current))
+    return False
 
 
 def _returns_device(function: cst.FunctionDef) -> bool:

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+import weakref
+
 import libcst as cst
-from libcst.metadata import PositionProvider
 
 from tfmigrate.rule import Example, FixSafety, Import, Rule
 from tfmigrate.rules._device_config import EXPLAIN, DeviceConfig
@@ -26,14 +27,27 @@ def tf_imports(rule: Rule) -> tuple[Import, ...]:
 
 
 def device_config(rule: Rule) -> DeviceConfig:
-    """The module's session-config groups, seen through ``rule``'s metadata."""
+    """The module's session-config groups, seen through ``rule``'s metadata: one analysis per
+    tree, shared by TFM105 and every `set_session` call TFM108 looks at."""
     context = rule.context
-    return DeviceConfig(
-        context.module,
-        context.resolver,
-        rule.parent,
-        lambda node: rule.get_metadata(PositionProvider, node).start.line,
-        tf_module(rule) or "tf",
+    held = weakref.ref(context)  # kept in the context: no cycle that outlives the tree
+
+    def parent(node: cst.CSTNode) -> cst.CSTNode | None:
+        return held().parent_of(node)  # type: ignore[union-attr]
+
+    def line(node: cst.CSTNode) -> int:
+        return held().position_of(node).start.line  # type: ignore[union-attr]
+
+    return context.shared(
+        "device-config",
+        lambda: DeviceConfig(
+            context.module,
+            context.resolver,
+            parent,
+            line,
+            tf_module(rule) or "tf",
+            fixing=context.fixing,
+        ),
     )
 
 
@@ -85,7 +99,8 @@ class SessionDeviceConfig(Rule):
     """
 
     code = "TFM105"
-    triggers = ('ConfigProto', 'GPUOptions', 'gpu_options', 'allow_soft_placement', 'log_device_placement', 'device_count')
+    # Every finding belongs to a group built from one of these calls (not TF's own config_pb2).
+    triggers = ("tensorflow.ConfigProto", "tensorflow.GPUOptions")
     name = "session-device-config"
     summary = "ConfigProto/GPUOptions device settings: move to tf.config"
     fix_safety = FixSafety.SAFE
@@ -221,6 +236,21 @@ config.gpu_options.allow_growth = True
             config = tf.ConfigProto(allow_soft_placement=True)
             estimator = tf.estimator.Estimator(model_fn, config=tf.estimator.RunConfig(
                 session_config=config))
+            """,
+        ),
+        # A module alias of ConfigProto is still TensorFlow's (the trigger is the resolved name).
+        Example(
+            """
+            import tensorflow as tf
+            Config = tf.ConfigProto
+            config = Config(log_device_placement=True)
+            sess = tf.Session(config=config)
+            """,
+            fixed="""
+            import tensorflow as tf
+            Config = tf.ConfigProto
+            tf.debugging.set_log_device_placement(True)
+            sess = tf.Session()
             """,
         ),
     )

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import PurePosixPath
 
 import libcst as cst
 
+from tfmigrate.prefilter import CodeFacts, argument
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._tower_program import _scope_name
 from tfmigrate.rules._towers import (
+    DEVICE,
     LOOP,
     SCOPES,
     TOWERISH,
@@ -77,7 +81,10 @@ class UpdateOpsCollection(TowerRule):
     """
 
     code = "TFM103"
-    triggers = ("update_ops", "UPDATE_OPS")
+    # A get_collection call whose key is UPDATE_OPS (GraphKeys', slim's) or its string value.
+    triggers = tuple(
+        ("get_collection", key) for key in ("UPDATE_OPS", "'update_ops'", "'_update_ops_'")
+    )
     name = "update-ops-collection"
     summary = "UPDATE_OPS taken from one tower or all towers: which batch-norm updates run"
     fix_safety = FixSafety.MANUAL
@@ -241,7 +248,34 @@ updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'block0')
             """,
             message="all towers: every tower's name scope starts with it",
         ),
+        # Key and scope by keyword, on a graph's own collection.
+        Example(
+            """
+            import tensorflow as tf
+            graph = tf.get_default_graph()
+            updates = graph.get_collection_ref(key=tf.GraphKeys.UPDATE_OPS, scope='tower_0')
+            with tf.control_dependencies(updates):
+                train_op = opt.minimize(loss)
+            """,
+            message="first tower only",
+        ),
     )
+
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        """``on_call`` and ``_in_tower_code`` on the ``ast`` tree, erring towards True: some
+        get_collection call with an UPDATE_OPS key, and a `tf.device` in the file or a scope
+        given to the call."""
+        device = facts.has_name(DEVICE)
+        for node in facts.nodes:
+            if type(node) is not ast.Call or not _may_get_collection(node, facts):
+                continue
+            key = argument(node, 0, "key")  # type: ignore[arg-type]
+            if key is None or not _may_be_update_ops(key, facts):
+                continue
+            if device or argument(node, 1, "scope") is not None:  # type: ignore[arg-type]
+                return True
+        return False
 
     def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
         super().__init__(context)
@@ -452,6 +486,27 @@ updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'block0')
                     if isinstance(target.target, cst.Name):
                         derived.add(target.target.value)
         return None, derived - names
+
+
+_GET_COLLECTION = (".get_collection", ".get_collection_ref")
+
+
+def _may_get_collection(call: ast.Call, facts: CodeFacts) -> bool:
+    """``_is_get_collection`` on an ``ast`` call (any method of that name counts)."""
+    if type(call.func) is ast.Attribute:
+        return call.func.attr in ("get_collection", "get_collection_ref")
+    name = facts.qualify(call.func)
+    return name is not None and name.startswith("tensorflow.") and name.endswith(_GET_COLLECTION)
+
+
+def _may_be_update_ops(key: ast.expr, facts: CodeFacts) -> bool:
+    """``_is_update_ops`` on an ``ast`` expression (any attribute of those names counts)."""
+    if type(key) is ast.Constant:
+        return key.value in _UPDATE_OPS_STRINGS
+    if type(key) is ast.Attribute:
+        return key.attr in ("UPDATE_OPS", "UPDATE_OPS_COLLECTION")
+    name = facts.qualify(key)
+    return name is not None and name.endswith("GraphKeys.UPDATE_OPS")
 
 
 def _loop_indices(towers: Towers) -> list[str]:

@@ -7,6 +7,7 @@ manifests must be identical, in process and through the real command line.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -95,7 +96,10 @@ def test_same_results_with_and_without_light_pass(fix, monkeypatch):
 
 # What the rules' former word triggers (``grad``, ``keras``, ...) let through and the narrower
 # ones may not: TensorFlow's own sources that spell those words.
-_FORMER_WORDS = (b"grad", b"distribute", b"keras", b"compile", b"backend", b"reduce_mean")
+_FORMER_WORDS = (
+    *(b"grad", b"distribute", b"keras", b"compile", b"backend", b"reduce_mean"),
+    *(b"ConfigProto", b"UPDATE_OPS", b"VariableV2", b"colocate_gradients", b"trainable"),
+)
 
 
 def _word_sample(count: int) -> list[Path]:
@@ -359,6 +363,107 @@ def test_tuple_and_pattern_triggers():
     raw = b"Grads = tf.GradientTape()"
     assert prefilter.raw_matches(("GradientTape", grad), raw)
     assert not prefilter.raw_matches(("GradientTape", re.compile(r"\bloss_fn\b")), raw)
+
+
+def test_keyword_given_a_literal():
+    facts = _facts(
+        """
+        import tensorflow as tf
+        net = bn(x, trainable = False)
+        params = {'decay': 0.9, 'center': True}
+        """
+    )
+    assert facts.matches("trainable=False") and facts.matches("center=True")
+    assert not facts.matches("trainable=True")
+    assert not _facts("bn(x, trainable=0)\nbn(x, trainable=flag)\n").matches("trainable=False")
+    assert prefilter.raw_needle("trainable=False") == "trainable"
+    assert prefilter.raw_matches("trainable=False", b"bn(x, trainable = False)")
+
+
+def test_facts_qualify_and_parent_ast_nodes():
+    source = "import tensorflow.compat.v1 as tf\nslim = tf.contrib.slim\nslim.conv2d(x)\nf(y)\n"
+    facts = _facts(source)
+    calls = [n for n in facts.nodes if isinstance(n, ast.Call)]
+    module = cst.parse_module(source)
+    resolver = NameResolver.for_module(module)
+    module_calls = [line.body[0].value for line in module.body[2:]]  # type: ignore[attr-defined]
+    assert [facts.qualify(c.func) for c in calls] == [
+        resolver.qualify(c.func) for c in module_calls
+    ]
+    assert facts.qualify(calls[0].func) == "tensorflow.contrib.slim.conv2d"
+    assert isinstance(facts.parent(calls[0]), ast.Expr)
+    facts.release()  # the engine drops the tree before libcst parses
+    assert facts.nodes == [] and facts.parent(calls[0]) is None
+
+
+# (rule code, source it cannot report in though its former trigger words are there, source
+# it reports in): TensorFlow's own spellings of the words, ruled out before libcst.
+_RULED_OUT = (
+    (
+        "TFM105",
+        "from tensorflow.core.protobuf import config_pb2\n"
+        "config = config_pb2.ConfigProto(allow_soft_placement=True)\n"
+        "config.gpu_options.allow_growth = True\n",
+        "import tensorflow as tf\nsess = tf.Session(config=tf.ConfigProto(allow_soft_placement=True))\n",
+    ),
+    (
+        "TFM103",
+        "from tensorflow.python.framework import ops\nupdates = ops.get_collection(ops.GraphKeys.UPDATE_OPS)\n"
+        "update_ops = ['tower_0']\n",
+        "from tensorflow.python.framework import ops\n"
+        "updates = ops.get_collection(ops.GraphKeys.UPDATE_OPS, 'tower_0')\n",
+    ),
+    (
+        "TFM111",
+        "import tensorflow as tf\nPS_OPS = set(['VariableV2'])\n"
+        "def place(op):\n    if op.type in PS_OPS:\n        return '/cpu:0'\n"
+        "op = _apply_op_helper('VarHandleOp', name=name)\n",
+        "import tensorflow as tf\n"
+        "def place(op):\n    if op.type in ['VariableV2']:\n        return '/cpu:0'\n",
+    ),
+    (
+        "TFM110",
+        "import tensorflow as tf\ndef gradients(ys, xs, colocate_gradients_with_ops=False):\n"
+        "    return ys\ngrads = gradients(tower_loss, v, colocate_gradients_with_ops=True)\n",
+        "import tensorflow as tf\nloss = tf.add_n(tower_losses)\n"
+        "grads = opt.compute_gradients(loss, colocate_gradients_with_ops=True)\n",
+    ),
+    (
+        "TFM102",
+        "import tensorflow as tf\nfor g in grads:\n    total += g\nn = tf.add_n(tower_losses)\n",
+        "import tensorflow as tf\nfor g in tower_grads:\n    total += g\n",
+    ),
+    (
+        "TFM113",
+        "from tensorflow.python.keras import backend\nx = backend.floatx()\n",
+        "from keras import backend as K\ny = K.sum(x)\n",
+    ),
+    (
+        "TFM104",
+        "import tensorflow as tf\nnet = tf.layers.batch_normalization(x, trainable=trainable)\n",
+        "import tensorflow as tf\nnet = tf.layers.batch_normalization(x, trainable=False)\n",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "ruled_out", "reported"), _RULED_OUT, ids=[c for c, *_ in _RULED_OUT]
+)
+def test_rule_ruled_out_only_where_it_cannot_report(code, ruled_out, reported, monkeypatch):
+    rule = next(r for r in all_rules() if r.code == code)
+    path = PurePosixPath("example.py")
+
+    def possible(source: str) -> bool:
+        return bool(prefilter.possible_rules(_facts(source), (rule,), path))
+
+    def findings(source: str) -> list[str]:
+        result = process_source(source, "example.py", Settings(rules=(rule,)))
+        return [f.code for f in result.findings]
+
+    assert not possible(ruled_out) and possible(reported)
+    monkeypatch.setattr(rule, "triggers", None)
+    monkeypatch.setattr(rule, "may_report", classmethod(lambda cls, path, facts: True))
+    assert findings(ruled_out) == [] and findings(reported) == [code]
 
 
 def test_loop_sum_fact():
