@@ -48,8 +48,10 @@ def test_rewrite_check_write_idempotent(root, tmp_path, cli):
     repo = tmp_path / root.name
     shutil.copytree(root, repo)
     has_errors = any(line.endswith(": error") for line in _expected(root))
-    check = cli("rewrite", "--check", ".", cwd=repo)
-    plan = json.loads(cli("rewrite", "--format", "json", ".", cwd=repo).stdout)
+    # --check's exit status and, in the same run, the plan it counted
+    check = cli("rewrite", "--check", "--format", "json", ".", cwd=repo)
+    plan = json.loads(check.stdout)
+    assert plan["mode"] == "check"
     to_change = {row["path"] for row in plan["files"] if row["changed"]}
     pending = bool(to_change)
     if has_errors:
@@ -64,9 +66,10 @@ def test_rewrite_check_write_idempotent(root, tmp_path, cli):
         assert "tfmigrate.json" in after_first
     else:
         assert after_first == before
-    if not has_errors:
-        assert cli("rewrite", "--check", ".", cwd=repo).returncode == 0
-    cli("rewrite", "--write", ".", cwd=repo)
+    # A second --write has nothing left to apply (so --check, which counts exactly what --write
+    # applies, passes) and leaves every byte, the manifest's included, as it was.
+    again = json.loads(cli("rewrite", "--write", "--format", "json", ".", cwd=repo).stdout)
+    assert again["mode"] == "write" and again["changed"] == 0, again["files"]
     assert _snapshot(repo) == after_first
     # Exactly the planned files changed; everything else is byte-identical.
     changed = {rel for rel, data in after_first.items() if before.get(rel) != data}
