@@ -185,6 +185,27 @@ class KerasModel:
         return mapping
 
 
+# keras.Model's public names (Keras 3.x): a layer attribute named like one would shadow it or,
+# for a read-only property such as `output` or `input`, fail to be set at all.
+_MODEL_ATTRIBUTES = frozenset(
+    """add_loss add_metric add_variable add_weight build build_from_config built call compile
+    compile_from_config compiled_loss compiled_metrics compute_dtype compute_loss compute_mask
+    compute_metrics compute_output_shape compute_output_spec count_params
+    distribute_reduction_method distribute_strategy dtype dtype_policy evaluate export fit
+    from_config get_build_config get_compile_config get_config get_layer get_metrics_result
+    get_quantization_layer_structure get_state_tree get_weights history input input_dtype
+    input_spec inputs jit_compile layers load_own_variables load_weights loss losses
+    make_predict_function make_test_function make_train_function metrics metrics_names
+    metrics_variables name non_trainable_variables non_trainable_weights optimizer output
+    outputs path predict predict_on_batch predict_step quantization_mode quantize
+    quantized_build quantized_call rematerialized_call reset_metrics run_eagerly save
+    save_own_variables save_weights set_state_tree set_weights stateless_call
+    stateless_compute_loss stop_training summary supports_masking symbolic_call test_on_batch
+    test_step to_json train_on_batch train_step trainable trainable_variables
+    trainable_weights variable_dtype variables weights""".split()
+)
+
+
 class _Reader:
     """Reads one model function; builds the Layers and the call() statements."""
 
@@ -392,7 +413,7 @@ class _Reader:
         count = self.unnamed.get(base, 0)
         self.unnamed[base] = count + 1
         attribute = base if count == 0 else f"{base}_{count}"
-        if attribute in {"call", "build", "layers", "weights", "name", "losses", "trainable"}:
+        if attribute in _MODEL_ATTRIBUTES:
             attribute += "_layer"
         return attribute
 

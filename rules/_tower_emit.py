@@ -196,6 +196,67 @@ def each_step(train_steps, batches, total, per_call=STEPS_PER_CALL):
             return
         total -= len(steps)
         yield from steps
+
+
+class ReplicaSlices:
+    \"\"\"The global batches of `dataset`, each cut into one slice per replica as the strategy's
+    distributed datasets cut a batch: replica i takes the i-th slice of ceil(rows / replicas)
+    rows (what tf.split gave tower i: it only accepted rows that divide evenly).
+
+    Iterated as a distributed dataset is, also inside a tf.function (next(), and
+    get_next_as_optional()), but from one plain tf.data iterator: a distributed dataset keeps
+    an iterator per device in step, which costs more per batch than a small model's whole step.
+    \"\"\"
+
+    def __init__(self, strategy, dataset):
+        self.strategy = strategy
+        self.dataset = dataset
+
+    def __iter__(self):
+        return ReplicaSliceIterator(self.strategy, iter(self.dataset))
+
+
+class ReplicaSliceIterator:
+    \"\"\"The iterator of ReplicaSlices: each global batch as per-replica values.\"\"\"
+
+    def __init__(self, strategy, iterator):
+        self.strategy = strategy
+        self.iterator = iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.slices(next(self.iterator))
+
+    def get_next_as_optional(self):
+        return SlicedOptional(self, self.iterator.get_next_as_optional())
+
+    def slices(self, batch):
+        replicas = self.strategy.num_replicas_in_sync
+
+        def rows(tensor, i):
+            size = (tf.shape(tensor)[0] + replicas - 1) // replicas
+            return tensor[i * size:(i + 1) * size]
+
+        with tf.device("/cpu:0"):  # cut on the host: each replica's device gets its rows only
+            parts = [tf.nest.map_structure(lambda t, i=i: rows(t, i), batch) for i in range(replicas)]
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda context: parts[context.replica_id_in_sync_group])
+
+
+class SlicedOptional:
+    \"\"\"The next batch of a ReplicaSliceIterator, if there is one (as tf.experimental.Optional).\"\"\"
+
+    def __init__(self, iterator, optional):
+        self.iterator = iterator
+        self.optional = optional
+
+    def has_value(self):
+        return self.optional.has_value()
+
+    def get_value(self):
+        return self.iterator.slices(self.optional.get_value())
 """
 
 
@@ -554,7 +615,8 @@ class Emitter:
         """``build_program(strategy, flags)``: the variables, the input, one train step.
 
         One template for both kinds of input; only the input section differs (a generator of
-        the fed batches, or the legacy tf.data dataset itself)."""
+        the fed batches, or the legacy tf.data dataset itself); ReplicaSlices cuts either into
+        the replicas' parts."""
         p = self.p
         python_setup = self.slot(p.python_setup)
         graph_setup = self.slot(p.graph_setup)
@@ -567,8 +629,7 @@ class Emitter:
                 else "the i-th slice of each batch, as tf.split gave tower i"
             )
             input_section = (
-                f"# Replica i receives {given}.\n"
-                f"batches = strategy.experimental_distribute_dataset({p.dataset})\n"
+                f"# Replica i receives {given}.\nbatches = ReplicaSlices(strategy, {p.dataset})\n"
             )
             spec_source = p.dataset
         store = (
@@ -647,7 +708,7 @@ class Emitter:
         return (
             generator + "\n"
             "dataset = tf.data.Dataset.from_generator(\n" + dataset + f"# {slicing}\n"
-            "batches = strategy.experimental_distribute_dataset(dataset)\n"
+            "batches = ReplicaSlices(strategy, dataset)\n"
         )
 
     def _fed_chunks(self) -> str | None:

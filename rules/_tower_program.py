@@ -215,6 +215,30 @@ def _is_dequeue(value: cst.BaseExpression, queue: str) -> bool:
     )
 
 
+# Calls that make a variable (the global step among them).
+_VARIABLE_CALLS = (
+    ".get_variable", ".Variable", ".get_or_create_global_step", ".create_global_step",
+    ".get_global_step",
+)  # fmt: skip
+# Calls of plain Python values that give the same result wherever they run.
+_ARITHMETIC_CALLS = frozenset({"len", "int", "float", "min", "max", "abs", "round"})
+
+
+def _plain_arithmetic(statement: cst.BaseStatement) -> bool:
+    """``name = <arithmetic of names, attributes and literals>``: no TF, no side effect."""
+    assigned = _assign(statement)
+    if assigned is None or len(assigned[0]) != 1:
+        return False
+    for node in walk(assigned[1]):
+        if isinstance(node, cst.Subscript | cst.Lambda | cst.Await | cst.Yield):
+            return False
+        if isinstance(node, cst.Call) and not (
+            isinstance(node.func, cst.Name) and node.func.value in _ARITHMETIC_CALLS
+        ):
+            return False
+    return True
+
+
 def _assign(statement: cst.CSTNode) -> tuple[list[str], cst.BaseExpression] | None:
     """``a = value`` / ``a, b = value`` -> (names, value)."""
     small = _simple(statement)
@@ -466,6 +490,15 @@ class ProgramReader:
         if function is None or self.rule.enclosing_def(function) is not None:
             raise Blocked(loop, "the tower loop is not inside a module-level training function")
         if self.rule.parent(function) is not self._module_body_parent(function):
+            holder = self.rule.parent(self.rule.parent(function))
+            if isinstance(holder, cst.ClassDef):
+                raise Blocked(
+                    function,
+                    f"the towers are built in the method `{holder.name.value}."
+                    f"{function.name.value}`: a class-based trainer (graph built by one method, "
+                    "run by another) is not converted yet; the training function must be "
+                    "defined at module level",
+                )
             raise Blocked(function, "the training function is not defined at module level")
         python_setup: list[cst.BaseStatement] = []
         graph: list[cst.BaseStatement] = []
@@ -1513,6 +1546,17 @@ class ProgramReader:
                         "a graph op reporting GPU memory, which the eager loop cannot "
                         "fetch (TFM109 names the TF2 call; not converted)",
                     )
+            if session is None and _plain_arithmetic(statement):
+                # Reading nothing the function binds besides its plain set-up (the target
+                # itself is bound in the graph block holding it).
+                kept = {id(s) for s in python_setup}
+                others = [s for s in function.body.body if id(s) not in kept]
+                graph_made = set().union(set(), *(bound_names(s) for s in others))
+                if not free_names(_assign(statement)[1]) & graph_made:  # type: ignore[index]
+                    # `global_batch = args.batch_size * args.num_gpus`: plain Python on what
+                    # the graph does not make, computed with the set-up before the graph.
+                    python_setup.append(statement)
+                    continue
             shown = (
                 statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else statement
             )
@@ -1573,8 +1617,13 @@ class ProgramReader:
                 continue
             if fetch.tensor in tail.memory:
                 continue  # the loop asks tf.config for it (see the notes)
-            if fetch.tensor in setup_names and self._monitored is not None:
-                continue  # e.g. the learning rate: read in the step, before the update
+            if fetch.tensor in setup_names and (
+                self._monitored is not None or fetch.tensor not in self._setup_variables(setup)
+            ):
+                # e.g. the learning rate: read in the step, before the update, as TF1 computed
+                # it for the update. (A variable fetched next to its own update was read in no
+                # fixed order against it: left to the refusal below.)
+                continue
             if fetch.tensor not in tower_names:
                 raise Blocked(
                     run_statement,
@@ -1725,6 +1774,26 @@ class ProgramReader:
         ):
             return call.func.value.value
         return None
+
+    def _setup_variables(self, setup: list[cst.BaseStatement]) -> set[str]:
+        """Names the set-up binds to a variable (``global_step = tf.train.get_or_create_...``)."""
+        made = set()
+        for statement in setup:
+            for node in walk(statement):
+                assigned = _assign(node) if isinstance(node, cst.SimpleStatementLine) else None
+                if assigned is not None and (self.call_q(assigned[1]) or "").endswith(
+                    _VARIABLE_CALLS
+                ):
+                    made.update(assigned[0])
+        return made
+
+    def _file_writer(self, statement: cst.CSTNode | None) -> bool:
+        assigned = _assign(statement) if statement is not None else None
+        return (
+            assigned is not None
+            and len(assigned[0]) == 1
+            and self.call_q(assigned[1]) == "tensorflow.summary.FileWriter"
+        )
 
     def _session_logging(self, statement: cst.CSTNode, session: str) -> bool:
         """``tf.train.start_queue_runners(sess=sess)`` and ``w = tf.summary.FileWriter(dir,
@@ -2017,6 +2086,20 @@ class ProgramReader:
                 "the session block is not `sess = tf.Session(...)`, "
                 "`sess.run(initializer)`, one step loop",
             )
+        while len(statements) > 3 and self._file_writer(statements[1]):
+            # `writer = tf.summary.FileWriter(dir, sess.graph)` before the initializer: it
+            # only opens the log folder, so it is read as if it came after it.
+            self._session_logging(statements[1], session)
+            statements = [statements[0], *statements[2:]]
+        init = _simple(statements[1]) if statements[1] is not None else None
+        if self._monitored is None and not (
+            isinstance(init, cst.Expr)
+            and isinstance(init.value, cst.Call)
+            and self._is_method(init.value, session, "run")
+            and init.value.args
+            and self.call_q(init.value.args[0].value) in INITIALIZERS
+        ):
+            raise Blocked(statements[1], "expected `sess.run(tf.global_variables_initializer())`")
         prelude = [s for s in statements[2:-1] if not self._session_logging(s, session)]
         for statement in closing:
             if self._log.writer is None or self._writer_call(statement) != self._log.writer[0]:
@@ -2031,15 +2114,6 @@ class ProgramReader:
                     "plain assignments and one step loop",
                 )
         statements = [statements[0], statements[1], statements[-1]]
-        init = _simple(statements[1]) if statements[1] is not None else None
-        if self._monitored is None and not (
-            isinstance(init, cst.Expr)
-            and isinstance(init.value, cst.Call)
-            and self._is_method(init.value, session, "run")
-            and init.value.args
-            and self.call_q(init.value.args[0].value) in INITIALIZERS
-        ):
-            raise Blocked(statements[1], "expected `sess.run(tf.global_variables_initializer())`")
         step_loop = statements[2]
         if self._monitored is not None:
             if not (

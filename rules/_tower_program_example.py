@@ -210,6 +210,67 @@ def each_step(train_steps, batches, total, per_call=STEPS_PER_CALL):
         yield from steps
 
 
+class ReplicaSlices:
+    """The global batches of `dataset`, each cut into one slice per replica as the strategy's
+    distributed datasets cut a batch: replica i takes the i-th slice of ceil(rows / replicas)
+    rows (what tf.split gave tower i: it only accepted rows that divide evenly).
+
+    Iterated as a distributed dataset is, also inside a tf.function (next(), and
+    get_next_as_optional()), but from one plain tf.data iterator: a distributed dataset keeps
+    an iterator per device in step, which costs more per batch than a small model's whole step.
+    """
+
+    def __init__(self, strategy, dataset):
+        self.strategy = strategy
+        self.dataset = dataset
+
+    def __iter__(self):
+        return ReplicaSliceIterator(self.strategy, iter(self.dataset))
+
+
+class ReplicaSliceIterator:
+    """The iterator of ReplicaSlices: each global batch as per-replica values."""
+
+    def __init__(self, strategy, iterator):
+        self.strategy = strategy
+        self.iterator = iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.slices(next(self.iterator))
+
+    def get_next_as_optional(self):
+        return SlicedOptional(self, self.iterator.get_next_as_optional())
+
+    def slices(self, batch):
+        replicas = self.strategy.num_replicas_in_sync
+
+        def rows(tensor, i):
+            size = (tf.shape(tensor)[0] + replicas - 1) // replicas
+            return tensor[i * size:(i + 1) * size]
+
+        with tf.device("/cpu:0"):  # cut on the host: each replica's device gets its rows only
+            parts = [tf.nest.map_structure(lambda t, i=i: rows(t, i), batch) for i in range(replicas)]
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda context: parts[context.replica_id_in_sync_group])
+
+
+class SlicedOptional:
+    """The next batch of a ReplicaSliceIterator, if there is one (as tf.experimental.Optional)."""
+
+    def __init__(self, iterator, optional):
+        self.iterator = iterator
+        self.optional = optional
+
+    def has_value(self):
+        return self.optional.has_value()
+
+    def get_value(self):
+        return self.iterator.slices(self.optional.get_value())
+
+
 def build_program(strategy, flags):
     """The training program under `strategy` (its variables, one step, the batches)."""
     keep_large_tensors_on_the_heap()
@@ -244,7 +305,7 @@ def build_program(strategy, flags):
         ),
     ).unbatch()
     # Replica i receives the i-th slice of each global batch, as tower i did.
-    batches = strategy.experimental_distribute_dataset(dataset)
+    batches = ReplicaSlices(strategy, dataset)
 
     def tower_fn(x, y):
         """One tower of the legacy loop, now one replica."""

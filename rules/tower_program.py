@@ -94,7 +94,11 @@ class TowerProgramToMirroredStrategy(TowerRule):
       calls `train()` is kept); argparse flags parsed into a module-level `FLAGS` keep their
       parser in `make_parser()` and are parsed in the main block, and so does a parser built at
       module level for a main block calling `main(parser.parse_args())` (refused, with the
-      line, when the parser is used for anything else);
+      line, when the parser is used for anything else); a launcher `def main():` that
+      builds the parser and ends `train(parser.parse_args())` (or `args = ...` then
+      `train(args)`) is kept, calling `train(make_parser().parse_args())`; plain arithmetic
+      (`global_batch = args.batch_size * args.num_gpus`) between apply_gradients and the
+      Session is computed before the graph;
     - `--batch-norm sync` (option `batch-norm`) gives every batch norm of a model converted to
       Keras layers `synchronized=True` (statistics over the global batch, the same moving
       statistics on every replica; the manifest announces that losses and weights then differ
@@ -450,7 +454,7 @@ def _simple_call(statement: cst.BaseStatement) -> cst.Call | None:
 
 def _analyse(
     rule: TowerRule, loop: cst.For
-) -> tuple[Program, cst.If, cst.Call | None, AbslMain | None]:
+) -> tuple[Program, cst.If | cst.FunctionDef, cst.Call | None, AbslMain | None]:
     program = ProgramReader(rule, _aggregations(rule)).read(loop)
     module = rule.context.module
     names = identifiers(module)
@@ -587,13 +591,15 @@ def _builds_parser(rule: TowerRule, statement: cst.BaseStatement, parser: str) -
 
 
 def _module_level_parser(
-    rule: TowerRule, main: cst.If, parser: str
+    rule: TowerRule, main: cst.If | cst.FunctionDef, launch: Launch
 ) -> list[cst.BaseStatement] | None:
     """``parser = argparse.ArgumentParser(...)`` and the ``parser.add_argument(...)`` calls
-    right after it at module level, for a main block ending ``train(parser.parse_args())``:
-    those statements (they move into make_parser). None: no module-level parser of that name.
-    Blocked when the parser is used for anything else (its line and what it does)."""
+    right after it at module level, for a main block (or launcher) ending
+    ``train(parser.parse_args())``: those statements (they move into make_parser). None: no
+    module-level parser of that name. Blocked when the parser is used for anything else (its
+    line and what it does)."""
     module = rule.context.module
+    parser = launch.parser
     body = list(module.body)
     start = next(
         (i for i, s in enumerate(body) if parser in bound_names(s) and _assign(s) is not None),
@@ -609,8 +615,8 @@ def _module_level_parser(
     built = body[start:end]
     # Allowed: those statements, the main block's own add_argument calls, the final parse.
     allowed = {id(s) for s in built}
-    allowed |= {id(s) for s in main.body.body[:-1] if _builds_parser(rule, s, parser)}
-    for statement in [*body, *main.body.body[:-1]]:
+    allowed |= {id(s) for s in launch.statements if _builds_parser(rule, s, parser)}
+    for statement in [*body, *launch.statements]:
         if statement is main or id(statement) in allowed:
             continue
         attributes = {id(n.attr) for n in walk(statement) if isinstance(n, cst.Attribute)}
@@ -629,9 +635,9 @@ def _module_level_parser(
                 f"`{parser}` is used besides building it at module level and parsing it in "
                 f"the main block (line {rule.line(use)}: `{rule.src(held, 40)}`)",
             )
-    last = main.body.body[-1]
-    if _names_used(cst.Module(body=[last])).get(parser, 0) != 1:
-        raise Blocked(last, f"`{parser}` is used besides being parsed in the main block")
+    parse = _launch_body(main)[len(launch.statements) :]
+    if _names_used(cst.Module(body=parse)).get(parser, 0) != 1:
+        raise Blocked(parse[-1], f"`{parser}` is used besides being parsed in the main block")
     return built
 
 
@@ -728,10 +734,11 @@ def _regularization_read(rule: TowerRule, call: cst.Call) -> bool:
 
 def _main_block(
     module: cst.Module, function: cst.FunctionDef, own_parser: bool
-) -> tuple[cst.If, cst.Call]:
+) -> tuple[cst.If | cst.FunctionDef, cst.Call]:
     """``if __name__ == '__main__':`` building an argparse parser and calling
-    ``train(parser.parse_args())`` last -- or, when the training function parses its own flags,
-    calling ``main()`` (that block is kept as it is)."""
+    ``train(parser.parse_args())`` last, or a launcher function doing that which the block calls
+    last (``main()``) -- or, when the training function parses its own flags, calling ``main()``
+    (that block is kept as it is)."""
     statement = _name_main(module)
     if statement is not None:
         body = statement.body.body
@@ -746,17 +753,12 @@ def _main_block(
             and not call.args
         ):
             return statement, call
-        if (
-            not own_parser
-            and isinstance(call, cst.Call)
-            and isinstance(call.func, cst.Name)
-            and call.func.value == function.name.value
-            and len(call.args) == 1
-            and len(function.params.params) == 1
-            and _parse_call(call.args[0].value) is not None
-            and statement.orelse is None
-        ):
-            return statement, call
+        if not own_parser and statement.orelse is None:
+            if _launch(list(body), function) is not None:
+                return statement, call  # type: ignore[return-value]
+            launcher = _argparse_launcher(module, function, call)
+            if launcher is not None:
+                return launcher, call  # type: ignore[return-value]
         call_text = "()" if own_parser else "(parser.parse_args())"
         parsed = _module_level_parse(module)
         raise Blocked(
@@ -770,6 +772,94 @@ def _main_block(
             ),
         )
     raise Blocked(function, "no `if __name__ == '__main__':` block calling the training function")
+
+
+@dataclass
+class Launch:
+    """How the flags reach the training function: statements building the parser, then
+    ``train(parser.parse_args())`` or ``args = parser.parse_args()`` and ``train(args)``."""
+
+    statements: list[cst.BaseStatement]  # before the parse (they move into make_parser)
+    parser: str
+
+
+def _launch(body: list[cst.BaseStatement], function: cst.FunctionDef) -> Launch | None:
+    call = _simple_call(body[-1]) if body else None
+    if not (
+        call is not None
+        and isinstance(call.func, cst.Name)
+        and call.func.value == function.name.value
+        and len(call.args) == 1
+        and call.args[0].keyword is None
+        and not call.args[0].star
+        and len(function.params.params) == 1
+    ):
+        return None
+    value = call.args[0].value
+    parser = _parse_call(value)
+    if parser is not None:
+        return Launch(body[:-1], parser)
+    assigned = _assign(body[-2]) if len(body) > 1 else None
+    if isinstance(value, cst.Name) and assigned is not None and assigned[0] == [value.value]:
+        parser = _parse_call(assigned[1])
+        if parser is not None:
+            return Launch(body[:-2], parser)
+    return None
+
+
+def _launch_body(main: cst.If | cst.FunctionDef) -> list[cst.BaseStatement]:
+    """The main block's statements, or the launcher function's without its docstring."""
+    body = list(main.body.body)  # type: ignore[union-attr]
+    if isinstance(main, cst.FunctionDef) and main.get_docstring(clean=False) is not None:
+        body = body[1:]
+    return body
+
+
+def _argparse_launcher(
+    module: cst.Module, function: cst.FunctionDef, call: cst.Call | None
+) -> cst.FunctionDef | None:
+    """``def main():`` building an argparse parser and calling ``train(parser.parse_args())``
+    last, which the main block calls last (``main()``): kept, calling
+    ``train(make_parser().parse_args())`` (a setup.py entry point may name it)."""
+    if call is None or call.args or not isinstance(call.func, cst.Name):
+        return None
+    name = call.func.value
+    launcher = next(
+        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None
+    )
+    if launcher is None or name == function.name.value:
+        return None
+    train = function.name.value
+    if _names_used(cst.Module(body=[launcher])).get(train, 0) == 0:
+        return None  # not the launcher of the training function
+    if (
+        launcher.params.params
+        or launcher.params.star_arg is not cst.MaybeSentinel.DEFAULT
+        or launcher.params.kwonly_params
+        or launcher.params.star_kwarg is not None
+        or launcher.decorators
+        or not isinstance(launcher.body, cst.IndentedBlock)
+    ):
+        raise Blocked(
+            launcher,
+            f"`{name}`, which the main block calls to run `{train}`, takes parameters or is "
+            "decorated (only a plain `def main():` launcher is converted)",
+        )
+    if _launch(_launch_body(launcher), function) is None:
+        raise Blocked(
+            launcher,
+            f"`{name}()`, which the main block calls, does not end with "
+            f"`{train}(parser.parse_args())` or `args = parser.parse_args()` then "
+            f"`{train}(args)` after building the parser (other code in it is not converted)",
+        )
+    return launcher
+
+
+def _slim_launcher(launcher: cst.FunctionDef, function: cst.FunctionDef) -> cst.FunctionDef:
+    """The launcher function, now parsing the flags from make_parser()."""
+    docstring = list(launcher.body.body[:1]) if launcher.get_docstring(clean=False) else []
+    call = cst.parse_statement(f"{function.name.value}(make_parser().parse_args())\n")
+    return launcher.with_changes(body=launcher.body.with_changes(body=[*docstring, call]))
 
 
 def _module_level_parse(module: cst.Module) -> str | None:
@@ -805,7 +895,7 @@ def _renamed(context: RuleContext) -> cst.Module:
 
 
 def _convert(
-    context: RuleContext, analysed: tuple[Program, cst.If, cst.Call]
+    context: RuleContext, analysed: tuple[Program, cst.If | cst.FunctionDef, cst.Call]
 ) -> tuple[cst.Module, dict[str, object], str]:
     module = _renamed(context)
     inner_context = RuleContext(
@@ -872,12 +962,12 @@ if __name__ == "__main__":
     elif program.parser is None:
         params = module.code_for_node(function.params)
         param = function.params.params[0].name.value
-        parser_name = _parse_call(main_call.args[0].value)
-        assert parser_name is not None
-        parser_statements = list(main.body.body[:-1])
+        launch = _launch(_launch_body(main), function)
+        assert launch is not None
+        parser_name, parser_statements = launch.parser, launch.statements
         if parser_name not in set().union(*(bound_names(s) for s in parser_statements)):
             # Built at module level: those statements move into make_parser too.
-            module_parser = _module_level_parser(reader_rule, main, parser_name)
+            module_parser = _module_level_parser(reader_rule, main, launch)
             if module_parser is None:
                 raise Blocked(main, f"`{parser_name}` is not built in the main block")
             parser_statements = [*module_parser, *parser_statements]
@@ -887,6 +977,8 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     {function.name.value}(make_parser().parse_args())
 """
+        if isinstance(main, cst.FunctionDef):
+            main_text = ""  # the launcher stays, and the main block calling it
     else:
         # `def main():` parsed its own flags: it still does, with the parser made by make_parser.
         params = param = program.parser.flags
@@ -1026,6 +1118,9 @@ def {function.name.value}({signature}):
             if moved is not statement:  # the parser's statements, the parse, the main block
                 body.extend([moved] if moved is not None else [])
                 continue
+        if statement is main and isinstance(main, cst.FunctionDef) and program.parser is None:
+            body.append(_slim_launcher(main, function))
+            continue
         if (
             statement is helper
             or statement is parse_helper
@@ -1377,7 +1472,7 @@ def _input_note(program: Program) -> str:
     if program.dataset is not None:
         return (
             f"TFM303: the one-shot iterator over `{program.dataset}` + tf.split -> "
-            f"strategy.experimental_distribute_dataset(`{program.dataset}`): replica i gets the "
+            f"ReplicaSlices(strategy, `{program.dataset}`): replica i gets the "
             "i-th slice of each batch, as tower i got the i-th split"
         )
     if program.tower_feed is not None:

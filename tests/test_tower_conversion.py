@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import libcst as cst
 import pytest
+from conftest import legacy_cache_dir, rewritten
 
 from tfmigrate.engine import Settings, process_source
 from tfmigrate.registry import rule_by_code
@@ -79,18 +78,11 @@ def _folder(name: str) -> Path:
     )
 
 
-# Each fixture's rewrite, made once per test process: several tests read the same output.
-_REWRITTEN: dict[str, tuple[Path, object]] = {}
-
-
 def _rewrite_out(cli, name: str, out: Path):
-    if name not in _REWRITTEN:
-        made = Path(tempfile.mkdtemp(prefix=f"tfm-{name}-"))
-        atexit.register(shutil.rmtree, made, True)
-        result = cli("rewrite", "--out", made / "out", _folder(name))
-        assert result.returncode in (0, 1), result
-        _REWRITTEN[name] = made / "out", result
-    cached, result = _REWRITTEN[name]
+    """The fixture's rewrite (made once per test session: several tests read the same output),
+    copied to ``out``."""
+    cached, result = rewritten(_folder(name))
+    assert result.returncode in (0, 1), result
     shutil.copytree(cached, out)
     return result
 
@@ -182,17 +174,22 @@ def test_manifest_contribution_only_when_the_fix_is_applied():
     assert fixed.manifest["variables"] == {"model/w": "model/w"}
 
 
+# verify's steps: those of tests/verify/ (verify_support.STEPS), so that a legacy program both
+# verify there shares one legacy run (bn_rmsprop: same mapping, same flags)
+STEPS = 8
+
+
 def _verify(
     legacy: Path,
     migrated: Path,
-    steps: int = 6,
+    steps: int = STEPS,
     args: list[str] | None = None,
     options: list[str] | None = None,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tfmigrate", "verify", str(legacy), str(migrated),
-         "--replicas", "2", "--steps", str(steps), *(options or []),
-         *(["--", *args] if args else [])],
+         "--replicas", "2", "--steps", str(steps), "--legacy-cache", str(legacy_cache_dir()),
+         *(options or []), *(["--", *args] if args else [])],
         capture_output=True, text=True, timeout=600,
         env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -204,7 +201,7 @@ def test_converted_fixture_verifies(cli, tmp_path, name):
     out = tmp_path / "out"
     _rewrite_out(cli, name, out)
     convnets = ("addn_towers", "slim_towers", "tutorial_flags", "cifar_towers")
-    steps = 3 if name in convnets else 6
+    steps = 3 if name in convnets else STEPS
     script = SCRIPTS[name]
     result = _verify(
         _folder(name) / script, out / script, steps, VERIFY_ARGS.get(name), VERIFY_OPTIONS.get(name)
@@ -328,7 +325,7 @@ def test_sum_ema_decay_shape(cli, tmp_path):
     assert "layers.dense(" not in program and "make_template" not in program
     assert 'net = Network(name="net")' in code and "logits = net(images)" in code
     assert 'self.hidden = keras.layers.Dense(24, activation="tanh", name="hidden")' in code
-    assert "batches = strategy.experimental_distribute_dataset(dataset)" in code
+    assert "batches = ReplicaSlices(strategy, dataset)" in code
     # Summed clones: no rescaling; the clones' own 1/N now divides by the replica count.
     assert "/ strategy.num_replicas_in_sync" not in code
     assert "1.0 * strategy.num_replicas_in_sync, name='clone_loss'" in code
@@ -432,7 +429,7 @@ def test_queue_saver_shape(cli, tmp_path):
     assert "add_summary" not in program
     assert "dataset = tf.data.Dataset.from_tensor_slices((x, y))\n" in code
     assert "return dataset.repeat().batch(batch_size)\n" in code
-    assert "batches = strategy.experimental_distribute_dataset(input_dataset)" in code
+    assert "batches = ReplicaSlices(strategy, input_dataset)" in code
     assert "summary_writer = tf.summary.create_file_writer(flags.train_dir)" in code
     assert "max_to_keep=3" in code and "manager.save(checkpoint_number=step)" in code
     assert "summary = {'cross_entropy': " in code
@@ -472,8 +469,7 @@ def test_batch_norm_sync(cli, tmp_path):
     statistics and, the forward pass having changed, every quantity; TF1 batch norm kept on
     compat.v1 has no cross-replica mode, so such a program is left alone with a finding that
     says so; without batch norm the option changes nothing; faithful is the default."""
-    synced = tmp_path / "bn_sync"
-    cli("rewrite", "--batch-norm", "sync", "--out", synced, FIXTURES / "towers" / "bn_rmsprop")
+    synced, _ = rewritten(FIXTURES / "towers" / "bn_rmsprop", "--batch-norm", "sync")
     code = (synced / "train.py").read_text()
     assert re.search(r"= TF1BatchNorm\(\n.*scale=False,\n +synchronized=True, name=\"bn1\"\)", code)
     assert "keras.ops.moments(inputs, axes, synchronized=self.synchronized)" in code
@@ -535,8 +531,8 @@ def test_slim_clones_weight_decay_is_checked(cli, tmp_path):
 def test_bn_rmsprop_synchronized_statistics_are_announced(cli, tmp_path):
     """--batch-norm sync trains with cross-replica statistics: verify reports the statistics,
     the losses and the weights as differing as announced, with their size -- never FAIL."""
-    out = tmp_path / "out"
-    cli("rewrite", "--batch-norm", "sync", "--out", out, FIXTURES / "towers" / "bn_rmsprop")
+    out = tmp_path / "out"  # test_batch_norm_sync reads the same rewrite
+    shutil.copytree(rewritten(FIXTURES / "towers" / "bn_rmsprop", "--batch-norm", "sync")[0], out)
     result = _verify(FIXTURES / "towers" / "bn_rmsprop" / "train.py", out / "train.py")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "DIFFERS AS ANNOUNCED" in result.stdout
@@ -1074,3 +1070,130 @@ def test_module_level_parser_parsed_in_the_main_block_converts():
         assert "`parser` is used besides building it at module level" in finding.message
         line = next(i for i, s in enumerate(used.splitlines(), 1) if text in s)
         assert f"(line {line}: `{text}" in finding.message
+
+
+def test_launcher_function_parsing_the_flags_is_kept_calling_make_parser():
+    """queue_saver's `def main():` builds the parser and ends `args = parser.parse_args()`,
+    `train(args)`: it stays (an entry point may name it), its parser moves into make_parser.
+    (Verified and run from the command line by the slow queue_saver tests.)"""
+    path = _folder("queue_saver") / "train.py"
+    legacy = path.read_text()
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(legacy, str(path), settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    assert "  parser = argparse.ArgumentParser()\n  parser.add_argument('--num_gpus'" in code
+    assert code.count("argparse.ArgumentParser()") == 1  # in make_parser only
+    assert code.endswith(
+        'def main():\n  """Command-line entry point: flags from argv, then training."""\n'
+        "  train(make_parser().parse_args())\n\n\nif __name__ == '__main__':\n  main()\n"
+    )
+    assert process_source(code, str(path), settings).new_code is None  # nothing left to do
+    # The same launcher passing `parser.parse_args()` directly, or the main block doing the
+    # two-statement parse itself: the same program.
+    inline = legacy.replace(
+        "  args = parser.parse_args()\n  train(args)\n", "  train(parser.parse_args())\n"
+    )
+    assert process_source(inline, str(path), settings).new_code == code
+    start = legacy.index("def main():\n")
+    body = legacy[legacy.index("  parser = ", start) : legacy.index("\n\n\nif __name__")]
+    in_block = legacy[:start].rstrip("\n") + "\n\n\nif __name__ == '__main__':\n" + body + "\n"
+    converted = process_source(in_block, str(path), settings).new_code
+    assert converted is not None and "def main()" not in converted
+    assert converted.endswith('if __name__ == "__main__":\n  train(make_parser().parse_args())\n')
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "  args = parser.parse_args()\n",
+            "  args = parser.parse_args()\n  print(args)\n",
+            "`main()`, which the main block calls, does not end with `train(parser.parse_args())`",
+        ),
+        ("def main():\n", "def main(argv=None):\n", "`main`, which the main block calls to run"),
+    ],
+)
+def test_launcher_doing_more_is_refused_with_its_line(old, new, message):
+    path = _folder("queue_saver") / "train.py"
+    legacy = path.read_text().replace(old, new)
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    result = process_source(legacy, str(path), settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None and message in finding.message
+    line = legacy.splitlines().index(new.splitlines()[0] if "def" in new else "def main():") + 1
+    assert finding.line == line
+
+
+def test_plain_arithmetic_between_the_update_and_the_session_converts():
+    """`log_every = max(1, flags.max_steps // 20)` after apply_gradients: plain Python, computed
+    before the graph and handed to the loop; a value read from the graph stays refused."""
+    path = _folder("cifar_average") / "train.py"
+    apply = "    train_op = opt.apply_gradients(grads, global_step=global_step)\n"
+    legacy = path.read_text().replace("if step % 10 == 0", "if step % log_every == 0")
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    plain = legacy.replace(apply, apply + "    log_every = max(1, flags.max_steps // 20)\n")
+    code = process_source(plain, str(path), settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    start = code.index("def build_program(")
+    build = code[start : code.index("keep_large_tensors_on_the_heap()", start)]
+    assert "  log_every = max(1, flags.max_steps // 20)\n" in build
+    assert '  log_every = program["log_every"]\n' in code and "if step % log_every == 0" in code
+    graph = legacy.replace(apply, apply + "    log_every = len(tower_grads) * 10\n")
+    result = process_source(graph, str(path), settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None
+    assert "`log_every = len(tower_grads) * 10`: graph code between" in finding.message
+
+
+def test_a_layer_named_like_a_keras_model_property_gets_its_own_attribute():
+    """tf.layers.dense(..., name='output'): `self.output` is keras.Model's read-only property."""
+    path = _folder("layers_adam") / "train.py"
+    legacy = path.read_text().replace("name='logits')", "name='output')")
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(legacy, str(path), settings).new_code
+    assert code is not None
+    assert 'self.output_layer = keras.layers.Dense(5, name="output")' in code
+    assert "self.output =" not in code and "return self.output_layer(x)" in code
+
+
+def test_learning_rate_summary_and_a_writer_opened_before_the_initializer_convert():
+    """queue_saver with a polynomial-decay learning rate logged as a summary and its FileWriter
+    opened before the initializer: the rate is read in the step (before the update, as the
+    optimizer reads it) and logged under its tag; the writer becomes a TF2 summary writer.
+    (A fresh script in this style verified EQUIVALENT, 4 steps, 2 replicas.)"""
+    path = _folder("queue_saver") / "train.py"
+    legacy = path.read_text()
+    opt = "    opt = tf.train.GradientDescentOptimizer(flags.learning_rate)\n"
+    decayed = (
+        "    lr = tf.train.polynomial_decay(flags.learning_rate, global_step, flags.max_steps,\n"
+        "                                   end_learning_rate=0.01)\n"
+        "    opt = tf.train.GradientDescentOptimizer(lr)\n"
+    )
+    init = "    sess.run(tf.global_variables_initializer())\n"
+    writer = "    summary_writer = tf.summary.FileWriter(flags.train_dir, sess.graph)\n"
+    legacy = legacy.replace(opt, decayed).replace(writer, "").replace(init, writer + init)
+    legacy = legacy.replace(
+        "    tf.summary.scalar('cross_entropy', loss)\n",
+        "    tf.summary.scalar('cross_entropy', loss)\n    tf.summary.scalar('learning_rate', lr)\n",
+    )
+    assert legacy.index(writer) < legacy.index(init)
+    settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
+    code = process_source(legacy, str(path), settings).new_code
+    assert code is not None and not TF1_ONLY.findall(code)
+    assert "fetches['lr'] = lr() if callable(lr) else lr\n" in code
+    assert "'learning_rate': outputs['lr']" in code
+    assert "summary_writer = tf.summary.create_file_writer(flags.train_dir)" in code
+    # Anything else before the initializer: still refused, naming its line.
+    busy = legacy.replace(writer, writer + "    print(sess.graph)\n")
+    result = process_source(busy, str(path), settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None
+    assert "expected `sess.run(tf.global_variables_initializer())`" in finding.message
+    assert finding.line == busy.splitlines().index("    print(sess.graph)") + 1
+    # The global step fetched next to its own update (read in no fixed order): still refused.
+    run = "sess.run([train_op, loss, summary_op])"
+    stepped = legacy.replace(run, run.replace("summary_op]", "summary_op, global_step]"))
+    stepped = stepped.replace("_, loss_value, summary =", "_, loss_value, summary, at =")
+    result = process_source(stepped, str(path), settings)
+    [finding] = [f for f in result.findings if f.code == "TFM303"]
+    assert result.new_code is None and "the loop fetches `global_step`" in finding.message

@@ -127,7 +127,7 @@ x = rng.rand(7 * 8, 3).astype(np.float32)
 y = x.dot([[1.0], [-2.0], [0.5]]).astype(np.float32)
 
 
-def program():
+def program(sliced=False):
     with strategy.scope():  # each replica's update is summed into the mirrored variable
         w = tf.Variable(tf.zeros([3, 1]), aggregation=tf.VariableAggregation.SUM)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # 7 batches
@@ -144,6 +144,9 @@ def program():
         out["sum"] = strategy.reduce("SUM", out["loss"], axis=None)
         return out
 
+    # the emitted input (ReplicaSlices), else the strategy's distributed dataset
+    if sliced:
+        return w, iter(emitted_helpers.ReplicaSlices(strategy, dataset)), one_step
     return w, iter(strategy.experimental_distribute_dataset(dataset)), one_step
 
 
@@ -154,14 +157,29 @@ for _ in range(7):
     out = train_step(next(it))
     alone.append({"loss": [float(v) for v in strategy.experimental_local_results(out["loss"])],
                   "sum": float(out["sum"]), "w": w.numpy().ravel().tolist()})
-w, it, one_step = program()
-train_steps = WatchedSteps(strategy, one_step, [w])
-calls = [train_steps(it, 5) for _ in range(3)]
-several = [{"loss": [float(v) for v in s["outputs"]["loss"]],
-            "sum": float(s["outputs"]["sum"][0]), "w": s["watched"][0].ravel().tolist(),
-            "per_replica": s["per_replica"],
-            "rows": [[p.shape[0] for p in parts] for parts in s["inputs"]],
-            "x0": float(s["inputs"][0][0][0, 0])} for call in calls for s in call]
+def watched(sliced=False):
+    w, it, one_step = program(sliced)
+    train_steps = WatchedSteps(strategy, one_step, [w])
+    calls = [train_steps(it, 5) for _ in range(3)]
+    return calls, [{"loss": [float(v) for v in s["outputs"]["loss"]],
+                    "sum": float(s["outputs"]["sum"][0]), "w": s["watched"][0].ravel().tolist(),
+                    "per_replica": s["per_replica"],
+                    "rows": [[p.shape[0] for p in parts] for parts in s["inputs"]],
+                    "x0": float(s["inputs"][0][0][0, 0]),
+                    "x1": float(s["inputs"][0][1][0, 0])} for call in calls for s in call]
+
+
+calls, several = watched()
+sliced_calls, sliced = watched(sliced=True)
+# ReplicaSlices cuts uneven batches (rows not a multiple of the replicas) as the distributed
+# dataset does, eagerly too
+sizes = tf.data.Dataset.from_generator(
+    lambda: (np.arange(2 * b, dtype=np.float32).reshape(b, 2) for b in (8, 5, 3, 1)),
+    output_signature=tf.TensorSpec([None, 2], tf.float32))
+cuts = {kind: [[p.numpy().tolist() for p in strategy.experimental_local_results(batch)]
+               for batch in batches]
+        for kind, batches in [("distributed", strategy.experimental_distribute_dataset(sizes)),
+                              ("sliced", emitted_helpers.ReplicaSlices(strategy, sizes))]}
 # The program's own loop: its values only, then the weights after its last step.
 w, it, one_step = program()
 own_steps = emitted_helpers.StepsInOneCall(strategy, one_step)
@@ -169,6 +187,7 @@ own_calls = [own_steps(it, 5) for _ in range(3)]
 own = [{"loss": [float(v) for v in s["loss"]], "sum": float(s["sum"][0]), "keys": sorted(s)}
        for call in own_calls for s in call]
 json.dump({"alone": alone, "calls": [len(c) for c in calls], "several": several,
+           "sliced_calls": [len(c) for c in sliced_calls], "sliced": sliced, "cuts": cuts,
            "own_calls": [len(c) for c in own_calls], "own": own,
            "own_w": w.numpy().ravel().tolist()}, sys.stdout)
 """
@@ -192,9 +211,16 @@ def test_steps_in_one_call_train_what_one_step_per_call_trains(tmp_path: Path):
         assert many["w"] == pytest.approx(one["w"], abs=1e-6)  # read after the step's update
         assert many["per_replica"] == ["loss"]
         assert many["rows"] == [[4, 4], [4, 4]]  # x and y, half a batch per replica
-    assert [s["x0"] for s in several] == pytest.approx(
-        [float(v) for v in np.random.RandomState(0).rand(56, 3).astype(np.float32)[::8, 0]]
-    )
+    x = np.random.RandomState(0).rand(56, 3).astype(np.float32)
+    assert [s["x0"] for s in several] == pytest.approx([float(v) for v in x[::8, 0]])
+    assert [s["x1"] for s in several] == pytest.approx([float(v) for v in x[4::8, 0]])
+    # the emitted input (ReplicaSlices): the same steps, each replica on the same rows
+    assert result["sliced_calls"] == [5, 2, 0]
+    assert result["sliced"] == several
+    assert result["cuts"]["sliced"] == result["cuts"]["distributed"]
+    assert [[len(part) for part in batch] for batch in result["cuts"]["sliced"]] == [
+        [4, 4], [3, 2], [2, 1], [1, 0]
+    ]  # fmt: skip
     # the program's own StepsInOneCall: the same steps, its values only
     assert result["own_calls"] == [5, 2, 0]
     for one, step in zip(alone, result["own"], strict=True):
