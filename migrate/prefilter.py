@@ -349,19 +349,19 @@ def possible_rules(
 
 def _sums_its_items(loop: ast.For | ast.AsyncFor) -> bool:
     """Some ``x += y`` inside ``loop`` adds a name the loop's target binds."""
-    bound = _names_in(loop.target)
+    bound = names_in(loop.target)
     for statement in (*loop.body, *loop.orelse):
         for node in ast.walk(statement):
             if (
                 type(node) is ast.AugAssign
                 and type(node.op) is ast.Add  # type: ignore[attr-defined]
-                and not bound.isdisjoint(_names_in(node.value))  # type: ignore[attr-defined]
+                and not bound.isdisjoint(names_in(node.value))  # type: ignore[attr-defined]
             ):
                 return True
     return False
 
 
-def _names_in(node: ast.AST) -> set[str]:
+def names_in(node: ast.AST) -> set[str]:
     """Every identifier spelled in ``node``, as libcst's ``Name`` nodes would hold them."""
     found: set[str] = set()
     for inner in ast.walk(node):

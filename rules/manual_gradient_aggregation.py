@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 import libcst as cst
 
 from tfmigrate import tree
-from tfmigrate.prefilter import CodeFacts, argument
+from tfmigrate.prefilter import CodeFacts, argument, names_in
 from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules._towers import (
     ADD_N,
@@ -473,20 +473,6 @@ _AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _AST_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
-def _ast_identifiers(node: ast.AST) -> set[str]:
-    """At least every name ``identifiers`` reads in the libcst tree of ``node``."""
-    found: set[str] = set()
-    for inner in ast.walk(node):
-        kind = type(inner)
-        if kind is ast.Name:
-            found.add(inner.id)  # type: ignore[attr-defined]
-        elif kind is ast.Attribute:
-            found.add(inner.attr)  # type: ignore[attr-defined]
-        elif kind in (ast.arg, ast.keyword) and inner.arg:  # type: ignore[attr-defined]
-            found.add(inner.arg)  # type: ignore[attr-defined]
-    return found
-
-
 def _ast_int(node: ast.AST | None) -> int | None:
     """``int_value`` on an ``ast`` expression."""
     if type(node) is ast.Constant and type(node.value) is int:  # type: ignore[attr-defined]
@@ -503,7 +489,7 @@ def _ast_int(node: ast.AST | None) -> int | None:
 def _may_be_about_tower_gradients(node: ast.AST, facts: CodeFacts, *, summed: bool = False) -> bool:
     """``_about_tower_gradients`` on the ``ast`` tree, reading at least the same names (all of
     a comprehension's loops); with ``summed``, also ``visit_AugAssign``'s loop test."""
-    context = _ast_identifiers(node)
+    context = names_in(node)
     loop_targets: set[str] = set()
     in_loop = transposed = False
     iterated: list[ast.AST] = []
@@ -512,7 +498,7 @@ def _may_be_about_tower_gradients(node: ast.AST, facts: CodeFacts, *, summed: bo
         kind = type(ancestor)
         if kind in (ast.For, ast.AsyncFor):
             iterated.append(ancestor)
-            loop_targets |= _ast_identifiers(ancestor.target)  # type: ignore[attr-defined]
+            loop_targets |= names_in(ancestor.target)  # type: ignore[attr-defined]
             in_loop = True
         elif kind is ast.While:
             in_loop = True
@@ -520,12 +506,12 @@ def _may_be_about_tower_gradients(node: ast.AST, facts: CodeFacts, *, summed: bo
             iterated.extend(ancestor.generators)  # type: ignore[attr-defined]
         elif kind in (ast.FunctionDef, ast.AsyncFunctionDef):
             context.add(ancestor.name)  # type: ignore[attr-defined]
-            context |= _ast_identifiers(ancestor.args)  # type: ignore[attr-defined]
+            context |= names_in(ancestor.args)  # type: ignore[attr-defined]
         if kind in _AST_DEFS:
             break
         ancestor = facts.parent(ancestor)
     for loop in iterated:
-        context |= _ast_identifiers(loop.iter) | _ast_identifiers(loop.target)  # type: ignore[attr-defined]
+        context |= names_in(loop.iter) | names_in(loop.target)  # type: ignore[attr-defined]
         transposed = transposed or any(
             type(n) is ast.Call
             and type(n.func) is ast.Name  # type: ignore[attr-defined]
@@ -534,7 +520,7 @@ def _may_be_about_tower_gradients(node: ast.AST, facts: CodeFacts, *, summed: bo
             for n in ast.walk(loop.iter)  # type: ignore[attr-defined]
         )
     if summed and not (
-        in_loop and _ast_identifiers(node.value) & loop_targets  # type: ignore[attr-defined]
+        in_loop and names_in(node.value) & loop_targets  # type: ignore[attr-defined]
     ):
         return False
     text = " ".join(context)
