@@ -361,6 +361,10 @@ def _sums_its_items(loop: ast.For | ast.AsyncFor) -> bool:
     return False
 
 
+# The nodes that open a scope of their own: a walk up from a node stops at the first one.
+AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
 def names_in(node: ast.AST) -> set[str]:
     """Every identifier spelled in ``node``, as libcst's ``Name`` nodes would hold them."""
     found: set[str] = set()

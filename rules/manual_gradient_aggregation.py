@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 import libcst as cst
 
 from tfmigrate import tree
-from tfmigrate.prefilter import CodeFacts, argument, names_in
+from tfmigrate.prefilter import AST_DEFS, CodeFacts, argument, names_in
 from tfmigrate.rule import Example, FixSafety, RuleContext
 from tfmigrate.rules._towers import (
     ADD_N,
@@ -469,7 +469,6 @@ train_op = opt.apply_gradients(grads)
         return False
 
 
-_AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _AST_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
@@ -507,7 +506,7 @@ def _may_be_about_tower_gradients(node: ast.AST, facts: CodeFacts, *, summed: bo
         elif kind in (ast.FunctionDef, ast.AsyncFunctionDef):
             context.add(ancestor.name)  # type: ignore[attr-defined]
             context |= names_in(ancestor.args)  # type: ignore[attr-defined]
-        if kind in _AST_DEFS:
+        if kind in AST_DEFS:
             break
         ancestor = facts.parent(ancestor)
     for loop in iterated:

@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 
 import libcst as cst
 
-from tfmigrate.prefilter import CodeFacts
+from tfmigrate.prefilter import AST_DEFS, CodeFacts
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import TowerRule, get_arg, walk
 
@@ -346,14 +346,11 @@ setter = replica_device_setter(2)
         return None
 
 
-_AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-
 def _in_device_function(node: ast.AST, facts: CodeFacts) -> bool:
     """``enclosing_def`` and ``_returns_device`` on the ``ast`` tree, erring towards True: a
     return of a string, a name or an operation on anything."""
     function = facts.parent(node)
-    while function is not None and not isinstance(function, _AST_DEFS):
+    while function is not None and not isinstance(function, AST_DEFS):
         function = facts.parent(function)
     if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
         return False
@@ -367,7 +364,7 @@ def _in_device_function(node: ast.AST, facts: CodeFacts) -> bool:
                 kind is ast.Constant and isinstance(value.value, str | bytes)
             ):
                 return True
-        if not isinstance(current, _AST_DEFS):
+        if not isinstance(current, AST_DEFS):
             pending.extend(ast.iter_child_nodes(current))
     return False
 
