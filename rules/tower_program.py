@@ -422,18 +422,14 @@ def _launcher(
 ) -> cst.FunctionDef | None:
     """The TF tutorials' ``def main(argv=None): train()``: the function tf.app.run runs, doing
     nothing but calling the training function (which takes no parameters) last; kept as it is."""
-    launcher = next(
-        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None
-    )
+    launcher = _module_function(module, name)
     if (
         launcher is None
         or function.params.params
         or not isinstance(launcher.body, cst.IndentedBlock)
     ):
         return None
-    body = list(launcher.body.body)
-    if launcher.get_docstring(clean=False) is not None:
-        body = body[1:]
+    body = _launch_body(launcher)
     last = _simple_call(body[-1]) if body else None
     if not (
         len(body) == 1
@@ -444,6 +440,13 @@ def _launcher(
     ):
         return None
     return launcher
+
+
+def _module_function(module: cst.Module, name: str | None) -> cst.FunctionDef | None:
+    """The module-level ``def`` of that name (a launcher the main block calls)."""
+    return next(
+        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None
+    )
 
 
 def _simple_call(statement: cst.BaseStatement) -> cst.Call | None:
@@ -824,9 +827,7 @@ def _argparse_launcher(
     if call is None or call.args or not isinstance(call.func, cst.Name):
         return None
     name = call.func.value
-    launcher = next(
-        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None
-    )
+    launcher = _module_function(module, name)
     if launcher is None or name == function.name.value:
         return None
     train = function.name.value
