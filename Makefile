@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint goldens clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check migrate rules tests bench scripts
+
+# Rewrite fixtures/goldens from the current code; review the diff like code.
+goldens: $(STAMP)
+	$(BIN)/python tests/goldens.py
 
 clean:
 	rm -rf $(VENV) out
