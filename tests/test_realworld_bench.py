@@ -1,0 +1,224 @@
+"""bench/realworld.py: classification of corpus programs, on a tiny corpus written here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location(
+        "realworld_bench", REPO / "bench" / "realworld.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building the class
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+HEADER = "repo\tcommit\tlicense\tentry_script\tother_extracted_paths\tstyle_notes\tdata\n"
+
+PY2_TOWERS = """\
+import tensorflow as tf
+
+def train():
+    opt = tf.train.GradientDescentOptimizer(0.1)
+    x = tf.placeholder(tf.float32, [None, 4])
+    tower_grads = []
+    for i in xrange(2):
+        with tf.device('/gpu:%d' % i):
+            loss = tf.reduce_mean(tf.layers.dense(x, 1))
+            tower_grads.append(opt.compute_gradients(loss))
+    print "built", len(tower_grads)
+"""
+
+
+def _corpus(root: Path) -> Path:
+    corpus = root / "corpus"
+    shutil.copytree(FIXTURES / "towers" / "cifar_average", corpus / "ours+towers")
+    (corpus / "ours+py2").mkdir(parents=True)
+    (corpus / "ours+py2" / "train.py").write_text(PY2_TOWERS, encoding="utf-8")
+    (corpus / "INDEX.tsv").write_text(
+        HEADER
+        + "ours/towers\t0\tApache-2.0\ttrain.py\t\tTOWER. agg: average_gradients.\tnone\n"
+        + "ours/py2\t0\tApache-2.0\ttrain.py\t\tTOWER. Python 2 only.\tnone\n",
+        encoding="utf-8",
+    )
+    return corpus
+
+
+def test_tiny_corpus_rows_through_the_cli(tmp_path: Path, capsys) -> None:
+    corpus = _corpus(tmp_path)
+    out_md, out_json = tmp_path / "table.md", tmp_path / "table.json"
+    status = bench.main(
+        ["--corpus", str(corpus), "--markdown", str(out_md), "--json", str(out_json)]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "ours/towers:train.py" in printed and "ours/py2:train.py" in printed
+
+    payload = json.loads(out_json.read_text(encoding="utf-8"))
+    towers, py2 = payload["rows"]
+    assert (towers["repo"], py2["repo"]) == ("ours/towers", "ours/py2")
+
+    # The fixture converts through the whole-program converter.
+    assert towers["whole_program"] and towers["converter"] == "TFM303"
+    assert towers["outcome"].startswith("converted")
+    assert towers["compiles"] is True and towers["undefined_names"] == 0
+    assert towers["legacy_statements"] > 0 and towers["legacy_code_lines"] > 0
+    assert towers["code_line_ratio"] == towers["converted_code_lines"] / towers["legacy_code_lines"]
+    assert towers["trains"] == "not run"
+    assert towers["counts_as_converted"] == (
+        not towers["banned_outside_todo"] and towers["todo_share"] <= bench.MAX_TODO_SHARE
+    )
+
+    assert py2["outcome"] == "refused: Python 2"
+    assert "Python 2 syntax at line" in py2["detail"]
+    assert not py2["whole_program"] and py2["compiles"] is False
+    assert py2["undefined_names"] is None  # ruff cannot parse it either
+    assert not py2["counts_as_converted"]
+
+    summary = payload["summary"]
+    assert summary["programs"] == 2 and summary["python2"] == 1
+    assert summary["whole_program_applied"] == 1 and summary["compile"] == 1
+    assert summary["converted"] == int(towers["counts_as_converted"])
+    assert summary["tower_horovod_python3"] == 1
+    assert "| ours/py2:train.py | tower | refused: Python 2 |" in out_md.read_text(encoding="utf-8")
+
+    # --only filters by folder/entry.
+    rows = bench.measure_corpus(corpus, only="ours+py2")
+    assert [r.repo for r in rows] == ["ours/py2"]
+
+
+def test_missing_corpus_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    assert bench.main(["--corpus", str(tmp_path / "nowhere")]) == 2
+    assert "no corpus at" in capsys.readouterr().err
+
+
+CONVERTED = """\
+import tensorflow as tf
+
+strategy = tf.distribute.MirroredStrategy()
+# TODO(tfmigrate): TFM310 a queue runner has no TF2 form; commented out
+# coord = tf.train.Coordinator()
+# threads = tf.train.start_queue_runners(coord=coord)
+summary_op = tf.compat.v1.get_collection("summaries")  # TODO(tfmigrate): TFM311 summaries kept
+# TODO(tfmigrate): TFM312 restore a TF1 checkpoint by hand
+if restore:
+    saver = tf.compat.v1.train.Saver()
+    sess = tf.compat.v1.Session()
+# An ordinary comment about placeholder and Session.
+x = "tf.placeholder in a string"
+y = tf.compat.v1.placeholder(tf.float32)
+"""
+
+
+def test_todo_scan_covers_trailing_standalone_and_commented_out_code() -> None:
+    scan = bench.scan_todos(CONVERTED)
+    assert scan.codes == ["TFM310", "TFM311", "TFM312"]
+    # 2 commented-out statements + the trailing one + the `if` block (if, 2 assignments).
+    assert scan.statements == 2 + 1 + 3
+    assert scan.commented_code_lines == 2
+    # Names under a TODO are not counted; the placeholder on the last line is.
+    assert bench.banned_names(CONVERTED, scan.covered_lines) == ["placeholder"]
+
+
+def test_wrapped_todo_prose_is_not_counted_as_code() -> None:
+    text = textwrap.dedent(
+        """\
+        # TODO(tfmigrate): TFM313 the hand-written update
+        #   is kept as it was
+        #   needs
+        update = custom_adam(grads)
+        """
+    )
+    scan = bench.scan_todos(text)
+    assert scan.statements == 0 and scan.commented_code_lines == 0
+
+
+def _run(tmp_path: Path, legacy: str, written: str | None, summary: dict | None) -> object:
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir(parents=True)
+    (src / "train.py").write_text(legacy, encoding="utf-8")
+    if written is not None:
+        out.mkdir()
+        (out / "train.py").write_text(written, encoding="utf-8")
+    return bench.FolderRun(src, out, 1, summary, "Traceback ...\nValueError: boom\n", 0.1)
+
+
+PROGRAM = bench.Program("o/n", "train.py", ("lib.py", "LICENSE"), "TOWER. x", "none")
+LEGACY = "import tensorflow as tf\nsess = tf.Session()\nx = 1\ny = 2\nz = 3\n"
+
+
+def test_classify_converted_with_todos(tmp_path: Path) -> None:
+    written = (
+        "import tensorflow as tf\n"
+        "# TODO(tfmigrate): TFM320 no TF2 form\n"
+        "# sess = tf.Session()\n"
+        "x = 1\ny = 2\nz = 3\n"
+    )
+    summary = {
+        "files": [{"path": "train.py", "changed": True, "applied": ["TFM303"], "error": None}],
+        "findings": [
+            {
+                "path": "train.py",
+                "line": 2,
+                "code": "TFM303",
+                "message": "converted",
+                "applied": True,
+            }
+        ],
+    }
+    row = bench.classify(PROGRAM, _run(tmp_path, LEGACY, written, summary))
+    assert row.whole_program and row.outcome == "converted with 1 TODOs"
+    assert row.todo_codes == ["TFM320"] and row.todo_statements == 1
+    assert row.legacy_statements == 5 and row.todo_share == pytest.approx(0.2)
+    assert row.converted_code_lines == row.legacy_code_lines == 5  # the commented line counts
+    assert row.banned_outside_todo == [] and row.compiles and row.undefined_names == 0
+    assert row.counts_as_converted
+
+
+def test_classify_refusal_names_the_line_and_reason(tmp_path: Path) -> None:
+    message = "Horovod: the script is not converted (line 4): the main block is not `main()`"
+    summary = {
+        "files": [{"path": "./train.py", "changed": False, "applied": [], "error": None}],
+        "findings": [
+            {"path": "lib.py", "line": 9, "code": "TFM303", "message": "not converted: x"},
+            {"path": "train.py", "line": 1, "code": "TFM401", "message": message},
+            {
+                "path": "other.py",
+                "line": 1,
+                "code": "TFM303",
+                "message": "converted",
+                "applied": True,
+            },
+        ],
+    }
+    row = bench.classify(PROGRAM, _run(tmp_path, LEGACY, LEGACY, summary))
+    assert row.outcome == "refused" and not row.whole_program  # other.py is not this program's
+    assert (row.converter, row.refusal_path, row.refusal_line) == ("TFM401", "train.py", 4)
+    assert row.detail == "the main block is not `main()`"
+    assert row.banned_outside_todo == ["Session"] and not row.counts_as_converted
+
+
+def test_classify_tool_failure_is_a_row(tmp_path: Path) -> None:
+    row = bench.classify(PROGRAM, _run(tmp_path, LEGACY, None, None))
+    assert row.outcome == "error" and row.detail.endswith("ValueError: boom")
+    summary = {
+        "files": [{"path": "train.py", "error": "internal error: a rule crashed on train.py"}],
+        "findings": [],
+    }
+    row = bench.classify(PROGRAM, _run(tmp_path / "b", LEGACY, None, summary))
+    assert row.outcome == "error" and row.detail.startswith("internal error")
+    assert row.compiles is True  # measured on the file as it stands
