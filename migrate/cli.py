@@ -7,7 +7,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 import typer
 from rich.console import Console
@@ -282,8 +282,16 @@ def _write_diffs(results: list[FileResult], sources: dict[str, Path]) -> None:
     raw.flush()
 
 
+class _SummaryRow(TypedDict):
+    path: str
+    changed: bool
+    applied: list[str]
+    reported: list[str]
+    error: str | None
+
+
 def _rewrite_summary(results: list[FileResult], output_format: RewriteFormat, mode: str) -> None:
-    rows = []
+    rows: list[_SummaryRow] = []
     for r in results:
         if not (r.findings or r.error or r.changed):
             continue
@@ -449,6 +457,7 @@ def _apply_in_place(
             )
             raise typer.Exit(EXIT_ERROR)
     for result in changed:
+        assert result.new is not None  # a changed result has its new bytes
         writer.atomic_write(sources[result.path], result.new)
     root = gitcheck.git_root(inputs[0]) or writer.output_layout(inputs)
     _update_manifest(root, changed, sources)

@@ -130,6 +130,7 @@ def process_source(
     # new train step builds): reported too, placed in the rewritten text.
     known = {(f.code, f.message) for f in findings}
     later: dict[tuple[str, str], Finding] = {}
+    pass_findings: list[Finding] = []
     for _ in range(_MAX_FIX_PASSES):
         new_module, applied = _apply(new_module, pending)
         _mark_applied([*findings, *later.values()], applied)
@@ -289,9 +290,9 @@ def _outermost(
 ) -> list[tuple[Finding, Fix | None]]:
     """Drop fixes nested inside another fix's node; the next pass re-finds them."""
     if len(fixes) < 2:
-        return fixes
+        return list(fixes)
     fixed = {id(fix.node) for _, fix in fixes}
-    kept = []
+    kept: list[tuple[Finding, Fix | None]] = []
     first_for_target: dict[int, Fix] = {}
     dropped: set[int] = set()  # nested fixes: not applied in this pass
     for finding, fix in fixes:
@@ -327,7 +328,7 @@ class _ApplyFixes(cst.CSTTransformer):
         self._by_node = {id(fix.node): fix for fix in fixes}
         self._keep_alive = fixes
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+    def on_leave(self, original_node, updated_node):
         fix = self._by_node.get(id(original_node))
         if fix is None:
             return updated_node

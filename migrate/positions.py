@@ -95,7 +95,8 @@ class LazyPositions(Mapping[cst.CSTNode, CodeRange]):
             self._index()
         if self._exact is not None:
             return CodePosition(*self._exact[index])
-        offset = self._offsets[index]  # type: ignore[index]
+        assert self._offsets is not None  # _index() sets it
+        offset = self._offsets[index]
         line = bisect.bisect_right(self._line_ends, offset)
         column = offset - (self._line_ends[line - 1] if line else 0)
         return CodePosition(line + 1, column)

@@ -22,8 +22,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from tfmigrate.names import canonical
+
+if TYPE_CHECKING:  # rule.py imports this module
+    from tfmigrate.rule import Rule
 
 # Module roots a rule can be about; a file importing none of them is left alone by the engine.
 TF_ROOTS = ("tensorflow", "keras", "horovod")
@@ -179,10 +183,10 @@ def raw_possible(
         for needle in needles:
             held = found.get(needle)
             if held is None:
-                if type(needle) is bytes:
+                if isinstance(needle, bytes):
                     held = found[needle] = needle in raw
                 else:
-                    held = found[needle] = needle.search(raw) is not None  # type: ignore[union-attr]
+                    held = found[needle] = needle.search(raw) is not None
             if not held:
                 break
         else:
@@ -221,18 +225,21 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
     loops: list[ast.For | ast.AsyncFor] = []
     adds = False
     nodes = _nodes(tree)
+    # Dispatched on the exact class once per node (this loop is most of the pass); mypy cannot
+    # narrow ``node`` through ``kind``, so the branches read it untyped.
+    node: Any
     for node in nodes:
         kind = type(node)
         if kind is ast.Name:
-            words.append(node.id)  # type: ignore[attr-defined]
-            chains.add(node.id)  # type: ignore[attr-defined]
+            words.append(node.id)
+            chains.add(node.id)
         elif kind is ast.Attribute:
-            words.append(node.attr)  # type: ignore[attr-defined]
+            words.append(node.attr)
             chain = _dotted(node)
             if chain is not None:
                 chains.add(chain)
         elif kind is ast.Constant:
-            value = node.value  # type: ignore[attr-defined]
+            value = node.value
             if isinstance(value, str):
                 strings.add(value)
                 if id(node) not in docstrings:
@@ -240,17 +247,17 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
             elif isinstance(value, bytes):
                 words.append(value.decode("latin-1"))
         elif kind is ast.Expr:
-            value = node.value  # type: ignore[attr-defined]
+            value = node.value
             if type(value) is ast.Constant and isinstance(value.value, str):
                 docstrings.add(id(value))  # a bare string statement: documentation
         elif kind is ast.keyword:
-            if node.arg is not None:  # type: ignore[attr-defined]
-                words.append(node.arg)  # type: ignore[attr-defined]
-                value = node.value  # type: ignore[attr-defined]
+            if node.arg is not None:
+                words.append(node.arg)
+                value = node.value
                 if type(value) is ast.Constant and type(value.value) is bool:
-                    words.append(f"{node.arg}={value.value}")  # type: ignore[attr-defined]
+                    words.append(f"{node.arg}={value.value}")
         elif kind is ast.Dict:
-            for key, value in zip(node.keys, node.values, strict=True):  # type: ignore[attr-defined]
+            for key, value in zip(node.keys, node.values, strict=True):
                 if (
                     type(key) is ast.Constant
                     and type(value) is ast.Constant
@@ -259,26 +266,26 @@ def code_facts(source: str | bytes, inherited: dict[str, str] | None = None) -> 
                 ):
                     words.append(f"{key.value}={value.value}")  # {'trainable': False}
         elif kind is ast.arg:
-            words.append(node.arg)  # type: ignore[attr-defined]
+            words.append(node.arg)
         elif kind in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
-            words.append(node.name)  # type: ignore[attr-defined]
+            words.append(node.name)
         elif kind is ast.alias:
-            words.append(node.name)  # type: ignore[attr-defined]
-            if node.asname:  # type: ignore[attr-defined]
-                words.append(node.asname)  # type: ignore[attr-defined]
+            words.append(node.name)
+            if node.asname:
+                words.append(node.asname)
         elif kind is ast.ImportFrom:
-            if node.module:  # type: ignore[attr-defined]
-                words.append(node.module)  # type: ignore[attr-defined]
+            if node.module:
+                words.append(node.module)
         elif kind in (ast.Global, ast.Nonlocal):
-            words.extend(node.names)  # type: ignore[attr-defined]
-            chains.update(node.names)  # type: ignore[attr-defined]
+            words.extend(node.names)
+            chains.update(node.names)
         elif kind is ast.AugAssign:
-            adds = adds or type(node.op) is ast.Add  # type: ignore[attr-defined]
+            adds = adds or type(node.op) is ast.Add
         elif kind in (ast.For, ast.AsyncFor):
-            loops.append(node)  # type: ignore[arg-type]
+            loops.append(node)
         elif kind is ast.ExceptHandler:
-            if node.name:  # type: ignore[attr-defined]
-                words.append(node.name)  # type: ignore[attr-defined]
+            if node.name:
+                words.append(node.name)
 
     spelled: set[str] = imported | from_names
     spelled.update(bindings.values())
@@ -335,8 +342,8 @@ def argument(call: ast.Call, index: int | None, keyword: str) -> ast.expr | None
 
 
 def possible_rules(
-    facts: CodeFacts, rules: Iterable[type], path: PurePosixPath | None = None
-) -> tuple[type, ...]:
+    facts: CodeFacts, rules: Iterable[type[Rule]], path: PurePosixPath | None = None
+) -> tuple[type[Rule], ...]:
     """The rules that could report in a source with these facts; with ``path``, also asking
     each rule whose triggers matched (``Rule.may_report``: what other files tell)."""
     return tuple(
@@ -354,8 +361,8 @@ def _sums_its_items(loop: ast.For | ast.AsyncFor) -> bool:
         for node in ast.walk(statement):
             if (
                 type(node) is ast.AugAssign
-                and type(node.op) is ast.Add  # type: ignore[attr-defined]
-                and not bound.isdisjoint(names_in(node.value))  # type: ignore[attr-defined]
+                and type(node.op) is ast.Add
+                and not bound.isdisjoint(names_in(node.value))
             ):
                 return True
     return False
@@ -368,25 +375,26 @@ AST_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 def names_in(node: ast.AST) -> set[str]:
     """Every identifier spelled in ``node``, as libcst's ``Name`` nodes would hold them."""
     found: set[str] = set()
+    inner: Any  # dispatched on ``kind``, as in code_facts
     for inner in ast.walk(node):
         kind = type(inner)
         if kind is ast.Name:
-            found.add(inner.id)  # type: ignore[attr-defined]
+            found.add(inner.id)
         elif kind is ast.Attribute:
-            found.add(inner.attr)  # type: ignore[attr-defined]
-        elif kind in (ast.arg, ast.keyword) and inner.arg:  # type: ignore[attr-defined]
-            found.add(inner.arg)  # type: ignore[attr-defined]
+            found.add(inner.attr)
+        elif kind in (ast.arg, ast.keyword) and inner.arg:
+            found.add(inner.arg)
     return found
 
 
 def _dotted(node: ast.expr) -> str | None:
     parts: list[str] = []
     while type(node) is ast.Attribute:
-        parts.append(node.attr)  # type: ignore[attr-defined]
-        node = node.value  # type: ignore[attr-defined]
+        parts.append(node.attr)
+        node = node.value
     if type(node) is not ast.Name:
         return None
-    parts.append(node.id)  # type: ignore[attr-defined]
+    parts.append(node.id)
     return ".".join(reversed(parts))
 
 
@@ -396,29 +404,28 @@ def _collect_bindings(
     """NameResolver's bindings, statement by statement in source order (later imports win,
     assignment aliases keep the first binding), which is what makes the two agree."""
     for statement in body:
-        kind = type(statement)
-        if kind is ast.Import:
-            for alias in statement.names:  # type: ignore[attr-defined]
+        if type(statement) is ast.Import:
+            for alias in statement.names:
                 imported.add(alias.name)
                 if alias.asname:
                     bindings[alias.asname] = alias.name
                 else:
                     head = alias.name.split(".")[0]
                     bindings.setdefault(head, head)
-        elif kind is ast.ImportFrom:
-            module = statement.module  # type: ignore[attr-defined]
-            if statement.level or module is None:  # type: ignore[attr-defined]
+        elif type(statement) is ast.ImportFrom:
+            module = statement.module
+            if statement.level or module is None:
                 continue  # relative imports name the user's own modules
             imported.add(module)
-            for alias in statement.names:  # type: ignore[attr-defined]
+            for alias in statement.names:
                 if alias.name == "*":
                     break
                 bindings[alias.asname or alias.name] = f"{module}.{alias.name}"
                 from_names.add(f"{module}.{alias.name}")
-        elif kind is ast.Assign:
-            targets = statement.targets  # type: ignore[attr-defined]
+        elif type(statement) is ast.Assign:
+            targets = statement.targets
             if len(targets) == 1 and type(targets[0]) is ast.Name:
-                chain = _dotted(statement.value)  # type: ignore[attr-defined]
+                chain = _dotted(statement.value)
                 if chain is not None:
                     head, _, rest = chain.partition(".")
                     bound = bindings.get(head)

@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import ClassVar, TypeVar
+from typing import ClassVar, TypeVar, cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, ParentNodeProvider, PositionProvider
@@ -141,7 +141,7 @@ class RuleContext:
         """One analysis per file, shared by every rule that asks for ``key``."""
         if key not in self._shared:
             self._shared[key] = compute()
-        return self._shared[key]  # type: ignore[return-value]
+        return cast(T, self._shared[key])  # stored by compute() under this key
 
 
 def positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
@@ -213,7 +213,7 @@ class Rule(cst.BatchableCSTVisitor):
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.context.position_of(node)
 
-    def get_metadata(self, key, node, default=_UNSET):  # type: ignore[override]
+    def get_metadata(self, key, node, default=_UNSET):
         """Positions and parents without declaring them: computed on first use, once per file."""
         if key is PositionProvider:
             return self.context.position_of(node)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from tfmigrate.engine import Settings
 from tfmigrate.processing import FileResult, process_file
@@ -117,4 +118,4 @@ def _run_files(
     missing = [jobs_list[i][1] for i, result in enumerate(ordered) if result is None]
     if missing:
         raise RuntimeError(f"no result for {', '.join(missing)}")
-    return ordered  # type: ignore[return-value]
+    return cast("list[FileResult]", ordered)  # none is missing

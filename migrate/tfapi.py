@@ -160,7 +160,7 @@ def positional_names(params: tuple[str, ...] | None) -> list[str] | None:
     ``*args`` makes the tail open-ended)."""
     if params is None:
         return None
-    out = []
+    out: list[str] = []
     for p in params:
         if p.startswith("*"):
             return None if not p.startswith("**") else out

@@ -18,13 +18,14 @@ import operator
 import re
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import libcst as cst
 
 _ATTRIBUTE_HOOK = re.compile(r"^(?:visit|leave)_[A-Z][A-Za-z]*_\w+$")
 
 
-def _visited_fields(cls: type) -> tuple[str, ...] | None:
+def _visited_fields(cls: type[cst.CSTNode]) -> tuple[str, ...] | None:
     """The fields ``cls._visit_and_replace_children`` visits, in order (None if unreadable)."""
     try:
         source = textwrap.dedent(inspect.getsource(cls._visit_and_replace_children))
@@ -58,10 +59,13 @@ def _visited_fields(cls: type) -> tuple[str, ...] | None:
 _NODE_CLASSES: dict[type, bool] = {}
 
 
-def _values(node: cst.CSTNode, getter: Callable[[cst.CSTNode], object], single: bool) -> list:
+# ``getter`` is an operator.attrgetter: one field's value, or a tuple of several fields' values.
+def _values(
+    node: cst.CSTNode, getter: Callable[[cst.CSTNode], Any], single: bool
+) -> list[cst.CSTNode]:
     values = (getter(node),) if single else getter(node)
     found: list[cst.CSTNode] = []
-    for value in values:  # type: ignore[union-attr]
+    for value in values:
         kind = type(value)
         if kind is tuple or kind is list:
             found.extend(value)  # libcst visits every item of a sequence field
@@ -79,7 +83,7 @@ _READERS: dict[type, Callable[[cst.CSTNode], Sequence[cst.CSTNode]] | None] = {}
 
 
 def _learn(node: cst.CSTNode) -> Callable[[cst.CSTNode], Sequence[cst.CSTNode]] | None:
-    reader = _compiled_reader(type(node))
+    reader: Callable[[cst.CSTNode], Sequence[cst.CSTNode]] | None = _compiled_reader(type(node))
     if reader is None or not _same_children(node, reader(node)):
         reader = None
         fields = _visited_fields(type(node))
@@ -101,7 +105,7 @@ def _same_children(node: cst.CSTNode, got: Sequence[cst.CSTNode]) -> bool:
     return len(got) == len(expected) and all(a is b for a, b in zip(got, expected, strict=True))
 
 
-def _visit_calls(cls: type) -> list[tuple[str, str]] | None:
+def _visit_calls(cls: type[cst.CSTNode]) -> list[tuple[str, str]] | None:
     """``(visit function, field)`` for each child field ``cls._visit_and_replace_children``
     visits, in order, when each is a plain ``visit_x(self, "f", self.f, visitor)``; else None."""
     try:
@@ -159,7 +163,7 @@ _FIELD_READS = {
 }
 
 
-def _compiled_reader(cls: type) -> Callable[[cst.CSTNode], list[cst.CSTNode]] | None:
+def _compiled_reader(cls: type[cst.CSTNode]) -> Callable[[cst.CSTNode], list[cst.CSTNode]] | None:
     """A function that lists a ``cls`` node's children field by field, written for ``cls`` from
     its ``_visit_and_replace_children``: no per-value type tests, a third of the generic cost."""
     calls = _visit_calls(cls)
@@ -170,7 +174,7 @@ def _compiled_reader(cls: type) -> Callable[[cst.CSTNode], list[cst.CSTNode]] | 
     lines.append("    return found")
     namespace: dict[str, object] = {"_SENTINEL": cst.MaybeSentinel.DEFAULT}
     exec("\n".join(lines), namespace)  # noqa: S102 - code built from field names only
-    return namespace["read"]  # type: ignore[return-value]
+    return cast("Callable[[cst.CSTNode], list[cst.CSTNode]]", namespace["read"])
 
 
 def _none(node: cst.CSTNode) -> None:
@@ -246,6 +250,8 @@ def visit(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     custom = (
         cls.on_visit is not cst.CSTVisitor.on_visit or cls.on_leave is not cst.CSTVisitor.on_leave
     )
+    on_visit: Callable[[cst.CSTNode], bool]
+    on_leave: Callable[[cst.CSTNode], None]
     if custom or any(k.startswith(("visit_", "leave_")) for k in getattr(visitor, "__dict__", ())):
         on_visit, on_leave = visitor.on_visit, visitor.on_leave
     else:
@@ -355,11 +361,13 @@ def parse_module(source: str | bytes) -> cst.Module:
     builds valid nodes (libcst's own comment on ``CSTNode.__post_init__`` suggests as much),
     and the checks were a fifth of the parse. Nodes built later (fixes) are validated."""
     validate = cst.CSTNode.__post_init__
-    cst.CSTNode.__post_init__ = _unchecked  # type: ignore[method-assign]
+    # mypy refuses any assignment to a method, and reads a plain function put on the class as
+    # one taking ``self`` twice.
+    cst.CSTNode.__post_init__ = _unchecked  # type: ignore[method-assign, assignment]
     try:
         return cst.parse_module(source)
     finally:
-        cst.CSTNode.__post_init__ = validate  # type: ignore[method-assign]
+        cst.CSTNode.__post_init__ = validate  # type: ignore[method-assign]  # as above
 
 
 def _unchecked(node: cst.CSTNode) -> None:

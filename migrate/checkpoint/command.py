@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -93,7 +93,7 @@ def convert_checkpoint(
     """
     console = Console(highlight=False, soft_wrap=True)
 
-    def fail(message: str, problems: list[str] | None = None) -> None:
+    def fail(message: str, problems: list[str] | None = None) -> NoReturn:
         console.print("[bold red]error:[/] ", end="")
         console.print(
             message, markup=False
