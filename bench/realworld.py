@@ -19,7 +19,8 @@ that folder from the JSON summary, the manifest and the written files:
   (a second run with the whole-program codes ignored isolates them where a conversion happened);
 - on the rewritten program files (the entry script, plus the file holding the tower code the
   converter rewrote or refused, when that is another module):
-  py_compile, `ruff check --select F821` (undefined names), code lines converted/legacy, TODO
+  py_compile, `ruff check --select F821` (undefined names; the legacy files' count beside it),
+  code lines converted/legacy, TODO
   markers (`# TODO(tfmigrate): TFMxxx`) with the share of the legacy statements under them, and
   whether `Session`, `placeholder` or `get_collection` remain outside TODOs;
 - `counts`: converted by the counting rule of docs/realworld.md (converted, compiles, no
@@ -123,6 +124,7 @@ class Row:
     legacy_statements: int | None = None
     compiles: bool | None = None
     undefined_names: int | None = None
+    legacy_undefined_names: int | None = None  # what the program had before the rewrite
     legacy_code_lines: int | None = None
     converted_code_lines: int | None = None
     banned_outside_todo: list[str] = dataclasses.field(default_factory=list)
@@ -542,13 +544,14 @@ def _measure(row: Row, program: Program, run: FolderRun) -> None:
     ok = True
     codes: list[str] = []
     banned: set[str] = set()
-    paths = []
+    paths, legacy_paths = [], []
     for rel in row.measured_files:
         if not (run.src / rel).exists():
             continue
         legacy, written = _read(run.src / rel), _rewritten(run, rel)
         text = _read(written)
         paths.append(written)
+        legacy_paths.append(run.src / rel)
         todos = scan_todos(text)
         codes += todos.codes
         todo_statements += todos.statements
@@ -564,6 +567,7 @@ def _measure(row: Row, program: Program, run: FolderRun) -> None:
         return
     row.compiles = ok
     row.undefined_names = undefined_names(paths)
+    row.legacy_undefined_names = undefined_names(legacy_paths)
     row.legacy_code_lines, row.converted_code_lines = legacy_lines, converted_lines
     row.todo_count, row.todo_codes = len(codes), sorted(set(codes))
     row.todo_statements, row.legacy_statements = todo_statements, legacy_statements
@@ -616,13 +620,17 @@ COLUMNS = (
     "one-file rules",
     "TODO share",
     "compiles",
-    "F821",
+    "F821 (legacy)",
     "code lines",
     "banned",
     "trains",
     "counts",
     "detail",
 )
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def _yes(value: bool | None) -> str:
@@ -647,7 +655,7 @@ def cells(row: Row) -> list[str]:
         f"{codes} +{row.one_file_added}/-{row.one_file_removed}",
         "?" if share is None else f"{share:.0%}",
         _yes(row.compiles),
-        "?" if row.undefined_names is None else str(row.undefined_names),
+        f"{_count(row.undefined_names)} ({_count(row.legacy_undefined_names)})",
         "?" if ratio is None else f"{ratio:.2f}x",
         ",".join(row.banned_outside_todo) or "-",
         row.trains,

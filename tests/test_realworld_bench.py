@@ -189,6 +189,26 @@ def test_classify_converted_with_todos(tmp_path: Path) -> None:
     assert row.counts_as_converted
 
 
+def test_a_converted_program_with_a_new_undefined_name_does_not_count(tmp_path: Path) -> None:
+    written = "import tensorflow as tf\nwith strategy.scope():\n    x = 1\ny = 2\nz = 3\n"
+    summary = {
+        "files": [],
+        "findings": [
+            {
+                "path": "train.py",
+                "line": 2,
+                "code": "TFM303",
+                "message": "converted",
+                "applied": True,
+            }
+        ],
+    }
+    row = bench.classify(PROGRAM, _run(tmp_path, LEGACY, written, summary))
+    assert row.outcome == "converted" and row.compiles
+    assert (row.undefined_names, row.legacy_undefined_names) == (1, 0)
+    assert not row.counts_as_converted
+
+
 def test_classify_refusal_names_the_line_and_reason(tmp_path: Path) -> None:
     message = "Horovod: the script is not converted (line 4): the main block is not `main()`"
     summary = {
