@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from tfmigrate.rule import Rule
+from tfmigrate.rules import _keras_parallel as keras_parallel
 from tfmigrate.syntax import DEFINITIONS, walk  # noqa: F401 (re-exported for rules)
 
 LOOP = (cst.For, cst.While)
@@ -306,6 +307,9 @@ class TowerRule(Rule):
             for call in self.device_calls:
                 found = self.device_loop(call)
                 if found is None or id(found[0]) in seen:
+                    continue
+                # A copy of Keras 2's multi_gpu_model is TFM107's, not a tower core.
+                if keras_parallel.inside_copy(self.enclosing_def(found[0]), self.qualify):
                     continue
                 seen.add(id(found[0]))
                 towers = Towers(found[0], call, found[1])

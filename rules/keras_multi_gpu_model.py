@@ -1,17 +1,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.names import dotted
+from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules import _global_batch_loss as global_batch
 from tfmigrate.rules import _keras_fit_protocol as protocol
+from tfmigrate.rules import _keras_parallel as parallel_copy
 from tfmigrate.rules._distribution import keyword
-from tfmigrate.rules._keras2 import RMSPROP_NOTE, plain_rmsprop
+from tfmigrate.rules._keras2 import RMSPROP_NOTE, is_used, plain_rmsprop
+from tfmigrate.rules._towers import bound_names
 from tfmigrate.rules.session_device_config import tf_imports, tf_module
+from tfmigrate.syntax import walk
 from tfmigrate.verify.manifest import SAME_NAMES
 
 # Where Keras 2 / tf.keras 1.x kept it (canonical spellings; `tensorflow.python.keras` and
@@ -250,6 +255,172 @@ class _ReplaceNode(cst.CSTTransformer):
         return self.new if original_node is self.old else updated_node
 
 
+# `_plan`'s refusals that no other shape of the program changes.
+_NOT_NESTED = frozenset(
+    {
+        "the wrapper is not a plain `name = multi_gpu_model(...)` statement",
+        "no template model argument",
+    }
+)
+
+
+@dataclass
+class _Nested:
+    """The wrappers of one function (or module) made in branches, `try`s or `with` blocks: the
+    statements from the templates' construction to the `compile` go into one
+    `strategy.scope()`, each wrapper line becomes `parallel = template` (or goes)."""
+
+    block: cst.Module | cst.IndentedBlock
+    first: int
+    last: int
+    wrappers: dict[int, tuple[str, str]]  # id(wrapper line) -> (parallel, template)
+    templates: set[str]
+    compile_call: cst.Call
+    copies: set[str]  # local names of the multi_gpu_model copies called
+
+
+def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
+    """``module`` without the def of the multi_gpu_model copy ``name`` (or its import) when
+    nothing reads the name any more."""
+    without = [
+        s for s in module.body if not (isinstance(s, cst.FunctionDef) and s.name.value == name)
+    ]
+    if is_used(module.with_changes(body=without), name):
+        return module
+    body: list[cst.BaseStatement] = []
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
+            continue
+        small = _small(statement)
+        if isinstance(small, cst.ImportFrom) and isinstance(small.names, list | tuple):
+            kept = [
+                a
+                for a in small.names
+                if (a.asname.name if a.asname else a.name).value != name  # type: ignore[union-attr]
+            ]
+            if not kept:
+                continue
+            if len(kept) != len(small.names):
+                kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                statement = statement.with_changes(body=[small.with_changes(names=kept)])
+        body.append(statement)
+    return module.with_changes(body=body)
+
+
+def _bound_except(node: cst.CSTNode, skip: set[int]) -> set[str]:
+    """Names ``node`` binds outside the statements whose ids are in ``skip``."""
+    if id(node) in skip:
+        return set()
+    if isinstance(node, cst.SimpleStatementLine | cst.FunctionDef | cst.ClassDef):
+        return bound_names(node) | (
+            {node.name.value} if isinstance(node, cst.FunctionDef | cst.ClassDef) else set()
+        )
+    found: set[str] = set()
+    if isinstance(node, cst.For):
+        found |= {n.value for n in _targets(node.target) if isinstance(n, cst.Name)}
+    if isinstance(node, cst.WithItem) and node.asname is not None:
+        found |= {n.value for n in _targets(node.asname.name) if isinstance(n, cst.Name)}
+    for child in node.children:
+        found |= _bound_except(child, skip)
+    return found
+
+
+def _same_code(a: list[cst.BaseStatement], b: list[cst.BaseStatement]) -> bool:
+    """Whether two statement lists read the same, whitespace and comments aside."""
+
+    def text(statements: list[cst.BaseStatement]) -> list[str]:
+        code = cst.Module(body=[])
+        return [
+            " ".join(code.code_for_node(s.with_changes(leading_lines=[])).split("#")[0].split())
+            for s in statements
+        ]
+
+    return text(a) == text(b)
+
+
+class _Unwrap(cst.CSTTransformer):
+    """Inside the statements moved into `strategy.scope()`: wrapper lines become `parallel =
+    template` (gone when both are one name), the `tf.device` blocks that build a template lose
+    their device, and the single-device fallbacks around the wrappers collapse."""
+
+    def __init__(self, rule: KerasMultiGpuModel, plan: _Nested) -> None:
+        super().__init__()
+        self.rule, self.plan = rule, plan
+        self.removed: set[int] = set()  # ids of blocks that lost a wrapper line
+
+    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+        pair = self.plan.wrappers.get(id(original))
+        if pair is None:
+            return updated
+        parallel, template = pair
+        if parallel == template:
+            return cst.RemoveFromParent()
+        assign = cst.Assign(
+            targets=[cst.AssignTarget(cst.Name(parallel))], value=cst.Name(template)
+        )
+        return updated.with_changes(body=[assign])
+
+    def leave_IndentedBlock(self, original, updated):  # type: ignore[no-untyped-def]
+        if not updated.body:
+            self.removed.add(id(original))
+            return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        return updated
+
+    def leave_With(self, original, updated):  # type: ignore[no-untyped-def]
+        device = self.rule._device_block(original)
+        if device is None or not (bound_names(original.body) & self.plan.templates):
+            return updated
+        inner = list(updated.body.body)
+        inner[0] = inner[0].with_changes(
+            leading_lines=[*updated.leading_lines, *inner[0].leading_lines]
+        )
+        return cst.FlattenSentinel(inner)
+
+    def leave_If(self, original, updated):  # type: ignore[no-untyped-def]
+        if id(original.body) in self.removed and updated.orelse is None:
+            return cst.RemoveFromParent()  # `if gpus > 1: model = multi_gpu_model(model)`
+        other = updated.orelse
+        if (
+            isinstance(other, cst.Else)
+            and isinstance(other.body, cst.IndentedBlock)
+            and isinstance(updated.body, cst.IndentedBlock)
+            and (id(original.body) in self.removed or self._holds_wrapper(original.body))
+            and _same_code(list(other.body.body), list(updated.body.body))
+        ):
+            # both branches now do the same: `if gpus > 1: p = m  else: p = m`
+            inner = list(updated.body.body)
+            inner[0] = inner[0].with_changes(leading_lines=updated.leading_lines)
+            return cst.FlattenSentinel(inner)
+        return updated
+
+    def leave_Try(self, original, updated):  # type: ignore[no-untyped-def]
+        if not self._holds_wrapper(original.body) or original.orelse or original.finalbody:
+            return updated
+        pairs = [p for i, p in self.plan.wrappers.items() if self._contains(original.body, i)]
+        for handler in original.handlers:
+            for item in handler.body.body:
+                if not (
+                    _is_call_line(item)
+                    or _is_pass(item)
+                    or any(_is_assign(item, p, t) for p, t in pairs)
+                ):
+                    return updated
+        inner = [s for s in updated.body.body if not _is_call_line(s)] or [
+            cst.SimpleStatementLine([cst.Pass()])
+        ]
+        if all(_is_pass(s) for s in inner):
+            return cst.RemoveFromParent()
+        inner[0] = inner[0].with_changes(leading_lines=updated.leading_lines)
+        return cst.FlattenSentinel(inner)
+
+    def _holds_wrapper(self, block: cst.CSTNode) -> bool:
+        return any(self._contains(block, i) for i in self.plan.wrappers)
+
+    @staticmethod
+    def _contains(block: cst.CSTNode, wanted: int) -> bool:
+        return any(id(n) == wanted for n in walk(block))
+
+
 class KerasMultiGpuModel(Rule):
     """
     ## What it does
@@ -358,7 +529,8 @@ class KerasMultiGpuModel(Rule):
     """
 
     code = "TFM107"
-    triggers = ("multi_gpu_model",)
+    # Keras' own by name; a user's copy in a Keras program that compiles (may_report checks it)
+    triggers = ("multi_gpu_model", ("keras*", "compile"), ("tensorflow.keras", "compile"))
     name = "keras-multi-gpu-model"
     summary = "multi_gpu_model (removed in TF 2.4): use MirroredStrategy"
     fix_safety = FixSafety.UNSAFE
@@ -565,6 +737,115 @@ def train(x, y):
             """,
             message="not fixed",
         ),
+        # A hand-written copy (slices per device, the model under tf.device, concatenated):
+        # a multi_gpu_model, converted the same way; the copy goes once nothing calls it.
+        Example(
+            """
+            import tensorflow as tf
+            from keras.layers import Lambda, concatenate
+            from keras.models import Model
+
+            def make_parallel(model, gpu_count):
+                outputs = []
+                for i in range(gpu_count):
+                    with tf.device('/gpu:%d' % i):
+                        part = Lambda(lambda x: tf.split(x, gpu_count)[i])(model.inputs[0])
+                        outputs.append(model(part))
+                return Model(model.inputs, concatenate(outputs, axis=0))
+
+            def train(x, y):
+                model = build_model()
+                model = make_parallel(model, 2)
+                model.compile(optimizer='sgd', loss='mse')
+                model.fit(x, y, batch_size=64)
+            """,
+            fixed="""
+            import tensorflow as tf
+            from keras.layers import Lambda, concatenate
+            from keras.models import Model
+
+            def train(x, y):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build_model()
+                    model.compile(optimizer='sgd', loss='mse')
+                model.fit(x, y, batch_size=64)
+            """,
+            message="a copy of Keras 2's multi_gpu_model",
+        ),
+        # The template built in branches (under tf.device), the wrapper behind a flag with no
+        # else: one scope from the template's construction to the compile.
+        Example(
+            """
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+
+            def create_models(gpus, batch_size):
+                if gpus > 1:
+                    with tf.device('/cpu:0'):
+                        model = build_model(batch_size // gpus)
+                else:
+                    model = build_model(batch_size)
+                model.load_weights('backend.h5', by_name=True)
+                if gpus > 1:
+                    model = multi_gpu_model(model, gpus=gpus)
+                model.compile(optimizer='adam', loss='mse')
+                return model
+            """,
+            fixed="""
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+
+            def create_models(gpus, batch_size):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    if gpus > 1:
+                        model = build_model(batch_size // gpus)
+                    else:
+                        model = build_model(batch_size)
+                    model.load_weights('backend.h5', by_name=True)
+                    model.compile(optimizer='adam', loss='mse')
+                return model
+            """,
+        ),
+        # Wrapped in one branch of several, the wrapper named apart: `parallel = template`.
+        Example(
+            """
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+
+            def train(x, y, gpus, method):
+                if gpus > 1:
+                    with tf.device('/cpu:0'):
+                        serial = build_model()
+                    if method == 'keras':
+                        model = multi_gpu_model(serial, gpus=gpus)
+                    elif method == 'custom':
+                        model = custom_parallel(serial, gpus)
+                else:
+                    model = serial = build_model()
+                model.compile(optimizer='sgd', loss='mse')
+                model.fit(x, y, batch_size=64)
+            """,
+            fixed="""
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+
+            def train(x, y, gpus, method):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    if gpus > 1:
+                        serial = build_model()
+                        if method == 'keras':
+                            model = serial
+                        elif method == 'custom':
+                            model = custom_parallel(serial, gpus)
+                    else:
+                        model = serial = build_model()
+                    model.compile(optimizer='sgd', loss='mse')
+                model.fit(x, y, batch_size=64)
+            """,
+        ),
         # The template is a parameter: built somewhere else, outside any scope here.
         Example(
             """
@@ -577,17 +858,83 @@ def train(x, y):
         ),
     )
 
+    @classmethod
+    def may_report(cls, path: PurePosixPath, facts: CodeFacts) -> bool:
+        # Keras' own multi_gpu_model by name; a copy of it by its shape, here or imported.
+        return "multi_gpu_model" in facts.words or parallel_copy.may_call_copy(
+            path, facts.bindings, facts.words
+        )
+
+    def _copy_of(self, node: cst.Call) -> str | None:
+        """Where the called function is defined when it is a user's copy of multi_gpu_model
+        (this file, or a project module it imports); None for any other call."""
+        if isinstance(node.func, cst.Name):
+            local = self._local_import(node, node.func.value)
+            if local is not None:  # `from pkg.kuza55 import make_parallel` in this branch
+                return parallel_copy.imported_copy(self.context.path, local)
+            copies = self.context.shared(
+                "tfm107:copies",
+                lambda: parallel_copy.local_copies(self.context.module, self.qualify),
+            )
+            if node.func.value in copies and node.func.value not in self.context.resolver.bindings:
+                return "this file"
+        return parallel_copy.imported_copy(self.context.path, self.call_name(node))
+
+    def _local_import(self, node: cst.CSTNode, name: str) -> str | None:
+        """The qualified name ``name`` gets from a `from ... import` earlier in the block of the
+        statement holding ``node`` (inside a function or branch), else None."""
+        statement = self.enclosing_statement(node)
+        block = self.parent(statement)
+        if not isinstance(block, cst.IndentedBlock):
+            return None
+        found = None
+        for earlier in block.body:
+            if earlier is statement:
+                break
+            small = _small(earlier)
+            if (
+                isinstance(small, cst.ImportFrom)
+                and not small.relative
+                and small.module is not None
+                and isinstance(small.names, list | tuple)
+            ):
+                for alias in small.names:
+                    bound = alias.asname.name if alias.asname else alias.name
+                    if isinstance(bound, cst.Name) and bound.value == name:
+                        found = f"{dotted(small.module)}.{dotted(alias.name)}"
+        return found
+
     def visit_Call(self, node: cst.Call) -> None:
+        copy = None
         if self.call_name(node) not in MULTI_GPU_MODEL:
-            return
+            copy = self._copy_of(node)
+            if copy is None:
+                return
         gpus = keyword(node, "gpus", 1)
         shown = f"gpus={self.context.module.code_for_node(gpus.value)}" if gpus else "..."
+        called = "multi_gpu_model"
+        if copy is not None:
+            called = self.context.module.code_for_node(node.func)
         message = (
-            f"`multi_gpu_model(model, {shown})` was removed in TF 2.4: build and compile the "
+            f"`{called}(model, {shown})` was removed in TF 2.4: build and compile the "
             "template model inside `tf.distribute.MirroredStrategy().scope()`, train that model "
             "with the same global batch size in `fit`, and attach checkpoints to it"
         )
+        if copy is not None:
+            message = (
+                f"`{called}(model, {shown})` is a copy of Keras 2's multi_gpu_model (defined "
+                f"in {copy}: it slices each batch per device, runs the model on each slice under "
+                "`tf.device` and concatenates the outputs): build and compile the template model "
+                "inside `tf.distribute.MirroredStrategy().scope()` and train that model with the "
+                "same global batch size in `fit`"
+            )
         plan, reason = self._plan(node)
+        if plan is None and reason not in _NOT_NESTED:
+            nested, nested_reason = self._nested(node)
+            if nested is not None:
+                self._report_nested(node, message, nested)
+                return
+            reason = nested_reason or reason
         if plan is None:
             self.report(node, f"{message} (not fixed: {reason})")
             return
@@ -614,6 +961,11 @@ def train(x, y):
             if module is None:
                 module = self.context.module.visit(_ReplaceNode(plan.block, replacement))
             target, replacement = self.context.module, self._wrap_losses(module, plan, wrap)
+        if copy is not None and isinstance(node.func, cst.Name):
+            module = replacement if isinstance(replacement, cst.Module) else None
+            if module is None:
+                module = self.context.module.visit(_ReplaceNode(target, replacement))
+            target, replacement = self.context.module, _drop_unused_copy(module, node.func.value)
         if isinstance(replacement, cst.Module) and tf_module(self) is None:
             # the protocol's own `import tensorflow as tf` (inside a function) would hide the
             # missing module-level import from the engine's import adder
@@ -712,6 +1064,175 @@ def train(x, y):
         if value is None:
             return False
         return plain_rmsprop(value, self.call_name(value) if isinstance(value, cst.Call) else None)
+
+    # -- wrappers in branches, `try`s and `with` blocks ---------------------------------------
+    def _owner(self, node: cst.CSTNode) -> cst.Module | cst.FunctionDef | None:
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.FunctionDef):
+                return ancestor
+            if isinstance(ancestor, cst.ClassDef | cst.Lambda):
+                return None
+        return self.context.module
+
+    def _wrapper_line(self, call: cst.Call) -> tuple[cst.SimpleStatementLine, str, str] | None:
+        """(line, parallel, template) of `parallel = wrapper(template, ...)`, else None."""
+        assign = self.parent(call)
+        line = self.parent(assign) if assign is not None else None
+        arg = keyword(call, "model", 0)
+        if not (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)
+            and isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1
+            and arg is not None
+            and isinstance(arg.value, cst.Name)
+        ):
+            return None
+        return line, assign.targets[0].target.value, arg.value.value
+
+    def _is_wrapper(self, call: cst.Call) -> bool:
+        return self.call_name(call) in MULTI_GPU_MODEL or self._copy_of(call) is not None
+
+    def _nested(self, call: cst.Call) -> tuple[_Nested | None, str]:
+        owner = self._owner(call)
+        if owner is None:
+            return None, "the wrapper is made in a class body or lambda"
+        return self.context.shared(f"tfm107:nested:{id(owner)}", lambda: self._nested_plan(owner))
+
+    def _nested_plan(self, owner: cst.Module | cst.FunctionDef) -> tuple[_Nested | None, str]:
+        block = owner if isinstance(owner, cst.Module) else owner.body
+        if not isinstance(block, cst.Module | cst.IndentedBlock):
+            return None, "the wrapper is made in a one-line function"
+        body = list(block.body)
+        tops = {id(s): i for i, s in enumerate(body)}
+
+        def top_index(node: cst.CSTNode) -> int:
+            current: cst.CSTNode | None = node
+            while current is not None and id(current) not in tops:
+                current = self.parent(current)
+            assert current is not None
+            return tops[id(current)]
+
+        wrappers: dict[int, tuple[str, str]] = {}
+        at: list[int] = []
+        copies: set[str] = set()
+        for node in walk(block, into_defs=False):
+            if not isinstance(node, cst.Call) or not self._is_wrapper(node):
+                continue
+            found = self._wrapper_line(node)
+            if found is None:
+                return None, "a wrapper is not a plain `name = multi_gpu_model(model, ...)` line"
+            line, parallel, template = found
+            if any(isinstance(a, cst.For | cst.While) for a in self._between(line, owner)):
+                return None, "the wrapper is made inside a loop"
+            wrappers[id(line)] = (parallel, template)
+            at.append(top_index(line))
+            if self.call_name(node) not in MULTI_GPU_MODEL and isinstance(node.func, cst.Name):
+                copies.add(node.func.value)
+        templates = {t for _, t in wrappers.values()}
+        names = templates | {p for p, _ in wrappers.values()}
+        compile_at, compile_call = -1, None
+        for index in range(min(at), len(body)):
+            for node in walk(body[index], into_defs=False):
+                if (
+                    isinstance(node, cst.Call)
+                    and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value == "compile"
+                    and dotted(node.func.value) in names
+                ):
+                    compile_at, compile_call = index, node
+                    break
+            if compile_call is not None:
+                break
+        if compile_call is None:
+            return None, "no `compile` of the model follows in the same function"
+        if isinstance(owner, cst.FunctionDef) and templates & _local_names(owner) - _assigned(
+            owner.body
+        ):
+            return None, "the template model is a parameter, built outside this function"
+        first = min(at)
+        skip = set(wrappers)
+        for template in templates:
+            built = [i for i in range(max(at) + 1) if template in _bound_except(body[i], skip)]
+            if not built:
+                return None, f"the template `{template}` is not built earlier in this function"
+            first = min(first, built[-1])
+        optimizer = keyword(compile_call, "optimizer", 0)
+        if optimizer is not None and isinstance(optimizer.value, cst.Name):
+            built = [
+                i for i in range(compile_at + 1) if optimizer.value.value in bound_names(body[i])
+            ]
+            if built:
+                first = min(first, built[-1])
+        last = max(max(at), compile_at)
+        return _Nested(block, first, last, wrappers, templates, compile_call, copies), ""
+
+    def _between(self, node: cst.CSTNode, owner: cst.CSTNode) -> list[cst.CSTNode]:
+        found = []
+        for ancestor in self.ancestors(node):
+            if ancestor is owner:
+                break
+            found.append(ancestor)
+        return found
+
+    def _report_nested(self, node: cst.Call, message: str, plan: _Nested) -> None:
+        safety, note = self._loss_safety(plan.compile_call)
+        notes = [
+            "TFM107: multi_gpu_model replaced by MirroredStrategy over every visible GPU; fit "
+            "keeps the global batch size",
+            f"TFM107: {note}",
+        ]
+        manifest: dict[str, object] = {
+            "keras_multi_gpu_model": {"model": sorted(plan.templates)[0], "notes": notes}
+        }
+        replacement = self.context.shared(
+            f"tfm107:nested-fix:{id(plan)}", lambda: self._rewrite_nested(plan)
+        )
+        self.report(
+            node,
+            f"{message}; {note}",
+            replacement=replacement,
+            target=self.context.module,
+            safety=safety,
+            imports=tf_imports(self),
+            manifest=manifest,
+        )
+
+    def _rewrite_nested(self, plan: _Nested) -> cst.Module:
+        tf = tf_module(self) or "tf"
+        strategy = "strategy"
+        while strategy in self.context.resolver.bindings or _binds(self.context.module, strategy):
+            strategy = "mirrored_" + strategy
+        body = list(plan.block.body)
+        holder = cst.IndentedBlock(body=body[plan.first : plan.last + 1])
+        moved = list(holder.visit(_Unwrap(self, plan)).body)
+        # Blank lines before the block stay before it; comments move in with the statements.
+        opening = list(moved[0].leading_lines)
+        blank = []
+        for line in opening:
+            if line.comment is not None:
+                break
+            blank.append(line)
+        moved[0] = moved[0].with_changes(leading_lines=opening[len(blank) :])
+        create = cst.parse_statement(f"{strategy} = {tf}.distribute.MirroredStrategy()\n")
+        create = create.with_changes(leading_lines=blank)
+        scope = cst.With(
+            items=[cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))],
+            body=cst.IndentedBlock(body=moved),
+        )
+        new_body = [*body[: plan.first], create, scope, *body[plan.last + 1 :]]
+        block = plan.block.with_changes(body=new_body)
+        module = self.context.module
+        if block is not module:
+            module = module.visit(_ReplaceNode(plan.block, block))
+        else:
+            module = block  # type: ignore[assignment]
+        for name in sorted(plan.copies):
+            module = _drop_unused_copy(module, name)
+        if tf_module(self) is None:
+            module = _with_tf_import(module)
+        return module
 
     # -- analysis -----------------------------------------------------------------------------
     def _plan(self, call: cst.Call) -> tuple[_Plan | None, str]:
