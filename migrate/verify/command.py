@@ -16,7 +16,9 @@ EXIT_ERROR = 2
 
 def verify(
     legacy: Annotated[Path, typer.Argument(help="The legacy TF1 tower training script.", show_default=False)],
-    migrated: Annotated[Path, typer.Argument(help="The migrated TF2 script (verify protocol).", show_default=False)],
+    migrated: Annotated[
+        Path, typer.Argument(help="The migrated TF2 script, run as its user runs it.", show_default=False)
+    ],
     script_args: Annotated[
         list[str] | None,
         typer.Argument(help="Arguments for both scripts, after `--`.", show_default=False, metavar="[-- ARGS]"),
@@ -60,6 +62,10 @@ def verify(
         bool, typer.Option(help="If something diverges, run the legacy program again from weights one float "
                                 "step away and accept differences within 3x its drift from itself (rounding).")
     ] = False,
+    replay_inputs: Annotated[
+        bool, typer.Option(help="Feed the migrated replicas the legacy towers' batches of each step instead of "
+                                "what the program's own input pipeline gives (the pipeline is then not compared).")
+    ] = False,
     roundtrip: Annotated[
         bool, typer.Option(help="Also save the trained migrated model the program's way, reload it without a "
                                 "strategy in a fresh process, and compare predictions.")
@@ -84,7 +90,7 @@ def verify(
         tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
                               weights_rtol=weights_rtol),
         script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
-        roundtrip=roundtrip, workers=workers, noise_floor=noise_floor,
+        roundtrip=roundtrip, workers=workers, noise_floor=noise_floor, replay_inputs=replay_inputs,
     )
     problem = _argument_problem(opts) or _workers_problem(opts)
     if problem:
@@ -119,6 +125,8 @@ def _workers_problem(opts: VerifyOptions) -> str | None:
     if opts.device == "cpu" and opts.replicas != 1:
         return ("--workers on cpu: MultiWorkerMirroredStrategy gives each worker exactly one CPU device, "
                 f"so --replicas must be 1 (the legacy side gets {opts.workers} towers), not {opts.replicas}")
+    if opts.replay_inputs:
+        return "--replay-inputs is not supported with --workers yet"
     if opts.roundtrip:
         return "--roundtrip is not supported with --workers yet (every worker would save into one folder)"
     return None

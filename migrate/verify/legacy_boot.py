@@ -39,12 +39,15 @@ from tfmigrate.verify.record import (
     ERROR,
     FINAL_NPZ,
     INIT_NPZ,
+    INPUTS_NPZ,
+    LEGACY_VARIABLES_JSON,
     TRACE_NPZ,
     TRACED_JSON,
     Fetch,
     RunRecord,
     Step,
     save_arrays,
+    save_step_inputs,
     write_json_atomic,
 )
 
@@ -60,6 +63,7 @@ PIPELINE_OP_TYPES = {
 }
 SLOT_HINTS = ("/Momentum", "/RMSProp", "/Adam", "/Adagrad", "/Ftrl", "/Adadelta", "beta1_power", "beta2_power")
 AUTO_TRACE_LIMIT = 2_000_000  # elements; above it only the final values are kept
+REPLAY_LIMIT_BYTES = 512 * 2**20  # input batches kept for --replay-inputs, all steps together
 
 
 class StopTraining(BaseException):
@@ -82,6 +86,7 @@ class LegacyRecorder:
         self.steps_done = 0
         self.finalized = False
         self.trace_values: dict[str, list[np.ndarray]] = {}
+        self.step_inputs: list[list[tuple[str, list[Any]]]] | None = []  # for --replay-inputs
         self._plans: dict[tuple[int, tuple[str, ...]], tuple[bool, list[Any]]] = {}
         self._inside = False
 
@@ -360,7 +365,7 @@ class LegacyRecorder:
             arr = np.asarray(value, dtype=tensor.dtype.as_numpy_dtype)
             if fingerprint.is_data(arr):
                 self._add_stream(streams, tensor, arr)
-        step.inputs, step.samples = _describe(streams)
+        step.inputs, step.samples = self._keep_inputs(streams)
         self.record.steps.append(step)
         self._trace(sess)
         if self.steps_done >= self.max_steps:
@@ -439,7 +444,7 @@ class LegacyRecorder:
             for tensor, value in zip(extra, extra_values, strict=False):
                 if fingerprint.is_data(value):
                     self._add_stream(streams, tensor, value)
-        return _describe(streams)
+        return self._keep_inputs(streams)
 
     @staticmethod
     def _add_stream(streams: dict[str, dict[int, Any]], tensor: Any, value: Any) -> None:
@@ -488,6 +493,7 @@ class LegacyRecorder:
                 "statistics; all mapped variables are still compared at the end")
         self.trace_names = candidates
         # the migrated side reads which variables to trace, then waits for init.npz (written last)
+        write_json_atomic(self.out / LEGACY_VARIABLES_JSON, self.record.variables)
         write_json_atomic(self.out / TRACED_JSON, self.trace_names)
         save_arrays(self.out / INIT_NPZ, values)
         if self.nudge_seed is not None:
@@ -573,6 +579,18 @@ class LegacyRecorder:
     def flush_trace(self) -> None:
         if self.trace_values:
             save_arrays(self.out / TRACE_NPZ, {n: np.stack(v) for n, v in self.trace_values.items()})
+        if self.step_inputs:
+            save_step_inputs(self.out / INPUTS_NPZ, self.step_inputs)
+
+    def _keep_inputs(self, streams: dict[str, dict[int, Any]]) -> tuple[list[str] | None, int | None]:
+        """The step's fingerprint; its batches are kept for verify --replay-inputs while small."""
+        if self.step_inputs is not None:
+            self.step_inputs.append([(name, [np.asarray(parts[i]) for i in sorted(parts)])
+                                     for name, parts in streams.items()])
+            if sum(a.nbytes for s in self.step_inputs for _, ps in s for a in ps) > REPLAY_LIMIT_BYTES:
+                self.step_inputs = None
+                self.record.notes.append("the input batches are too large to keep for --replay-inputs")
+        return _describe(streams)
 
 
 _TRACED_KINDS = {"weight", "ema", "bn_stat", "other"}

@@ -1,5 +1,8 @@
 """Migrated side of verify: ``python -m tfmigrate.verify.migrated_boot --script train.py --out DIR ...``.
 
+A script that does not define ``tfmigrate_program`` runs as its user runs it, instrumented from
+outside (as_written.py). A script that still defines it is driven through it, as below.
+
 Imports the TF2 script as a module (its ``__main__`` block does not run), calls its
 ``tfmigrate_program(strategy, argv)`` (protocol.py) with a MirroredStrategy over N logical CPU
 devices, waits for the legacy side's initial variables, loads them through the name mapping, then
@@ -24,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tfmigrate.verify import fingerprint, protocol
+from tfmigrate.verify import as_written, fingerprint, protocol
 from tfmigrate.verify.manifest import RESOLVED_MAPPING, SAME_NAMES
 from tfmigrate.verify.record import (
     CRASHED,
@@ -350,6 +353,65 @@ def _peak_memory(tf: Any, devices: list[str]) -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process peak RSS (CPU)"
 
 
+def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> int:
+    """The program's main block, unmodified, instrumented from outside (as_written.py)."""
+    record = RunRecord(side="migrated")
+    devices: list[str] = []
+    runner = None
+    try:
+        devices = configure_devices(tf, ns.replicas, ns.device)
+        tf.random.set_seed(ns.seed)
+        tf.config.experimental.enable_op_determinism()
+        if ns.restore is not None or ns.roundtrip is not None:
+            raise SetupProblem(
+                "--roundtrip and convert-checkpoint's check need a program that defines "
+                f"{protocol.ENTRY_POINT}(); a program run as written supports neither yet"
+            )
+        mapping = json.loads(ns.mapping.read_text())
+        runner, ended = as_written.run(
+            tf, ns.script.resolve(), script_args, devices, ns.out, ns.steps, ns.init,
+            mapping, ns.wait, ns.replay_inputs,
+        )
+        record = runner.record
+        if isinstance(ended, as_written.Problem):
+            record.status, record.message = ERROR, str(ended)
+        elif isinstance(ended, SystemExit):
+            record.status = CRASHED
+            record.message = f"the migrated script exited with status {ended.code}"
+        elif ended is not None:
+            record.status = CRASHED
+            record.message = f"{type(ended).__name__}: {ended}".strip()
+            record.traceback = user_traceback(ended)
+        elif not record.steps:
+            record.status = ERROR
+            record.message = (
+                "no training step recognised: the program ended without an optimizer update verify "
+                "can see (Keras Optimizer.apply_gradients/apply, tf.compat.v1.train.Optimizer) "
+                "in a tf.function or eagerly"
+            )
+        elif len(record.steps) < ns.steps:
+            record.notes.append(
+                f"the migrated program ended after {len(record.steps)} of {ns.steps} steps"
+            )
+        if record.status != ERROR and runner.started:
+            runner.finish()
+            (ns.out / RESOLVED_MAPPING).write_text(json.dumps(runner.mapping, indent=2))
+        if not runner.strategies:
+            record.notes.append(
+                "the program created no MirroredStrategy: it trained on one device"
+            )
+    except SetupProblem as exc:
+        record.status, record.message = ERROR, str(exc)
+    except Exception as exc:  # noqa: BLE001
+        record.status, record.message = ERROR, f"verify's migrated runner failed: {exc!r}"
+        record.traceback = traceback.format_exc()
+    record.peak_memory_bytes, record.memory_source = _peak_memory(tf, devices)
+    record.save(ns.out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tfmigrate.verify.migrated_boot")
     parser.add_argument("--script", type=Path, required=True)
@@ -377,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         default="mirrored",
         help="multi-worker: one worker of a cluster described by TF_CONFIG",
     )
+    parser.add_argument(
+        "--replay-inputs", type=Path, help="the legacy run's inputs.npz: train on its batches"
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     script_args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
@@ -390,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
 
     devices: list[str] = []
     stage = "setup"
+    if ns.strategy == "mirrored" and not as_written.defines_protocol(
+        ns.script, protocol.ENTRY_POINT
+    ):
+        return run_as_written(tf, ns, script_args)
     try:
         runner_class = MigratedRunner
         if ns.strategy == "multi-worker":

@@ -6,6 +6,8 @@ A side writes into its own output folder:
   final.npz    variable values after the last step
   trace.npz    per-step values (stacked over steps) of the variables verify was asked to trace
   traced.json  (legacy) which variables it traces, so the migrated side traces their counterparts
+  variables.json (legacy) each variable's shape, kind and trainability, written with traced.json
+  inputs.npz   (legacy) each step's input batches, tower by tower (verify --replay-inputs)
 numpy + json only (no TensorFlow), so the CLI can read records without importing TF.
 """
 
@@ -24,6 +26,8 @@ INIT_NPZ = "init.npz"
 FINAL_NPZ = "final.npz"
 TRACE_NPZ = "trace.npz"
 TRACED_JSON = "traced.json"  # legacy names traced per step (written before init.npz)
+LEGACY_VARIABLES_JSON = "variables.json"  # legacy variables' metadata (written before init.npz)
+INPUTS_NPZ = "inputs.npz"
 
 # Status of a side. "ok": reached the requested steps (or the script's own end); "crashed": user code
 # raised; "error": the runtime could not set the program up (protocol missing, bad mapping, ...).
@@ -38,6 +42,10 @@ class Fetch:
     base: str  # name without the tower scope ("tower_1/loss" -> "loss")
     tower: int | None
     value: float
+    # migrated side run as written: "differentiated" (a GradientTape target) or "returned" (a
+    # value the step function returned); "" for the other runners
+    source: str = ""
+    scale: float = 1.0  # the factor the value was multiplied by to compare it (loss scaling)
 
 
 @dataclass
@@ -128,3 +136,24 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as data:
         names = [str(n) for n in data["__names__"]]
         return {n: data[f"a{i}"] for i, n in enumerate(names)}
+
+
+def save_step_inputs(path: Path, steps: list[list[tuple[str, list[np.ndarray]]]]) -> None:
+    """Each step's input streams, in the step's order, each as its tower parts in tower order."""
+    arrays = {}
+    for s, streams in enumerate(steps):
+        for i, (name, parts) in enumerate(streams):
+            for t, part in enumerate(parts):
+                arrays[f"{s:06d}|{i:04d}|{t:04d}|{name}"] = np.asarray(part)
+    save_arrays(path, arrays)
+
+
+def load_step_inputs(path: Path) -> list[list[tuple[str, list[np.ndarray]]]]:
+    table: dict[int, dict[int, tuple[str, dict[int, np.ndarray]]]] = {}
+    for key, value in load_arrays(path).items():
+        s, i, t, name = key.split("|", 3)
+        table.setdefault(int(s), {}).setdefault(int(i), (name, {}))[1][int(t)] = value
+    return [
+        [(name, [parts[t] for t in sorted(parts)]) for _, (name, parts) in sorted(table.get(s, {}).items())]
+        for s in range(max(table) + 1 if table else 0)
+    ]

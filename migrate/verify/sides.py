@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfmigrate.verify.manifest import SAME_NAMES
-from tfmigrate.verify.record import INIT_NPZ, RECORD_JSON, RunRecord
+from tfmigrate.verify.record import INIT_NPZ, INPUTS_NPZ, RECORD_JSON, RunRecord
 
 LEGACY_ENV = {
     "TF_USE_LEGACY_KERAS": "1",
@@ -59,6 +59,8 @@ class RunPlan:
     # boot flags of one side only (convert-checkpoint's check: start both from checkpoints)
     legacy_flags: tuple[str, ...] = ()
     migrated_flags: tuple[str, ...] = ()
+    # the migrated replicas train on the legacy towers' batches (a program run as written)
+    replay_inputs: bool = False
 
     @property
     def towers(self) -> int:
@@ -201,6 +203,8 @@ def _commands(plan: RunPlan) -> SideCommands:
     migrated_cmd += plan.migrated_flags
     legacy_out = plan.legacy_done or legacy_out
     migrated_cmd[migrated_cmd.index("--init") + 1] = str(legacy_out / INIT_NPZ)
+    if plan.replay_inputs:
+        migrated_cmd += ["--replay-inputs", str(legacy_out / INPUTS_NPZ)]
     return SideCommands(legacy_cmd, migrated_cmd, tail, legacy_out, migrated_out)
 
 

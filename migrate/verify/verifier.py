@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmigrate.verify import compare as cmp
-from tfmigrate.verify import protocol
+from tfmigrate.verify import loss_scaling, protocol
+from tfmigrate.verify.as_written import PROGRESS_JSON, defines_protocol
 from tfmigrate.verify.manifest import (
     RESOLVED_MAPPING,
     SAME_NAMES,
@@ -56,6 +57,7 @@ class VerifyOptions:
     roundtrip: bool = False
     workers: int = 0  # >0: the migrated side runs as W MultiWorkerMirroredStrategy workers (workers.py)
     noise_floor: bool = False  # on a divergence, measure the legacy program's drift from itself nudged
+    replay_inputs: bool = False  # the migrated replicas train on the legacy towers' batches
 
 
 @dataclass
@@ -75,6 +77,10 @@ def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
     if opts.mapping is not None:
         return load_mapping_file(opts.mapping)
     path = opts.manifest or find_manifest(opts.migrated)
+    if path is None and not defines_protocol(opts.migrated, protocol.ENTRY_POINT):
+        # a program run as written: its variables are matched to the legacy ones by name and shape
+        return ScriptManifest(variables=dict(SAME_NAMES), source="matched by name and shape",
+                              notes=["no manifest and no --mapping: variables matched by name and shape"])
     if path is None:
         raise ManifestError(
             f"no tfmigrate.json next to {opts.migrated} or in its parents, and no --mapping: verify needs "
@@ -116,6 +122,9 @@ def _cached_legacy(folder: Path | None) -> Path | None:
 
 def side_problem(run: SideRun, timeout: float) -> str | None:
     if run.timed_out:
+        progress = run.out / PROGRESS_JSON
+        if progress.exists() and not json.loads(progress.read_text()).get("steps"):
+            return f"the {run.side} side reached no training step in {timeout:g} s (timed out)"
         return f"the {run.side} side timed out after {timeout:g} s"
     if run.record is None:
         return (f"the {run.side} runtime stopped (exit status {run.returncode}) before writing its record"
@@ -159,7 +168,8 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     plan = RunPlan(legacy=legacy, migrated=opts.migrated, workdir=workdir, replicas=opts.replicas,
                    steps=opts.steps, seed=opts.seed, device=opts.device, timeout=opts.timeout,
                    mapping=manifest.variables, script_args=opts.script_args,
-                   legacy_done=_cached_legacy(cache_dir), roundtrip=opts.roundtrip, workers=opts.workers)
+                   legacy_done=_cached_legacy(cache_dir), roundtrip=opts.roundtrip, workers=opts.workers,
+                   replay_inputs=opts.replay_inputs)
     worker_runs: list[SideRun] = []
     if opts.workers:
         from tfmigrate.verify.workers import run_worker_sides
@@ -187,8 +197,10 @@ def run_verify(opts: VerifyOptions) -> Outcome:
                 outcome.crash = run
             break
     else:
+        scaling = loss_scaling.scale_differentiated(legacy_run.record, migrated_run.record)
         outcome.comparison = cmp.compare(side_data(legacy_run), side_data(migrated_run), manifest,
                                          opts.tolerances)
+        outcome.comparison.notes += scaling
         if opts.noise_floor and outcome.comparison.verdict == cmp.DIVERGED:
             _noise_floor(plan, outcome, side_data(legacy_run))
         if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:

@@ -1,0 +1,86 @@
+"""Which legacy fetch a migrated program's differentiated loss is, and how it is scaled (numpy only).
+
+Under MirroredStrategy the gradients of the replicas are summed, so a TF2 step that reproduces
+towers whose gradients were averaged differentiates each tower's loss divided by the number of
+replicas (``loss / num_replicas_in_sync``, ``tf.nn.compute_average_loss`` over the global batch);
+one that reproduces summed gradients differentiates it unscaled. A program run as written names
+the value it differentiates ``loss`` (as_written.py); here it is matched, on step 1, against every
+per-tower legacy fetch times each candidate factor {1, N}: the pair that agrees (relative
+difference below MATCH_RTOL) renames the migrated fetch after the legacy one and multiplies every
+step's value by the factor, and the report says so. Step 1 is computed before any update, so a
+bug in the update cannot hide the match; a bug in the loss leaves it unmatched, and the weights
+(the ground truth) still show the divergence.
+"""
+
+from __future__ import annotations
+
+from tfmigrate.verify.record import Fetch, RunRecord
+
+SOURCE = "differentiated"
+MATCH_RTOL = 1e-3  # loose on purpose: this chooses a counterpart, compare.py judges the values
+
+
+def _groups(record: RunRecord, source: str | None) -> dict[str, dict[int, dict[int, Fetch]]]:
+    table: dict[str, dict[int, dict[int, Fetch]]] = {}
+    for step in record.steps:
+        for f in step.fetches:
+            if f.tower is None or (source is not None and f.source != source):
+                continue
+            table.setdefault(f.base, {}).setdefault(step.step, {})[f.tower] = f
+    return table
+
+
+def _relative(migrated: dict[int, Fetch], legacy: dict[int, Fetch], factor: float) -> float | None:
+    if set(migrated) != set(legacy):
+        return None
+    worst = 0.0
+    for tower, f in migrated.items():
+        want = legacy[tower].value
+        worst = max(worst, abs(f.value * factor - want) / max(abs(want), 1e-12))
+    return worst
+
+
+def scale_differentiated(legacy: RunRecord, migrated: RunRecord) -> list[str]:
+    """Rename and scale the migrated differentiated losses in place; the report's notes."""
+    replicas = max(migrated.devices, 1)
+    factors = sorted({1.0, float(replicas)})
+    targets = _groups(migrated, SOURCE)
+    towers = _groups(legacy, None)
+    notes: list[str] = []
+    taken: set[str] = set()
+    for base, steps in targets.items():
+        first = min(steps)
+        found = []
+        for lbase, lsteps in towers.items():
+            if first not in lsteps or lbase in taken:
+                continue
+            for factor in factors:
+                rel = _relative(steps[first], lsteps[first], factor)
+                if rel is not None and rel <= MATCH_RTOL:
+                    found.append((rel, "loss" not in lbase.lower(), len(lbase), lbase, factor))
+        if not found:
+            notes.append(
+                f"the loss the migrated step differentiates ({base}) matches no per-tower legacy fetch at "
+                f"step {first} (as is or times {replicas}): it is not compared; the weights are")
+            continue
+        _, _, _, lbase, factor = min(found)
+        taken.add(lbase)
+        for step in migrated.steps:
+            kept = []
+            for f in step.fetches:
+                if f.source == SOURCE and f.base == base:
+                    f.base, f.name = lbase, f"{lbase}[{f.tower}]"
+                    f.value, f.scale = f.value * factor, factor
+                elif f.base == lbase and f.source != SOURCE:
+                    continue  # a returned value of the same name: the differentiated one is compared
+                kept.append(f)
+            step.fetches = kept
+        if factor == 1.0:
+            notes.append(f"the migrated step differentiates the legacy towers' {lbase} as it is "
+                         f"(compared as {base} of each replica)")
+        else:
+            notes.append(
+                f"loss scaling: the migrated step differentiates the legacy towers' {lbase} divided by "
+                f"{replicas} (the replicas' gradients are summed); replica i's {base} x {replicas} is "
+                f"compared with tower i's {lbase} — scaled, not a divergence")
+    return notes
