@@ -118,6 +118,8 @@ class Row:
     one_file_rules: list[str] = dataclasses.field(default_factory=list)
     one_file_added: int = 0
     one_file_removed: int = 0
+    lines_added: int = 0  # the whole rewrite of the program's files, conversion included
+    lines_removed: int = 0
     todo_count: int = 0
     todo_codes: list[str] = dataclasses.field(default_factory=list)
     todo_statements: int = 0
@@ -519,6 +521,12 @@ def classify(program: Program, run: FolderRun, one_file_run: FolderRun | None = 
     if row.whole_program:
         row.outcome = f"converted with {row.todo_count} TODOs" if row.todo_count else "converted"
 
+    for rel in program.python_files:
+        if (run.src / rel).exists():
+            added, removed = changed_lines(_read(run.src / rel), _read(_rewritten(run, rel)))
+            row.lines_added += added
+            row.lines_removed += removed
+
     # One-file rules: from this run when nothing was converted, else from the run without the
     # whole-program codes (the conversion's own lines are not theirs).
     base = one_file_run if row.whole_program else run
@@ -651,7 +659,9 @@ def cells(row: Row) -> list[str]:
         f"{row.repo}:{row.entry}",
         row.kind,
         row.outcome,
-        f"yes ({row.converter})" if row.whole_program else "no",
+        f"yes ({row.converter}; all +{row.lines_added}/-{row.lines_removed})"
+        if row.whole_program
+        else "no",
         f"{codes} +{row.one_file_added}/-{row.one_file_removed}",
         "?" if share is None else f"{share:.0%}",
         _yes(row.compiles),

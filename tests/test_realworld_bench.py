@@ -79,6 +79,7 @@ def test_tiny_corpus_rows_through_the_cli(tmp_path: Path, capsys) -> None:
     assert towers["legacy_statements"] > 0 and towers["legacy_code_lines"] > 0
     assert towers["code_line_ratio"] == towers["converted_code_lines"] / towers["legacy_code_lines"]
     assert towers["trains"] == "not run"
+    assert towers["lines_added"] > 0 and towers["measured_files"] == ["train.py"]
     assert towers["counts_as_converted"] == (
         not towers["banned_outside_todo"] and towers["todo_share"] <= bench.MAX_TODO_SHARE
     )
@@ -87,6 +88,7 @@ def test_tiny_corpus_rows_through_the_cli(tmp_path: Path, capsys) -> None:
     assert "Python 2 syntax at line" in py2["detail"]
     assert not py2["whole_program"] and py2["compiles"] is False
     assert py2["undefined_names"] is None  # ruff cannot parse it either
+    assert (py2["lines_added"], py2["lines_removed"]) == (0, 0)
     assert not py2["counts_as_converted"]
 
     summary = payload["summary"]
