@@ -15,11 +15,9 @@ the train op (feeding its batch, or running its in-graph input pipeline); the mi
 next(iterator) over its distributed batches plus the train_step call until its fetched values
 are on the host -- or, for a program that offers its step for several steps per call (the
 protocol's one_step), each of verify's calls' time over the steps it ran (batches taken inside
-the call; as many steps per call as the program's own loop runs: 20 for the rewrite's
-StepsInOneCall, `steps_per_execution` for a `fit` program). The rewrite's batches come from its
-ReplicaSlices: one tf.data iterator of global batches, each cut into the replicas' rows inside
-the call (not the strategy's distributed dataset, whose per-device iterators cost more per batch
-than these models' steps). No side is timed while the other one runs: the legacy program first trains
+the call; as many steps per call as the program's own loop runs: `steps_per_execution` for a
+`fit` program). The rewrite's batches come from the strategy's distributed dataset, one
+train_step call per step, as a TF2 program written by hand has them. No side is timed while the other one runs: the legacy program first trains
 alone, then each migrated program is verified against that legacy run (verify's --legacy-cache),
 so only the migrated process is busy while it is timed. `--rounds R` repeats that sequence; the
 table shows medians (a shared machine's load drifts between runs).

@@ -9,7 +9,7 @@ MultiWorkerMirroredStrategy counts the replicas of every worker:
 - ``main`` builds ``tf.distribute.MultiWorkerMirroredStrategy()``: the cluster comes from
   ``TF_CONFIG``;
 - the input: every worker builds the same global batches; ``experimental_distribute_dataset``
-  (in place of the one-machine ``ReplicaSlices``) cuts each into per-replica slices and, with
+  cuts each into per-replica slices and, with
   ``AutoShardPolicy.DATA``, each worker keeps its own replicas' slices, so global replica r
   trains on legacy tower r's rows (what AUTO falls back to for a generator dataset anyway, said
   explicitly);
@@ -94,15 +94,6 @@ CHECKPOINT_NOTE = (
 )
 
 
-# The single-machine input of the generated program (one host iterator, cut per replica):
-# replaced by the strategy's distributed dataset, which shards over the workers.
-_SINGLE_MACHINE_INPUT = ("ReplicaSlices", "ReplicaSliceIterator", "SlicedOptional")
-
-
-def _is_class(statement: cst.CSTNode, names: tuple[str, ...]) -> bool:
-    return isinstance(statement, cst.ClassDef) and statement.name.value in names
-
-
 class _ToMultiWorker(cst.CSTTransformer):
     def __init__(self) -> None:
         super().__init__()
@@ -116,14 +107,6 @@ class _ToMultiWorker(cst.CSTTransformer):
             return updated.with_changes(
                 func=attr.with_changes(attr=cst.Name("MultiWorkerMirroredStrategy"))
             )
-        if name == "ReplicaSlices" and len(updated.args) == 2:
-            # the strategy's own distributed dataset: it shards over the workers
-            self.distributed = True
-            wrapped = cst.Call(cst.Name("split_over_workers"), [updated.args[1]])
-            method = cst.Attribute(
-                updated.args[0].value, cst.Name("experimental_distribute_dataset")
-            )
-            return cst.Call(method, [cst.Arg(wrapped)])
         if name.endswith(".experimental_distribute_dataset") and len(updated.args) == 1:
             self.distributed = True
             wrapped = cst.Call(cst.Name("split_over_workers"), [updated.args[0]])
@@ -139,9 +122,6 @@ def to_multi_worker(generated: cst.Module) -> tuple[cst.Module, list[str]]:
     """The generated program for MultiWorkerMirroredStrategy, and the manifest notes saying so."""
     transformer = _ToMultiWorker()
     module = generated.visit(transformer)
-    module = module.with_changes(
-        body=[s for s in module.body if not _is_class(s, _SINGLE_MACHINE_INPUT)]
-    )
     helpers = (_SHARDING if transformer.distributed else "") + (
         _CHECKPOINTS if transformer.checkpoints else ""
     )

@@ -96,167 +96,6 @@ def replica_index():
     \"\"\"This replica's number as a Python int: the legacy tower index.\"\"\"
     context = tf.distribute.get_replica_context()
     return int(tf.get_static_value(context.replica_id_in_sync_group))
-
-
-def keep_large_tensors_on_the_heap():
-    \"\"\"Undo the malloc setting tf.data makes once per process (glibc only; nothing else changes).
-
-    The first tf.data generator op (every distributed dataset has some) sets glibc's mmap
-    threshold to 128 KB: every larger tensor is then mmap-ed, zero-filled page by page and unmapped
-    at every step, which costs more the larger the batch. Make tf.data apply it now, then give
-    glibc back its usual ceiling.
-    \"\"\"
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    empty = tf.data.Dataset.from_generator(lambda: iter(()), output_signature=tf.TensorSpec([], tf.int8))
-    for _ in empty:
-        pass
-    libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: the highest value glibc itself would pick
-    libc.mallopt(-1, 64 * 2**20)  # M_TRIM_THRESHOLD: twice that, as glibc pairs them
-
-
-# Training steps per tf.function call in main() (StepsInOneCall): the call's fixed cost is paid
-# once for so many steps; a few more batches are held in memory, on the host.
-STEPS_PER_CALL = 20
-
-
-class StepsInOneCall:
-    \"\"\"Training steps run several to a call: one tf.function call takes up to `count` batches from
-    the distributed iterator and runs `one_step` on each, in a loop inside the call.
-
-    Calling a tf.function and taking a batch from a distributed iterator cost a fixed time each,
-    whatever the model, more than a small model's whole step: paid once per call here, not once
-    per step. `self(iterator, count)` returns every step's values in step order (fewer steps than
-    `count` when the batches end): {key: [replica 0's, replica 1's, ...]}, as numpy (the value's
-    strategy.experimental_local_results: one part for a value not per replica).
-    \"\"\"
-
-    def __init__(self, strategy, one_step):
-        self.strategy = strategy
-        self.one_step = one_step
-        self.layout = []  # (key, number of parts) of each value of a step
-        self.call = tf.function(self.run)
-
-    def __call__(self, iterator, count):
-        try:
-            done, stacks = self.call(iterator, tf.constant(count))
-        except tf.errors.OutOfRangeError:  # no batch left for the first step
-            return []
-        stacks = [stack.numpy() for stack in stacks]
-        steps = []
-        for index in range(int(done)):
-            values = iter([stack[index] for stack in stacks])
-            steps.append({key: [next(values) for _ in range(n)] for key, n in self.layout})
-        return steps
-
-    def run(self, iterator, count):
-        \"\"\"Traced: the steps, each step's values written to growing TensorArrays.\"\"\"
-        graph = tf.compat.v1.get_default_graph()
-        collected = {key: graph.get_collection(key) for key in graph.get_all_collection_keys()}
-
-        def step_values(batch):
-            # TF1 code collects in the graph as it is traced (regularization losses, the train
-            # op, ...): every step traced into this one graph starts from what was there before
-            # the steps, as in a graph of its own.
-            inner = tf.compat.v1.get_default_graph()
-            for key in inner.get_all_collection_keys():
-                inner.get_collection_ref(key)[:] = collected.get(key, [])
-            values = []
-            self.layout.clear()
-            for key, value in self.one_step(batch).items():
-                parts = self.strategy.experimental_local_results(value)
-                values.extend(parts)
-                self.layout.append((key, len(parts)))
-            return values
-
-        first = next(iterator)  # raises OutOfRangeError before any step when there is none
-        arrays = [
-            tf.TensorArray(value.dtype, size=0, dynamic_size=True).write(0, value)
-            for value in step_values(first)
-        ]
-        done = tf.constant(1)
-        for index in tf.range(1, count):
-            optional = iterator.get_next_as_optional()
-            if not optional.has_value():  # the batches ended: the steps so far are returned
-                break
-            arrays = [a.write(index, v) for a, v in zip(arrays, step_values(optional.get_value()))]
-            done = index + 1
-        return done, [a.stack() for a in arrays]
-
-
-def each_step(train_steps, batches, total, per_call=STEPS_PER_CALL):
-    \"\"\"The values of `total` training steps, one step at a time, run `per_call` steps to a call.\"\"\"
-    while total > 0:
-        steps = train_steps(batches, min(per_call, total))
-        if not steps:
-            return
-        total -= len(steps)
-        yield from steps
-
-
-class ReplicaSlices:
-    \"\"\"The global batches of `dataset`, each cut into one slice per replica as the strategy's
-    distributed datasets cut a batch: replica i takes the i-th slice of ceil(rows / replicas)
-    rows (what tf.split gave tower i: it only accepted rows that divide evenly).
-
-    Iterated as a distributed dataset is, also inside a tf.function (next(), and
-    get_next_as_optional()), but from one plain tf.data iterator: a distributed dataset keeps
-    an iterator per device in step, which costs more per batch than a small model's whole step.
-    \"\"\"
-
-    def __init__(self, strategy, dataset):
-        self.strategy = strategy
-        self.dataset = dataset
-
-    def __iter__(self):
-        return ReplicaSliceIterator(self.strategy, iter(self.dataset))
-
-
-class ReplicaSliceIterator:
-    \"\"\"The iterator of ReplicaSlices: each global batch as per-replica values.\"\"\"
-
-    def __init__(self, strategy, iterator):
-        self.strategy = strategy
-        self.iterator = iterator
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.slices(next(self.iterator))
-
-    def get_next_as_optional(self):
-        return SlicedOptional(self, self.iterator.get_next_as_optional())
-
-    def slices(self, batch):
-        replicas = self.strategy.num_replicas_in_sync
-
-        def rows(tensor, i):
-            size = (tf.shape(tensor)[0] + replicas - 1) // replicas
-            return tensor[i * size:(i + 1) * size]
-
-        with tf.device("/cpu:0"):  # cut on the host: each replica's device gets its rows only
-            parts = [tf.nest.map_structure(lambda t, i=i: rows(t, i), batch) for i in range(replicas)]
-        return self.strategy.experimental_distribute_values_from_function(
-            lambda context: parts[context.replica_id_in_sync_group])
-
-
-class SlicedOptional:
-    \"\"\"The next batch of a ReplicaSliceIterator, if there is one (as tf.experimental.Optional).\"\"\"
-
-    def __init__(self, iterator, optional):
-        self.iterator = iterator
-        self.optional = optional
-
-    def has_value(self):
-        return self.optional.has_value()
-
-    def get_value(self):
-        return self.iterator.slices(self.optional.get_value())
 """
 
 
@@ -266,8 +105,7 @@ def store_source(
     """The TF1Variables store with only the parts the program uses (none of it when the model
     became a Keras model: the helpers after it only, replica_index if the tower reads it)."""
     if keras:
-        start = "def replica_index():" if tower_index else "def keep_large_tensors_on_the_heap():"
-        return STORE[STORE.index(start) :].strip("\n")
+        return STORE[STORE.index("def replica_index():") :].strip("\n") if tower_index else ""
     kept = []
     for line in STORE.splitlines():
         tag = re.search(r"\s*\[(moving|regularization)\]$", line)
@@ -349,7 +187,7 @@ class _FillSlots(cst.CSTTransformer):
         super().__init__()
         self.slots = slots
 
-    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_SimpleStatementLine(self, original, updated):
         if len(updated.body) == 1 and isinstance(updated.body[0], cst.Expr):
             value = updated.body[0].value
             if isinstance(value, cst.Name) and value.value in self.slots:
@@ -369,14 +207,14 @@ class _Collections(cst.CSTTransformer):
         # norm's moving statistics are not in it on TF 2.21's compat layer, measured): empty.
         self.moving = "[]" if keras else "tf1_variables.moving_averages"
 
-    def leave_BinaryOperation(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_BinaryOperation(self, original, updated):
         # `trainable + []` (an empty collection, see above) is the trainable list alone
         if isinstance(updated.operator, cst.Add) and isinstance(updated.right, cst.List):
             if not updated.right.elements and self.moving == "[]":
                 return updated.left
         return updated
 
-    def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Call(self, original, updated):
         code = cst.Module([]).code_for_node(updated.func)
         if code.endswith("trainable_variables") and not updated.args:
             return cst.parse_expression(self.trainable)
@@ -399,7 +237,7 @@ class _RegularizationReads(cst.CSTTransformer):
                 f"tf.add_n({keras.instance}.losses)" if keras.regularized else "tf.constant(0.0)"
             )
 
-    def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Call(self, original, updated):
         code = cst.Module([]).code_for_node(updated.func)
         if code.endswith("losses.get_regularization_losses") and not updated.args:
             return cst.parse_expression(self.losses)
@@ -434,7 +272,7 @@ class _LoopLogging(cst.CSTTransformer):
         self.log = program.logging
         self.strip = strip  # drop those statements instead (to check what else is left)
 
-    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_SimpleStatementLine(self, original, updated):
         small = updated.body[0] if len(updated.body) == 1 else None
         call = small.value if isinstance(small, cst.Expr) else None
         if not isinstance(call, cst.Call):
@@ -471,7 +309,7 @@ class _Replace(cst.CSTTransformer):
         super().__init__()
         self.old, self.new = old, new
 
-    def on_leave(self, original, updated):  # type: ignore[no-untyped-def]
+    def on_leave(self, original, updated):
         if isinstance(original, cst.BaseExpression) and original.deep_equals(self.old):
             return self.new
         return updated
@@ -507,7 +345,7 @@ class Emitter:
         self.slots[key] = statements
         return key
 
-    def _retarget(self, node):  # type: ignore[no-untyped-def]
+    def _retarget(self, node):
         """The legacy tower count (`flags.num_gpus`) is the strategy's replica count now."""
         return node.visit(_Replace(self.p.tower_count, self.strategy_count))
 
@@ -551,7 +389,7 @@ class Emitter:
             for name in self.p.reductions
         ]
 
-    def _op_name(self, name: str, statements, depth: int = 0) -> str | None:  # type: ignore[no-untyped-def]
+    def _op_name(self, name: str, statements, depth: int = 0) -> str | None:
         value = None
         conditional: set[int] = set()  # assignments some towers skip (`if i == 0: loss = ...`)
         last_conditional = False
@@ -567,7 +405,7 @@ class Emitter:
             return None  # the towers' tensors have different ops: no one name
         return self._name_of(value, depth)
 
-    def _name_of(self, value, depth: int) -> str | None:  # type: ignore[no-untyped-def]
+    def _name_of(self, value, depth: int) -> str | None:
         if isinstance(value, cst.BinaryOperation) and type(value.operator) in _OPERATOR_OPS:
             # `tower_loss(...) / num_gpus`: TF1 named the tensor after the operator's op
             return _OPERATOR_OPS[type(value.operator)]
@@ -615,8 +453,8 @@ class Emitter:
         """``build_program(strategy, flags)``: the variables, the input, one train step.
 
         One template for both kinds of input; only the input section differs (a generator of
-        the fed batches, or the legacy tf.data dataset itself); ReplicaSlices cuts either into
-        the replicas' parts."""
+        the fed batches, or the legacy tf.data dataset itself); the strategy's distributed dataset
+        cuts either into the replicas' parts."""
         p = self.p
         python_setup = self.slot(p.python_setup)
         graph_setup = self.slot(p.graph_setup)
@@ -629,7 +467,8 @@ class Emitter:
                 else "the i-th slice of each batch, as tf.split gave tower i"
             )
             input_section = (
-                f"# Replica i receives {given}.\nbatches = ReplicaSlices(strategy, {p.dataset})\n"
+                f"# Replica i receives {given}.\n"
+                f"batches = strategy.experimental_distribute_dataset({p.dataset})\n"
             )
             spec_source = p.dataset
         store = (
@@ -642,7 +481,6 @@ class Emitter:
             def build_program(strategy, {params}):
                 """The training program under `strategy` (its variables, one step, the batches)."""
                 {python_setup}
-                keep_large_tensors_on_the_heap()
                 {store}
                     {graph_setup}
             ''').strip("\n")
@@ -695,53 +533,12 @@ class Emitter:
             f"        {feed}{fill}\n"
             f"        yield {yielded}\n"
         )
-        chunks = self._fed_chunks()
-        if chunks is None:
-            dataset = f"    fed_batches,\n    output_signature=({specs}\n    ),\n)\n"
-        else:
-            stacked = "".join(
-                f"\n        tf.TensorSpec({self._chunk_shape(ph.shape)}, {self.code(ph.dtype)}),"
-                for ph in p.placeholders
-            )
-            generator += chunks
-            dataset = f"    fed_chunks,\n    output_signature=({stacked}\n    ),\n).unbatch()\n"
+        dataset = f"    fed_batches,\n    output_signature=({specs}\n    ),\n)\n"
         return (
             generator + "\n"
             "dataset = tf.data.Dataset.from_generator(\n" + dataset + f"# {slicing}\n"
-            "batches = ReplicaSlices(strategy, dataset)\n"
+            "batches = strategy.experimental_distribute_dataset(dataset)\n"
         )
-
-    def _fed_chunks(self) -> str | None:
-        """The fed batches stacked several at a time (needs numpy): tf.data's generator op costs a
-        Python call per element, more than a small model's step when it runs inside the train
-        loop's tf.function; one call per chunk, and Dataset.unbatch() gives back the batches."""
-        try:
-            np_name = self.numpy_name()
-        except Blocked:
-            return None
-        return (
-            "\n"
-            "def fed_chunks(size=STEPS_PER_CALL):\n"
-            '    """fed_batches(), `size` consecutive batches of equal shapes stacked together."""\n'
-            "    chunk, shapes = [], None\n"
-            "    for batch in fed_batches():\n"
-            f"        if chunk and (len(chunk) == size or [{np_name}.shape(a) for a in batch] != shapes):\n"
-            f"            yield tuple({np_name}.stack(arrays) for arrays in zip(*chunk))\n"
-            "            chunk = []\n"
-            "        chunk.append(batch)\n"
-            f"        shapes = [{np_name}.shape(a) for a in batch]\n"
-            "    if chunk:\n"
-            f"        yield tuple({np_name}.stack(arrays) for arrays in zip(*chunk))\n"
-        )
-
-    def _chunk_shape(self, shape: cst.BaseExpression) -> str:
-        """A fed placeholder's shape with a leading axis for the steps of a chunk."""
-        code = self._spec_shape(shape)
-        if code == "None":  # unknown rank
-            return "None"
-        if isinstance(shape, cst.List) or code.startswith("[None"):
-            return f"[None, {code[1:]}" if code != "[]" else "[None]"
-        return f"[None, *{code}]"
 
     def _tower_section(self, keys: dict[str, str], spec_source: str, loop_needs: list[str]) -> str:
         """The replica function, the variable-creating trace, the EMA, the train step."""
@@ -861,8 +658,6 @@ class Emitter:
             return {{
                 "variables": {variables},
                 "train_step": train_step,
-                # Several steps to a tf.function call: what main() runs (verify runs one_step so).
-                "train_steps": StepsInOneCall(strategy, one_step),
                 "one_step": one_step,{jit_key}
                 "batches": batches,
                 # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
@@ -1066,23 +861,19 @@ class Emitter:
     def loop_body(self, keys: dict[str, str]) -> list[cst.BaseStatement]:
         p = self.p
         statements: list[cst.BaseStatement] = []
-        for statement in p.step_loop.body.body:  # type: ignore[union-attr]
+        for statement in p.step_loop.body.body:
             if statement is not p.run_statement and (
                 statement in p.feed_statements or self._is_feed(statement)
             ):
                 continue
             if statement is p.run_statement:
-                several = self.steps_in_calls()
-                run = "next(step_outputs)" if several else "train_step(next(batches))"
-                statements.append(cst.parse_statement(f"outputs = {run}"))
+                statements.append(cst.parse_statement("outputs = train_step(next(batches))"))
                 if p.run_fetches_list is not None:
                     # `results = sess.run([train_op] + losses)`: None, then every tower's value.
                     target = p.fetches[1].target
                     key = keys[p.collected[p.fetches[1].tensor]]
                     values = (
-                        f"list(outputs[{key!r}])"
-                        if several
-                        else f"[value.numpy() for value in "
+                        f"[value.numpy() for value in "
                         f"strategy.experimental_local_results(outputs[{key!r}])]"
                     )
                     statements.append(cst.parse_statement(f"{target} = [None] + {values}"))
@@ -1107,9 +898,7 @@ class Emitter:
                         )
                         statements.append(cst.parse_statement(f"{fetch.target} = {{{values}}}"))
                         continue
-                    value = self._fetched_value(fetch.tensor, keys, fetch.tower)
-                    if not several:
-                        value += ".numpy()"
+                    value = self._fetched_value(fetch.tensor, keys, fetch.tower) + ".numpy()"
                     statements.append(cst.parse_statement(f"{fetch.target} = {value}"))
                 continue
             logging_names = {p.logging.writer[0]} if p.logging.writer else set()
@@ -1132,48 +921,13 @@ class Emitter:
         if tower is not None:
             tensor, replica = self.p.collected[tensor], tower
         key = keys[tensor]
-        several = self.steps_in_calls()  # each step's values, per replica, on the host already
         if tensor in self.p.reductions or tensor in self.setup_fetches():
-            return f"outputs[{key!r}][0]" if several else f"outputs[{key!r}]"
-        if several:
-            return f"outputs[{key!r}][{replica}]"
+            return f"outputs[{key!r}]"
         return f"strategy.experimental_local_results(outputs[{key!r}])[{replica}]"
-
-    def steps_in_calls(self) -> bool:
-        """May main() run the loop's steps several to a tf.function call (StepsInOneCall)? Only a
-        `for` over `range(...)` (the number of steps is known before the loop), training at
-        every iteration (no break or continue) and saving no checkpoint in the loop (a checkpoint
-        must hold the weights of its own step, not those of the last step of its call)."""
-        p = self.p
-        loop = p.step_loop
-        if p.monitored is not None or not isinstance(loop, cst.For):
-            return False
-        if not (
-            isinstance(loop.iter, cst.Call)
-            and isinstance(loop.iter.func, cst.Name)
-            and loop.iter.func.value in ("range", "xrange")  # six.moves.xrange: range
-        ):
-            return False
-        nodes = [n for s in loop.body.body for n in walk(s)]  # type: ignore[union-attr]
-        if any(isinstance(n, cst.Break | cst.Continue | cst.Return | cst.Yield) for n in nodes):
-            return False
-        saver = p.logging.saver
-        return saver is None or not any(
-            isinstance(n, cst.Call) and _is_call(n, saver[0], "save") for n in nodes
-        )
 
     def loop_setup(self) -> str:
         """main()'s lines before the loop that take the steps' values (4-space indents)."""
-        if not self.steps_in_calls():
-            train_step = '    train_step = program["train_step"]\n'
-            return train_step + '    batches = iter(program["batches"])\n'
-        steps = f"len({self.expr(self.p.step_loop.iter)})"  # type: ignore[attr-defined]
-        return (
-            "    # The loop's steps run STEPS_PER_CALL to a tf.function call; each step's values\n"
-            "    # come back on the host, and the loop logs them as before, step by step.\n"
-            "    step_outputs = each_step(\n"
-            f'        program["train_steps"], iter(program["batches"]), {steps})\n'
-        )
+        return '    train_step = program["train_step"]\n    batches = iter(program["batches"])\n'
 
     def saved_path(self) -> cst.BaseExpression | None:
         """The path the loop's ``saver.save(sess, path, global_step=...)`` writes to."""
@@ -1181,7 +935,7 @@ class Emitter:
             return None
         paths = [
             get_arg(n, 1, "save_path")
-            for s in self.p.step_loop.body.body  # type: ignore[union-attr]
+            for s in self.p.step_loop.body.body
             for n in walk(s)
             if isinstance(n, cst.Call) and _is_call(n, self.p.logging.saver[0], "save")
         ]
@@ -1189,7 +943,7 @@ class Emitter:
             return None  # the Saver only writes once, after the loop (main() writes that)
         if len(paths) != 1 or paths[0] is None:
             raise Blocked(self.p.step_loop, "the loop does not save once with the Saver")
-        loop_names = bound_names(self.p.step_loop.body) | bound_names(self.p.step_loop.target)  # type: ignore[attr-defined]
+        loop_names = bound_names(self.p.step_loop.body) | bound_names(self.p.step_loop.target)
         if free_names(paths[0]) & loop_names:
             raise Blocked(self.p.step_loop, "the checkpoint path changes inside the loop")
         return paths[0]
@@ -1228,7 +982,7 @@ class Emitter:
         p = self.p
         return [
             s
-            for s in p.step_loop.body.body  # type: ignore[union-attr]
+            for s in p.step_loop.body.body
             if s not in p.feed_statements and s is not p.run_statement and not self._is_feed(s)
         ]
 

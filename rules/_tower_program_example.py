@@ -110,170 +110,8 @@ def replica_index():
     return int(tf.get_static_value(context.replica_id_in_sync_group))
 
 
-def keep_large_tensors_on_the_heap():
-    """Undo the malloc setting tf.data makes once per process (glibc only; nothing else changes).
-
-    The first tf.data generator op (every distributed dataset has some) sets glibc's mmap
-    threshold to 128 KB: every larger tensor is then mmap-ed, zero-filled page by page and unmapped
-    at every step, which costs more the larger the batch. Make tf.data apply it now, then give
-    glibc back its usual ceiling.
-    """
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    empty = tf.data.Dataset.from_generator(lambda: iter(()), output_signature=tf.TensorSpec([], tf.int8))
-    for _ in empty:
-        pass
-    libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: the highest value glibc itself would pick
-    libc.mallopt(-1, 64 * 2**20)  # M_TRIM_THRESHOLD: twice that, as glibc pairs them
-
-
-# Training steps per tf.function call in main() (StepsInOneCall): the call's fixed cost is paid
-# once for so many steps; a few more batches are held in memory, on the host.
-STEPS_PER_CALL = 20
-
-
-class StepsInOneCall:
-    """Training steps run several to a call: one tf.function call takes up to `count` batches from
-    the distributed iterator and runs `one_step` on each, in a loop inside the call.
-
-    Calling a tf.function and taking a batch from a distributed iterator cost a fixed time each,
-    whatever the model, more than a small model's whole step: paid once per call here, not once
-    per step. `self(iterator, count)` returns every step's values in step order (fewer steps than
-    `count` when the batches end): {key: [replica 0's, replica 1's, ...]}, as numpy (the value's
-    strategy.experimental_local_results: one part for a value not per replica).
-    """
-
-    def __init__(self, strategy, one_step):
-        self.strategy = strategy
-        self.one_step = one_step
-        self.layout = []  # (key, number of parts) of each value of a step
-        self.call = tf.function(self.run)
-
-    def __call__(self, iterator, count):
-        try:
-            done, stacks = self.call(iterator, tf.constant(count))
-        except tf.errors.OutOfRangeError:  # no batch left for the first step
-            return []
-        stacks = [stack.numpy() for stack in stacks]
-        steps = []
-        for index in range(int(done)):
-            values = iter([stack[index] for stack in stacks])
-            steps.append({key: [next(values) for _ in range(n)] for key, n in self.layout})
-        return steps
-
-    def run(self, iterator, count):
-        """Traced: the steps, each step's values written to growing TensorArrays."""
-        graph = tf.compat.v1.get_default_graph()
-        collected = {key: graph.get_collection(key) for key in graph.get_all_collection_keys()}
-
-        def step_values(batch):
-            # TF1 code collects in the graph as it is traced (regularization losses, the train
-            # op, ...): every step traced into this one graph starts from what was there before
-            # the steps, as in a graph of its own.
-            inner = tf.compat.v1.get_default_graph()
-            for key in inner.get_all_collection_keys():
-                inner.get_collection_ref(key)[:] = collected.get(key, [])
-            values = []
-            self.layout.clear()
-            for key, value in self.one_step(batch).items():
-                parts = self.strategy.experimental_local_results(value)
-                values.extend(parts)
-                self.layout.append((key, len(parts)))
-            return values
-
-        first = next(iterator)  # raises OutOfRangeError before any step when there is none
-        arrays = [
-            tf.TensorArray(value.dtype, size=0, dynamic_size=True).write(0, value)
-            for value in step_values(first)
-        ]
-        done = tf.constant(1)
-        for index in tf.range(1, count):
-            optional = iterator.get_next_as_optional()
-            if not optional.has_value():  # the batches ended: the steps so far are returned
-                break
-            arrays = [a.write(index, v) for a, v in zip(arrays, step_values(optional.get_value()))]
-            done = index + 1
-        return done, [a.stack() for a in arrays]
-
-
-def each_step(train_steps, batches, total, per_call=STEPS_PER_CALL):
-    """The values of `total` training steps, one step at a time, run `per_call` steps to a call."""
-    while total > 0:
-        steps = train_steps(batches, min(per_call, total))
-        if not steps:
-            return
-        total -= len(steps)
-        yield from steps
-
-
-class ReplicaSlices:
-    """The global batches of `dataset`, each cut into one slice per replica as the strategy's
-    distributed datasets cut a batch: replica i takes the i-th slice of ceil(rows / replicas)
-    rows (what tf.split gave tower i: it only accepted rows that divide evenly).
-
-    Iterated as a distributed dataset is, also inside a tf.function (next(), and
-    get_next_as_optional()), but from one plain tf.data iterator: a distributed dataset keeps
-    an iterator per device in step, which costs more per batch than a small model's whole step.
-    """
-
-    def __init__(self, strategy, dataset):
-        self.strategy = strategy
-        self.dataset = dataset
-
-    def __iter__(self):
-        return ReplicaSliceIterator(self.strategy, iter(self.dataset))
-
-
-class ReplicaSliceIterator:
-    """The iterator of ReplicaSlices: each global batch as per-replica values."""
-
-    def __init__(self, strategy, iterator):
-        self.strategy = strategy
-        self.iterator = iterator
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.slices(next(self.iterator))
-
-    def get_next_as_optional(self):
-        return SlicedOptional(self, self.iterator.get_next_as_optional())
-
-    def slices(self, batch):
-        replicas = self.strategy.num_replicas_in_sync
-
-        def rows(tensor, i):
-            size = (tf.shape(tensor)[0] + replicas - 1) // replicas
-            return tensor[i * size:(i + 1) * size]
-
-        with tf.device("/cpu:0"):  # cut on the host: each replica's device gets its rows only
-            parts = [tf.nest.map_structure(lambda t, i=i: rows(t, i), batch) for i in range(replicas)]
-        return self.strategy.experimental_distribute_values_from_function(
-            lambda context: parts[context.replica_id_in_sync_group])
-
-
-class SlicedOptional:
-    """The next batch of a ReplicaSliceIterator, if there is one (as tf.experimental.Optional)."""
-
-    def __init__(self, iterator, optional):
-        self.iterator = iterator
-        self.optional = optional
-
-    def has_value(self):
-        return self.optional.has_value()
-
-    def get_value(self):
-        return self.iterator.slices(self.optional.get_value())
-
-
 def build_program(strategy, flags):
     """The training program under `strategy` (its variables, one step, the batches)."""
-    keep_large_tensors_on_the_heap()
     tf1_variables = TF1Variables(strategy)
     with strategy.scope(), tf1_variables.scope():
         x_all = np.ones([64, 4], np.float32)
@@ -285,27 +123,15 @@ def build_program(strategy, flags):
         for step in range(flags.steps):
             yield x_all[step * 16 % 64:][:16], y_all[step * 16 % 64:][:16]
 
-    def fed_chunks(size=STEPS_PER_CALL):
-        """fed_batches(), `size` consecutive batches of equal shapes stacked together."""
-        chunk, shapes = [], None
-        for batch in fed_batches():
-            if chunk and (len(chunk) == size or [np.shape(a) for a in batch] != shapes):
-                yield tuple(np.stack(arrays) for arrays in zip(*chunk))
-                chunk = []
-            chunk.append(batch)
-            shapes = [np.shape(a) for a in batch]
-        if chunk:
-            yield tuple(np.stack(arrays) for arrays in zip(*chunk))
-
     dataset = tf.data.Dataset.from_generator(
-        fed_chunks,
+        fed_batches,
         output_signature=(
-            tf.TensorSpec([None, 16, 4], tf.float32),
-            tf.TensorSpec([None, 16, 2], tf.float32),
+            tf.TensorSpec([16, 4], tf.float32),
+            tf.TensorSpec([16, 2], tf.float32),
         ),
-    ).unbatch()
+    )
     # Replica i receives the i-th slice of each global batch, as tower i did.
-    batches = ReplicaSlices(strategy, dataset)
+    batches = strategy.experimental_distribute_dataset(dataset)
 
     def tower_fn(x, y):
         """One tower of the legacy loop, now one replica."""
@@ -339,8 +165,6 @@ def build_program(strategy, flags):
     return {
         "variables": dict(tf1_variables.variables),
         "train_step": train_step,
-        # Several steps to a tf.function call: what main() runs (verify runs one_step so).
-        "train_steps": StepsInOneCall(strategy, one_step),
         "one_step": one_step,
         "batches": batches,
         # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
@@ -370,13 +194,11 @@ def train(flags):
         with strategy.scope():  # optimizer slots restored now are created mirrored
             program["checkpoint"].restore(
                 tf.train.latest_checkpoint(flags.restore_from)).assert_existing_objects_matched()
-    # The loop's steps run STEPS_PER_CALL to a tf.function call; each step's values
-    # come back on the host, and the loop logs them as before, step by step.
-    step_outputs = each_step(
-        program["train_steps"], iter(program["batches"]), len(range(flags.steps)))
+    train_step = program["train_step"]
+    batches = iter(program["batches"])
     for step in range(flags.steps):
-        outputs = next(step_outputs)
-        loss_value = outputs['loss'][-1]
+        outputs = train_step(next(batches))
+        loss_value = strategy.experimental_local_results(outputs['loss'])[-1].numpy()
         print(step, loss_value)
 
 

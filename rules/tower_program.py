@@ -42,15 +42,14 @@ from tfmigrate.rules._variable_names import VariableNames
 
 # Names the converted program defines; a module already using them is not converted.
 _RESERVED_TOP = frozenset(
-    {"TF1Variables", "replica_index", "build_program", "make_parser", "tfmigrate_program",
-     "StepsInOneCall", "each_step", "STEPS_PER_CALL"}
+    {"TF1Variables", "replica_index", "build_program", "make_parser", "tfmigrate_program"}
 )  # fmt: skip
 _RESERVED_LOCAL = frozenset(
     {
         "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
         "fed_batches", "build", "fetches", "tf1_variables", "variables", "legacy_name",
         "checkpoint", "manager", "average", "summary_tag", "summary_value", "scalar_metadata",
-        "input_dataset", "weight_path", "one_step", "fed_chunks", "step_outputs", "compiled_tower",
+        "input_dataset", "weight_path", "one_step", "compiled_tower",
     }
 )  # fmt: skip
 
@@ -542,7 +541,7 @@ def _global_flags(rule: TowerRule, function: cst.FunctionDef) -> GlobalFlags | N
                 raise Blocked(statement, "the unparsed arguments of a module-level parse are used")
             return GlobalFlags(
                 values, parser, statements[start:position], statement, main, at_module_level
-            )  # type: ignore[arg-type]
+            )
     return None
 
 
@@ -812,7 +811,7 @@ def _launch(body: list[cst.BaseStatement], function: cst.FunctionDef) -> Launch 
 
 def _launch_body(main: cst.If | cst.FunctionDef) -> list[cst.BaseStatement]:
     """The main block's statements, or the launcher function's without its docstring."""
-    body = list(main.body.body)  # type: ignore[union-attr]
+    body = list(main.body.body)
     if isinstance(main, cst.FunctionDef) and main.get_docstring(clean=False) is not None:
         body = body[1:]
     return body
@@ -994,8 +993,8 @@ if __name__ == "__main__":
     body_slot = emitter.slot(emitter.loop_body(keys))
     loop_prelude = loop_end = loop_comment = ""
     if program.monitored is None:
-        target = module.code_for_node(program.step_loop.target)  # type: ignore[attr-defined]
-        loop_header = f"for {target} in {emitter.expr(program.step_loop.iter)}"  # type: ignore[attr-defined]
+        target = module.code_for_node(program.step_loop.target)
+        loop_header = f"for {target} in {emitter.expr(program.step_loop.iter)}"
     else:
         step = emitter.global_step()
         last = emitter.expr(program.monitored)
@@ -1473,7 +1472,7 @@ def _input_note(program: Program) -> str:
     if program.dataset is not None:
         return (
             f"TFM303: the one-shot iterator over `{program.dataset}` + tf.split -> "
-            f"ReplicaSlices(strategy, `{program.dataset}`): replica i gets the "
+            f"strategy.experimental_distribute_dataset(`{program.dataset}`): replica i gets the "
             "i-th slice of each batch, as tower i got the i-th split"
         )
     if program.tower_feed is not None:
@@ -1496,7 +1495,7 @@ class _ContribToTfSlim(cst.CSTTransformer):
         self.spellings = {f"{tf}.contrib.slim": "tf_slim", f"{tf}.contrib.layers": "tf_slim.layers"}
         self.changed = False
 
-    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Attribute(self, original, updated):
         new = self.spellings.get(cst.Module([]).code_for_node(updated))
         if new is None:
             return updated
@@ -1607,7 +1606,7 @@ class _V1Layers(cst.CSTTransformer):
         self.prefix = f"{tf}.compat.v1.layers."
         self.used: set[str] = set()
 
-    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Attribute(self, original, updated):
         code = cst.Module([]).code_for_node(updated)
         if not code.startswith(self.prefix) or "." in code[len(self.prefix) :]:
             return updated
@@ -1714,7 +1713,7 @@ class _ReplaceName(cst.CSTTransformer):
         super().__init__()
         self.name, self.new = name, new
 
-    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Name(self, original, updated):
         return self.new if updated.value == self.name else updated
 
 
@@ -1891,12 +1890,12 @@ def _manifest(
     if emitter.synchronized_statistics:  # the forward pass changed: everything may differ
         notes.append(f"TFM303: {batch_norm_sync.FORWARD}")
         manifest["announced"] = [
-            *manifest.get("announced", []),  # type: ignore[list-item]
+            *manifest.get("announced", []),
             {"match": ["*"], "code": "TFM303", "reason": batch_norm_sync.FORWARD},
         ]
     if keras is not None and DROPOUT_NOTE in keras.notes:  # equal runs need the dropout off
         manifest["announced"] = [
-            *manifest.get("announced", []),  # type: ignore[list-item]
+            *manifest.get("announced", []),
             {"match": ["*"], "code": "TFM303", "reason": DROPOUT_NOTE},
         ]
     if keras is not None:

@@ -1,7 +1,6 @@
 """Several training steps per call (the protocol's optional ``one_step``): verify records each
-step as it does when it drives ``train_step`` one batch at a time, and both verify's loop
-(WatchedSteps) and the emitted program's own (StepsInOneCall) train exactly what one step per
-call trains."""
+step as it does when it drives ``train_step`` one batch at a time, and verify's loop
+(WatchedSteps) trains exactly what one step per call trains."""
 
 from __future__ import annotations
 
@@ -102,7 +101,7 @@ def test_batches_ending_inside_a_call_end_the_run_with_a_note(tmp_path: Path):
     assert runner.record.notes == ["the migrated program's batches ended after 4 steps"]
 
 
-# verify's loop and the emitted helper against one step per call, on 2 logical CPU devices, in a
+# verify's loop against one step per call, on 2 logical CPU devices, in a
 # fresh process.
 SCRIPT = r"""
 import json, sys
@@ -114,20 +113,14 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-from tfmigrate.rules._tower_emit import STORE
 from tfmigrate.verify.watched_steps import WatchedSteps
 
-# AutoGraph converts the loop from its source: the helpers go into a module file.
-helpers = Path(sys.argv[1]) / "emitted_helpers.py"
-helpers.write_text("import tensorflow as tf\n\n" + STORE[STORE.index("STEPS_PER_CALL = "):])
-sys.path.insert(0, sys.argv[1])
-import emitted_helpers
 rng = np.random.RandomState(0)
 x = rng.rand(7 * 8, 3).astype(np.float32)
 y = x.dot([[1.0], [-2.0], [0.5]]).astype(np.float32)
 
 
-def program(sliced=False):
+def program():
     with strategy.scope():  # each replica's update is summed into the mirrored variable
         w = tf.Variable(tf.zeros([3, 1]), aggregation=tf.VariableAggregation.SUM)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # 7 batches
@@ -144,9 +137,6 @@ def program(sliced=False):
         out["sum"] = strategy.reduce("SUM", out["loss"], axis=None)
         return out
 
-    # the emitted input (ReplicaSlices), else the strategy's distributed dataset
-    if sliced:
-        return w, iter(emitted_helpers.ReplicaSlices(strategy, dataset)), one_step
     return w, iter(strategy.experimental_distribute_dataset(dataset)), one_step
 
 
@@ -157,8 +147,8 @@ for _ in range(7):
     out = train_step(next(it))
     alone.append({"loss": [float(v) for v in strategy.experimental_local_results(out["loss"])],
                   "sum": float(out["sum"]), "w": w.numpy().ravel().tolist()})
-def watched(sliced=False):
-    w, it, one_step = program(sliced)
+def watched():
+    w, it, one_step = program()
     train_steps = WatchedSteps(strategy, one_step, [w])
     calls = [train_steps(it, 5) for _ in range(3)]
     return calls, [{"loss": [float(v) for v in s["outputs"]["loss"]],
@@ -170,31 +160,12 @@ def watched(sliced=False):
 
 
 calls, several = watched()
-sliced_calls, sliced = watched(sliced=True)
-# ReplicaSlices cuts uneven batches (rows not a multiple of the replicas) as the distributed
-# dataset does, eagerly too
-sizes = tf.data.Dataset.from_generator(
-    lambda: (np.arange(2 * b, dtype=np.float32).reshape(b, 2) for b in (8, 5, 3, 1)),
-    output_signature=tf.TensorSpec([None, 2], tf.float32))
-cuts = {kind: [[p.numpy().tolist() for p in strategy.experimental_local_results(batch)]
-               for batch in batches]
-        for kind, batches in [("distributed", strategy.experimental_distribute_dataset(sizes)),
-                              ("sliced", emitted_helpers.ReplicaSlices(strategy, sizes))]}
-# The program's own loop: its values only, then the weights after its last step.
-w, it, one_step = program()
-own_steps = emitted_helpers.StepsInOneCall(strategy, one_step)
-own_calls = [own_steps(it, 5) for _ in range(3)]
-own = [{"loss": [float(v) for v in s["loss"]], "sum": float(s["sum"][0]), "keys": sorted(s)}
-       for call in own_calls for s in call]
-json.dump({"alone": alone, "calls": [len(c) for c in calls], "several": several,
-           "sliced_calls": [len(c) for c in sliced_calls], "sliced": sliced, "cuts": cuts,
-           "own_calls": [len(c) for c in own_calls], "own": own,
-           "own_w": w.numpy().ravel().tolist()}, sys.stdout)
+json.dump({"alone": alone, "calls": [len(c) for c in calls], "several": several}, sys.stdout)
 """
 
 
 @pytest.mark.slow
-def test_steps_in_one_call_train_what_one_step_per_call_trains(tmp_path: Path):
+def test_watched_steps_train_what_one_step_per_call_trains(tmp_path: Path):
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300,
         env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
@@ -214,20 +185,6 @@ def test_steps_in_one_call_train_what_one_step_per_call_trains(tmp_path: Path):
     x = np.random.RandomState(0).rand(56, 3).astype(np.float32)
     assert [s["x0"] for s in several] == pytest.approx([float(v) for v in x[::8, 0]])
     assert [s["x1"] for s in several] == pytest.approx([float(v) for v in x[4::8, 0]])
-    # the emitted input (ReplicaSlices): the same steps, each replica on the same rows
-    assert result["sliced_calls"] == [5, 2, 0]
-    assert result["sliced"] == several
-    assert result["cuts"]["sliced"] == result["cuts"]["distributed"]
-    assert [[len(part) for part in batch] for batch in result["cuts"]["sliced"]] == [
-        [4, 4], [3, 2], [2, 1], [1, 0]
-    ]  # fmt: skip
-    # the program's own StepsInOneCall: the same steps, its values only
-    assert result["own_calls"] == [5, 2, 0]
-    for one, step in zip(alone, result["own"], strict=True):
-        assert step["keys"] == ["loss", "sum"]
-        assert step["loss"] == pytest.approx(one["loss"], abs=1e-6)
-        assert step["sum"] == pytest.approx(one["sum"], abs=1e-6)
-    assert result["own_w"] == pytest.approx(alone[-1]["w"], abs=1e-6)
 
 
 def test_jit_compiles_the_replicas_forward_and_backward_pass_only():
