@@ -519,7 +519,10 @@ def classify(program: Program, run: FolderRun, one_file_run: FolderRun | None = 
     row.measured_files = measured
     _measure(row, program, run)
     if row.whole_program:
-        row.outcome = f"converted with {row.todo_count} TODOs" if row.todo_count else "converted"
+        plural = "" if row.todo_count == 1 else "s"
+        row.outcome = (
+            f"converted with {row.todo_count} TODO{plural}" if row.todo_count else "converted"
+        )
 
     for rel in program.python_files:
         if (run.src / rel).exists():

@@ -183,7 +183,7 @@ def test_classify_converted_with_todos(tmp_path: Path) -> None:
         ],
     }
     row = bench.classify(PROGRAM, _run(tmp_path, LEGACY, written, summary))
-    assert row.whole_program and row.outcome == "converted with 1 TODOs"
+    assert row.whole_program and row.outcome == "converted with 1 TODO"
     assert row.todo_codes == ["TFM320"] and row.todo_statements == 1
     assert row.legacy_statements == 5 and row.todo_share == pytest.approx(0.2)
     assert row.converted_code_lines == row.legacy_code_lines == 5  # the commented line counts
