@@ -93,7 +93,8 @@ def _synchronized_source(source: str, width: int = 100) -> str:
         assign = node.body[0]
         call = assign.value if isinstance(assign, cst.Assign) else None
         if not (
-            isinstance(call, cst.Call)
+            isinstance(assign, cst.Assign)
+            and isinstance(call, cst.Call)
             and module.code_for_node(call.func) in _CONSTRUCTORS
             and not any(
                 a.keyword is not None and a.keyword.value == "synchronized" for a in call.args

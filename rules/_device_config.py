@@ -11,8 +11,9 @@ all its statements; every finding of the group carries that same fix.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
@@ -66,8 +67,9 @@ class Anchor:
 class Group:
     config: cst.Call | None  # the ConfigProto call (None: a GPUOptions nobody passes on)
     anchors: list[Anchor] = field(default_factory=list)
-    # statement -> settings it holds, in source order (ConfigProto/GPUOptions bindings too)
-    statements: list[tuple[cst.BaseStatement, list[Setting]]] = field(default_factory=list)
+    # statement -> settings it holds, in source order (ConfigProto/GPUOptions bindings too); in
+    # a group with a problem, a field set in a one-line suite (`if x: c.f = 1`) holds the suite
+    statements: list[tuple[cst.CSTNode, list[Setting]]] = field(default_factory=list)
     consumers: list[cst.Call] = field(default_factory=list)  # sessions given this config
     inline_consumer: cst.BaseStatement | None = None  # statement of `Session(config=ConfigProto())`
     problems: list[str] = field(default_factory=list)
@@ -225,10 +227,10 @@ class DeviceConfig:
             group.anchors.append(Anchor(call, direct))
             bound = self._binding(call)
             if bound is not None:
-                name, stmt = bound
-                group.statements.append((stmt, direct))
-                if stores.get(name, 0) > 1:
-                    group.problems.append(f"`{name}` is assigned more than once")
+                bound_name, bound_stmt = bound
+                group.statements.append((bound_stmt, direct))
+                if stores.get(bound_name, 0) > 1:
+                    group.problems.append(f"`{bound_name}` is assigned more than once")
             else:
                 consumer = self._kwarg_of(call)
                 stmt = self.statement(call)
@@ -261,8 +263,8 @@ class DeviceConfig:
                 group = self.group_of_call[id(owner[0])]
                 group.anchors.append(Anchor(call, settings))
                 # Inline settings belong to the ConfigProto's statement.
-                for stmt, held in group.statements:
-                    if stmt is self.statement(owner[0]):
+                for holder, held in group.statements:
+                    if holder is self.statement(owner[0]):
                         held.extend(settings)
                         break
                 continue
@@ -284,10 +286,11 @@ class DeviceConfig:
             if name.value not in named:
                 continue
             call, binding = named[name.value]
-            group = by_call.get(id(call))
+            found = by_call.get(id(call))
             parent = self.parent(name)
-            if group is None or self._is_binding_target(name, binding):
+            if found is None or self._is_binding_target(name, binding):
                 continue
+            group = found
             if isinstance(parent, cst.Attribute) and parent.attr is name:
                 continue  # `x.config`: an attribute, not this variable
             if isinstance(parent, cst.Arg) and parent.keyword is name:
@@ -325,20 +328,30 @@ class DeviceConfig:
         return isinstance(target, cst.AssignTarget) and self.statement(target) is binding
 
     def _field_assignment(self, name: cst.Name, group: Group, prefix: str) -> bool:
-        node: cst.CSTNode = name
-        while isinstance(self.parent(node), cst.Attribute) and self.parent(node).value is node:
-            node = self.parent(node)
-        target = self.parent(node)
+        node: cst.BaseExpression = name
+        parent = self.parent(node)
+        while isinstance(parent, cst.Attribute) and parent.value is node:
+            node = parent
+            parent = self.parent(node)
+        target = parent
         if node is name or not isinstance(target, cst.AssignTarget):
             return False
         assign = self.parent(target)
-        line = self.parent(assign)
         path = _attr_path(node)
         if not isinstance(assign, cst.Assign) or path is None:
             return False
+        line = self.parent(assign)
+        assert line is not None  # an Assign sits in a statement line or a one-line suite
         setting = Setting(prefix + path[1], assign.value)
-        stmt = self.statement(line) if isinstance(line, cst.SimpleStatementLine) else None
-        if stmt is None or len(assign.targets) != 1 or len(line.body) != 1:
+        stmt: cst.CSTNode | None = (
+            self.statement(line) if isinstance(line, cst.SimpleStatementLine) else None
+        )
+        if (
+            stmt is None
+            or len(assign.targets) != 1
+            or not isinstance(line, cst.SimpleStatementLine)
+            or len(line.body) != 1
+        ):
             group.problems.append(
                 f"line {self.line(assign)} sets the config in a complex statement"
             )
@@ -453,7 +466,8 @@ class DeviceConfig:
         cached = self._rewrites.get(key)
         if cached is not None:
             return cached
-        involved = [s for s, _ in group.statements] + list(remove)
+        involved: list[cst.CSTNode | None] = [s for s, _ in group.statements]
+        involved += remove
         involved += [self.statement(c) for c in group.consumers]
         block = self._common_block([s for s in involved if s is not None])
         if not self.fixing:
@@ -469,11 +483,12 @@ class DeviceConfig:
             if stmt is group.inline_consumer:
                 prefix[id(stmt)] = prefix.get(id(stmt), []) + new
             else:
-                plan[id(stmt)] = plan.get(id(stmt), []) + new
+                plan[id(stmt)] = (plan.get(id(stmt)) or []) + new
         for stmt in remove:  # an inline config's statements stay where the statement was
             plan[id(stmt)] = prefix.pop(id(stmt), [])
         calls = {id(c): drop_kwarg(c, "config") for c in group.consumers}
-        replacement = block.visit(_Rewrite(plan, prefix, calls))
+        # _Rewrite only rebuilds blocks: a block comes out as a block, never removed
+        replacement = cast(cst.CSTNode, block.visit(_Rewrite(plan, prefix, calls)))
         self._rewrites[key] = (block, replacement)
         return block, replacement
 
@@ -482,7 +497,7 @@ class DeviceConfig:
             return []
         return list(cst.parse_module("\n".join(code) + "\n").body)
 
-    def _common_block(self, statements: list[cst.BaseStatement]) -> cst.CSTNode:
+    def _common_block(self, statements: list[cst.CSTNode]) -> cst.CSTNode:
         chains = []
         for stmt in statements:
             chain: list[cst.CSTNode] = []
@@ -527,7 +542,7 @@ class _Rewrite(cst.CSTTransformer):
         body = self._body(original.body, updated.body) or [cst.SimpleStatementLine([cst.Pass()])]
         return updated.with_changes(body=body)
 
-    def _body(self, originals, updated) -> list[cst.BaseStatement]:  # type: ignore[no-untyped-def]
+    def _body(self, originals, updated) -> list[cst.BaseStatement]:
         body: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []  # comments of a statement that went away
         for original, stmt in zip(originals, updated, strict=True):
@@ -544,7 +559,7 @@ class _Rewrite(cst.CSTTransformer):
             else:
                 new = [stmt]
             if carried:
-                own = list(new[0].leading_lines)
+                own = list(_statement_lines(new[0]))
                 if own:  # it keeps its own spacing; only comments move to it
                     carried = [line for line in carried if line.comment]
                 new[0] = new[0].with_changes(leading_lines=[*carried, *own])
@@ -553,11 +568,16 @@ class _Rewrite(cst.CSTTransformer):
         return body
 
 
+def _statement_lines(statement: cst.BaseStatement) -> Sequence[cst.EmptyLine]:
+    # Each kind of statement has leading_lines; libcst's BaseStatement does not declare them.
+    return cast("cst.SimpleStatementLine | cst.BaseCompoundStatement", statement).leading_lines
+
+
 def _with_comments(
     new: cst.BaseStatement, old: cst.BaseStatement, trailing: bool = True
 ) -> cst.BaseStatement:
     """``new`` takes ``old``'s leading lines and, if it had one, its end-of-line comment."""
-    new = new.with_changes(leading_lines=old.leading_lines)
+    new = new.with_changes(leading_lines=_statement_lines(old))
     if not trailing or not isinstance(old, cst.SimpleStatementLine):
         return new
     if old.trailing_whitespace.comment is None:
@@ -578,4 +598,4 @@ def remove_statement(
     assert block is not None
     if not config.fixing:
         return block, block  # scan: the fix exists; nobody applies it
-    return block, block.visit(_Rewrite({id(statement): []}, {}, {}))
+    return block, cast(cst.CSTNode, block.visit(_Rewrite({id(statement): []}, {}, {})))

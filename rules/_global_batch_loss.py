@@ -12,6 +12,8 @@ The summed gradient is then the one-device gradient of the loss on the whole bat
 
 from __future__ import annotations
 
+from typing import cast
+
 import libcst as cst
 
 HELPER = "global_batch_loss"
@@ -79,7 +81,9 @@ def insert_helper(body: list[cst.BaseStatement], before: int, tf: str) -> list[c
     helper = helper_definition(tf).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     following = body[before:]
     if following:
-        lead = list(following[0].leading_lines)
+        # every statement kind has leading_lines; libcst's BaseStatement does not declare them
+        first = cast("cst.SimpleStatementLine | cst.BaseCompoundStatement", following[0])
+        lead = list(first.leading_lines)
         while lead and lead[0].comment is None:
             lead.pop(0)
         following = [

@@ -145,7 +145,7 @@ def find(
     return model
 
 
-def keras_plan_of_importer(importer: Path, options: dict, rule: type):  # type: ignore[no-untyped-def]
+def keras_plan_of_importer(importer: Path, options: dict, rule: type):
     """The Keras plan TFM303 makes for the tower program `importer` (None if none): what its
     model module must define for the two to stay consistent."""
     from tfmigrate import tree
@@ -187,7 +187,7 @@ def keras_plan_of_importer(importer: Path, options: dict, rule: type):  # type: 
     return result
 
 
-def keras_model_module(context, importer_name: str, rule: type) -> tuple[cst.Module, str] | None:  # type: ignore[no-untyped-def]
+def keras_model_module(context, importer_name: str, rule: type) -> tuple[cst.Module, str] | None:
     """The model module at ``context.path`` with its model function turned into the Keras class
     the tower program `importer_name` (relative to the module's folder) builds -- the arg-scope
     functions only the towers used go with it -- and the manifest note; None when the program

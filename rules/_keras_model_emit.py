@@ -13,8 +13,9 @@ No TensorFlow import here (the rewrite path must not need it).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
@@ -381,7 +382,8 @@ class _Reader:
             isinstance(mode, cst.SimpleString) and mode.evaluated_value in modes
         ):
             raise NotConvertible(call, "variance_scaling_initializer with a non-literal mode")
-        keras_mode = modes[mode.evaluated_value] if mode is not None else "fan_in"  # type: ignore[index, union-attr]
+        # a key of modes (checked above): a str, not bytes
+        keras_mode = modes[cast(str, mode.evaluated_value)] if mode is not None else "fan_in"
         uniform = self._literal_bool(given.get("uniform"), False)
         seed = f", seed={self._config(given['seed'])}" if "seed" in given else ""
         if uniform:
@@ -490,7 +492,7 @@ class _Reader:
             steps += built.steps
         return Stages(steps, args[0].value)
 
-    def _slim_dropout(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _slim_dropout(self, call: cst.Call):
         a = self._args(
             call,
             ("inputs", "keep_prob", "noise_shape", "is_training", "outputs_collections", "scope",
@@ -505,7 +507,7 @@ class _Reader:
         training = self._training(call, a.get("is_training"), True)
         return self._dropout_layer(name, f"1 - {keep}", a), a["inputs"], training
 
-    def _dropout_layer(self, name: str | None, rate: str, args: dict) -> Layer:  # type: ignore[type-arg]
+    def _dropout_layer(self, name: str | None, rate: str, args: dict) -> Layer:
         """A Keras Dropout of ``rate``, called in training mode (announced: it is random)."""
         pairs = [
             ("", rate),
@@ -521,7 +523,7 @@ class _Reader:
             training=True,
         )
 
-    def _nn_dropout(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _nn_dropout(self, call: cst.Call):
         """TF1's ``tf.nn.dropout(x, keep_prob)`` (or ``rate=``): always active, whatever the
         mode, so the Keras layer is called with ``training=True``."""
         if (self.qualify(call.func) or "").startswith("tensorflow.compat.v2."):
@@ -561,9 +563,9 @@ class _Reader:
                 if not (isinstance(key, cst.SimpleString) and isinstance(key.evaluated_value, str)):
                     raise NotConvertible(call, "normalizer_params with a non-literal key")
                 keywords.append(
-                    cst.Arg(element.value, keyword=cst.Name(key.evaluated_value))  # type: ignore[union-attr]
+                    cst.Arg(element.value, keyword=cst.Name(key.evaluated_value))
                 )
-        if not any(k.keyword.value == "scope" for k in keywords):  # type: ignore[union-attr]
+        if not any(k.keyword is not None and k.keyword.value == "scope" for k in keywords):
             keywords.append(cst.Arg(cst.SimpleString("'BatchNorm'"), keyword=cst.Name("scope")))
         bn_call = cst.Call(fn, [cst.Arg(cst.Name("inputs")), *keywords])
         outer, self.kind = self.kind, "slim.batch_norm"
@@ -577,7 +579,7 @@ class _Reader:
         layer.constructor = re.sub(r'name="[^"]*"\)$', f'name="{layer.name}")', layer.constructor)
         return Stages([(layer, training)], a["inputs"])
 
-    def _dense(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _dense(self, call: cst.Call):
         a = self._args(
             call,
             ("inputs", "units", "activation"),
@@ -586,7 +588,7 @@ class _Reader:
         )  # fmt: skip
         return self._dense_like(call, a, "units", "activation", None, "Dense", "dense", "layers")
 
-    def _fully_connected(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _fully_connected(self, call: cst.Call):
         a = self._args(
             call,
             ("inputs", "num_outputs", "activation_fn"),
@@ -597,7 +599,7 @@ class _Reader:
             call, a, "num_outputs", "activation_fn", "relu", "Dense", "fully_connected", "slim"
         )
 
-    def _dense_like(self, call, a, units, activation, default_activation, keras, kind, style):  # type: ignore[no-untyped-def]
+    def _dense_like(self, call, a, units, activation, default_activation, keras, kind, style):
         slim = style == "slim"
         name = self._name(call, a.get("scope" if slim else "name"), kind)
         if name is None:
@@ -616,7 +618,7 @@ class _Reader:
         layer = Layer(attribute, f"keras.layers.{keras}({self._kwargs(pairs)})", weights, name)
         return _with_normalizer(layer, a["inputs"], normalizer, act)
 
-    def _conv2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _conv2d(self, call: cst.Call):
         a = self._args(
             call,
             ("inputs", "filters", "kernel_size", "strides", "padding"),
@@ -625,7 +627,7 @@ class _Reader:
         )  # fmt: skip
         return self._conv_like(call, a, slim=False)
 
-    def _slim_conv2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _slim_conv2d(self, call: cst.Call):
         a = self._args(
             call,
             ("inputs", "num_outputs", "kernel_size", "stride", "padding"),
@@ -635,7 +637,7 @@ class _Reader:
         )  # fmt: skip
         return self._conv_like(call, a, slim=True)
 
-    def _conv_like(self, call, a, slim: bool):  # type: ignore[no-untyped-def]
+    def _conv_like(self, call, a, slim: bool):
         kind = "conv2d"
         name = self._name(call, a.get("scope" if slim else "name"), kind)
         if name is None:
@@ -663,7 +665,7 @@ class _Reader:
         layer = Layer(attribute, f"keras.layers.Conv2D({self._kwargs(pairs)})", weights, name)
         return _with_normalizer(layer, a["inputs"], normalizer, act)
 
-    def _kernel_and_bias(self, a, slim: bool, name: str, bias: bool = True):  # type: ignore[no-untyped-def]
+    def _kernel_and_bias(self, a, slim: bool, name: str, bias: bool = True):
         """The arguments dense and conv2d layers share, and their legacy -> Keras weight names.
         `bias` False: slim's layer with a normalizer_fn, which has no bias."""
         bias_init_arg = a.get("biases_initializer" if slim else "bias_initializer")
@@ -697,7 +699,7 @@ class _Reader:
             return str(value.evaluated_value).lower()
         raise NotConvertible(value, "a padding that is not a literal 'same' / 'valid'")
 
-    def _max_pooling2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _max_pooling2d(self, call: cst.Call):
         a = self._args(call, ("inputs", "pool_size", "strides", "padding"), frozenset({"name"}))
         if "pool_size" not in a or "strides" not in a:
             raise NotConvertible(call, "max_pooling2d without pool_size / strides")
@@ -705,7 +707,7 @@ class _Reader:
             call, a, a["pool_size"], a["strides"], self._padding(a.get("padding"), "valid")
         )
 
-    def _max_pool2d(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _max_pool2d(self, call: cst.Call):
         a = self._args(call, ("inputs", "kernel_size", "stride", "padding"), frozenset({"scope"}))
         if "kernel_size" not in a:
             raise NotConvertible(call, "max_pool2d without kernel_size")
@@ -714,7 +716,7 @@ class _Reader:
             call, a, a["kernel_size"], stride, self._padding(a.get("padding"), "valid")
         )
 
-    def _pool(self, call, a, size, strides, padding):  # type: ignore[no-untyped-def]
+    def _pool(self, call, a, size, strides, padding):
         name = self._name(call, a.get("name") or a.get("scope"), "max pooling")
         pairs: list[tuple[str, str | None]] = [
             ("", self._config(size)),
@@ -730,7 +732,7 @@ class _Reader:
         )
         return layer, a["inputs"], None
 
-    def _flatten(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _flatten(self, call: cst.Call):
         a = self._args(call, ("inputs",), frozenset({"name", "scope"}))
         name = self._name(call, a.get("name") or a.get("scope"), "flatten")
         pairs = [("name", f'"{name}"' if name else None)]
@@ -742,7 +744,7 @@ class _Reader:
         )
         return layer, a["inputs"], None
 
-    def _dropout(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _dropout(self, call: cst.Call):
         a = self._args(
             call, ("inputs", "rate", "noise_shape", "seed", "training"), frozenset({"name"})
         )
@@ -765,7 +767,7 @@ class _Reader:
         self.notes.append(DROPOUT_NOTE)
         return layer, a["inputs"], training
 
-    def _batch_normalization(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _batch_normalization(self, call: cst.Call):
         a = self._args(
             call,
             ("inputs", "axis", "momentum", "epsilon", "center", "scale"),
@@ -773,7 +775,7 @@ class _Reader:
         )
         return self._bn(call, a, slim=False)
 
-    def _batch_norm(self, call: cst.Call):  # type: ignore[no-untyped-def]
+    def _batch_norm(self, call: cst.Call):
         a = self._args(
             call,
             ("inputs", "decay", "center", "scale", "epsilon"),
@@ -787,7 +789,7 @@ class _Reader:
             raise NotConvertible(call, "batch_norm with its own updates_collections")
         return self._bn(call, a, slim=True)
 
-    def _bn(self, call, a, slim: bool):  # type: ignore[no-untyped-def]
+    def _bn(self, call, a, slim: bool):
         name = self._name(call, a.get("scope" if slim else "name"), "batch norm")
         if name is None:
             raise NotConvertible(call, "a batch norm without a literal name (TF1 numbers those)")
@@ -894,14 +896,15 @@ class _Calls(cst.CSTTransformer):
         except NotConvertible as exc:
             self.error = self.error or exc
             return False
-        inputs = stages.inputs.visit(self)
+        # this transformer replaces expressions by expressions, never removing one
+        inputs = cast(cst.BaseExpression, stages.inputs.visit(self))
         expression = inputs
         for step, training in stages.steps:
             if isinstance(step, Layer):
                 self.reader.layers.append(step)
-            expression = _stage_call(step, training, expression)  # type: ignore[arg-type]
-        self.replaced[id(node)] = expression  # type: ignore[assignment]
-        self.stages[id(node)] = (stages, inputs)  # type: ignore[assignment]
+            expression = _stage_call(step, training, expression)
+        self.replaced[id(node)] = expression
+        self.stages[id(node)] = (stages, inputs)
         return False
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -1008,7 +1011,7 @@ def convert(
         raise NotConvertible(function, "a model function without an input parameter")
     if function.decorators:
         raise NotConvertible(function, "a decorated model function")
-    body = list(function.body.body)  # type: ignore[union-attr]
+    body = list(function.body.body)
     docstring = function.get_docstring(clean=False)
     if docstring is not None:
         body = body[1:]
@@ -1024,7 +1027,8 @@ def convert(
             small = statement.body[0]
             if isinstance(small, cst.Assign) and _is_alias(small, qualify):
                 # `regularizer = slim.l2_regularizer(wd)`: a constructor-time value, inlined.
-                reader.aliases[small.targets[0].target.value] = small.value  # type: ignore[attr-defined]
+                target = cast(cst.Name, small.targets[0].target)  # _is_alias checked it
+                reader.aliases[target.value] = small.value
                 continue
             if own.name is not None and not scoped and _has_layer(statement, qualify):
                 raise NotConvertible(statement, "model code outside the function's variable_scope")
@@ -1035,10 +1039,11 @@ def convert(
             ):
                 raise NotConvertible(statement, "an assignment to something other than a name")
             reader.arg_scopes = stack
-            new = statement.visit(calls)
+            # _Calls rewrites calls inside the line; the line itself stays
+            new = cast(cst.SimpleStatementLine, statement.visit(calls))
             if calls.error is not None:
                 raise calls.error
-            for line in _expanded(new, calls, small):  # type: ignore[arg-type]
+            for line in _expanded(new, calls, small):
                 statements.append((line, depth))
         except NotConvertible as exc:
             loop = own.loops.get(id(statement))
@@ -1136,9 +1141,11 @@ class _OwnScope:
             )
         value = positional[0].value
         defaults = {p.name.value: p.default for p in self.function.params.params}
-        if isinstance(value, cst.Name) and isinstance(defaults.get(value.value), cst.SimpleString):
-            self.param = value.value
-            value = defaults[value.value]  # type: ignore[assignment]
+        if isinstance(value, cst.Name):
+            default = defaults.get(value.value)
+            if isinstance(default, cst.SimpleString):
+                self.param = value.value
+                value = default
         if not (
             isinstance(value, cst.SimpleString)
             and isinstance(value.evaluated_value, str)
@@ -1151,17 +1158,17 @@ class _OwnScope:
 
 
 def _flatten(
-    body: list[cst.BaseStatement],
+    body: Sequence[cst.CSTNode],  # a block's statements, or a one-line suite's small ones
     depth: int,
     stack: list[ArgScope],
     own: _OwnScope,
     qualify: Qualify,
     functions: dict[str, cst.FunctionDef],
     scoped: bool = False,
-) -> list[tuple[cst.BaseStatement, int, list[ArgScope], bool]]:
+) -> list[tuple[cst.CSTNode, int, list[ArgScope], bool]]:
     """The function's statements with their block depth, the arg_scopes around them and
     whether they are inside the function's own variable scope."""
-    out: list[tuple[cst.BaseStatement, int, list[ArgScope], bool]] = []
+    out: list[tuple[cst.CSTNode, int, list[ArgScope], bool]] = []
     for statement in body:
         if isinstance(statement, cst.For):
             # A loop over a literal list: its iterations written out (layer names folded).
@@ -1195,7 +1202,7 @@ def _flatten(
                     statement, "a `with` in the model function other than variable_scope"
                 )
         out += _flatten(
-            list(statement.body.body),  # type: ignore[arg-type]
+            list(statement.body.body),
             depth + 1,
             inner,
             own,
@@ -1269,7 +1276,7 @@ def _call_body(
     flag = model.training_param
 
     class _Rename(cst.CSTTransformer):
-        def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+        def leave_Name(self, original, updated):
             return updated.with_changes(value="training") if updated.value == flag else updated
 
     indent = unit * 2
@@ -1277,9 +1284,15 @@ def _call_body(
     for statement, depth in statements:
         shift = len(indent) - len(unit) * depth
         if flag is not None:
-            statement = statement.visit(_Rename())  # type: ignore[assignment]
+            # _Rename renames names: the statement stays a statement (a block holds only
+            # these two kinds; libcst's BaseStatement is their base)
+            statement = cast(
+                "cst.SimpleStatementLine | cst.BaseCompoundStatement", statement.visit(_Rename())
+            )
         leading = len(getattr(statement, "leading_lines", ()))
-        lines = cst.Module(body=[statement]).code.splitlines()
+        lines = cst.Module(
+            body=[cast("cst.SimpleStatementLine | cst.BaseCompoundStatement", statement)]
+        ).code.splitlines()
         for index, line in enumerate(lines):
             if not line.strip():
                 out.append("")

@@ -62,7 +62,7 @@ class KerasPlan:
 
 def plan(
     program: Program, module: cst.Module, qualify, path: PurePosixPath | None = None
-) -> KerasPlan | str:  # type: ignore[no-untyped-def]
+) -> KerasPlan | str:
     """The Keras plan, or why the model code stays on tf.compat.v1. `path`: the script's file,
     where a model module it imports is looked for."""
     # -- tf.get_variable model functions (CIFAR-10 tutorial style): _keras_weights_emit --
@@ -188,7 +188,7 @@ def plan(
     if "global_step" in legacy_names:  # a TF1 variable of its own, listed with the model's
         global_step = next(
             (
-                s.body[0].targets[0].target.value  # type: ignore[attr-defined]
+                s.body[0].targets[0].target.value
                 for s in program.graph_setup
                 if isinstance(s, cst.SimpleStatementLine)
                 and isinstance(s.body[0], cst.Assign)
@@ -230,7 +230,7 @@ def plan(
     )
 
 
-def _configures_layers(function: cst.FunctionDef, qualify) -> bool:  # type: ignore[no-untyped-def]
+def _configures_layers(function: cst.FunctionDef, qualify) -> bool:
     """An arg-scope function (`with slim.arg_scope(...) as sc: return sc`): no model code."""
     calls = [qualify(n.func) or "" for n in walk(function) if isinstance(n, cst.Call)]
     return any(c.endswith(".arg_scope") for c in calls) and all(
@@ -257,7 +257,7 @@ def _line(module: cst.Module, node: cst.CSTNode) -> str:
     return "?"
 
 
-def _template(program: Program, legacy: str, qualify):  # type: ignore[no-untyped-def]
+def _template(program: Program, legacy: str, qualify):
     """(`net = tf.make_template('net', legacy)` statement or None, the name the towers call,
     the template's scope)."""
     for statement in program.graph_setup:
@@ -303,7 +303,7 @@ def _bind(
     return given[model.input_param], training, init
 
 
-def _call_arg_scopes(statements, call: cst.Call, qualify, functions) -> list[ArgScope]:  # type: ignore[no-untyped-def]
+def _call_arg_scopes(statements, call: cst.Call, qualify, functions) -> list[ArgScope]:
     """The slim arg_scopes around the model call in the tower (outermost first)."""
     found: list[ArgScope] = []
     for statement in statements:
@@ -319,7 +319,7 @@ def _call_arg_scopes(statements, call: cst.Call, qualify, functions) -> list[Arg
     return found
 
 
-def _call_scopes(statements, call: cst.Call, qualify) -> list[str] | None:  # type: ignore[no-untyped-def]
+def _call_scopes(statements, call: cst.Call, qualify) -> list[str] | None:
     """The literal variable scopes around the model call (get_variable_scope() adds none)."""
     for statement in statements:
         if not any(n is call for n in walk(statement)):
@@ -351,14 +351,14 @@ class _Unscope(cst.CSTTransformer):
     """Drops the variable scopes (their with-items; a `with` left empty gives its body to its
     block) and `get_variable_scope().reuse_variables()`; replaces the model call."""
 
-    def __init__(self, qualify, call: cst.Call, new_call: cst.Call) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, qualify, call: cst.Call, new_call: cst.Call) -> None:
         super().__init__()
         self.qualify, self.call, self.new_call = qualify, call, new_call
 
-    def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Call(self, original, updated):
         return self.new_call if original is self.call else updated
 
-    def leave_With(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_With(self, original, updated):
         items = [
             item
             for item in updated.items
@@ -379,7 +379,7 @@ class _Unscope(cst.CSTTransformer):
             )
         return cst.FlattenSentinel(body)
 
-    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_SimpleStatementLine(self, original, updated):
         if len(updated.body) == 1 and isinstance(updated.body[0], cst.Expr):
             value = updated.body[0].value
             if (
@@ -391,7 +391,7 @@ class _Unscope(cst.CSTTransformer):
         return updated
 
 
-def _unscoped(statements, qualify, call: cst.Call, new_call: cst.Call) -> list[cst.BaseStatement]:  # type: ignore[no-untyped-def]
+def _unscoped(statements, qualify, call: cst.Call, new_call: cst.Call) -> list[cst.BaseStatement]:
     transformer = _Unscope(qualify, call, new_call)
     out: list[cst.BaseStatement] = []
     for statement in statements:

@@ -163,7 +163,7 @@ class _Helpers:
             raise NotConvertible(function, f"`{function.name.value}` does not return its variable")
         return result
 
-    def _statements(self, statements, scope, env, made) -> Weight | None:  # type: ignore[no-untyped-def]
+    def _statements(self, statements, scope, env, made) -> Weight | None:
         for statement in statements:
             if isinstance(statement, cst.With):
                 # `with tf.device('/cpu:0'):` (variables pinned to the CPU): placement only,
@@ -229,7 +229,7 @@ class _Helpers:
             )
         return None
 
-    def _branch(self, statement: cst.If, env) -> list[cst.BaseStatement] | None:  # type: ignore[no-untyped-def]
+    def _branch(self, statement: cst.If, env) -> list[cst.BaseStatement] | None:
         """`if wd is not None:` on a literal argument: the branch taken, or None."""
         test = statement.test
         if (
@@ -256,7 +256,7 @@ class _Helpers:
             statement, "a variable helper branches on something other than `x is None`"
         )
 
-    def _decay(self, value: cst.Call, env, made) -> tuple[Weight, cst.BaseExpression] | None:  # type: ignore[no-untyped-def]
+    def _decay(self, value: cst.Call, env, made) -> tuple[Weight, cst.BaseExpression] | None:
         """`tf.multiply(tf.nn.l2_loss(var), wd[, name=...])` / `tf.nn.l2_loss(var) * wd`."""
         if self.qualify(value.func) != "tensorflow.multiply":
             return None
@@ -271,7 +271,7 @@ class _Helpers:
             return None
         return made[var.value], _substitute(decay, env)  # type: ignore[return-value]
 
-    def _decay_added(self, call: cst.Call, env, made) -> None:  # type: ignore[no-untyped-def]
+    def _decay_added(self, call: cst.Call, env, made) -> None:
         key, value = get_arg(call, 0, "name"), get_arg(call, 1, "value")
         if isinstance(value, cst.Name) and value.value in env:
             value = env[value.value]
@@ -285,7 +285,7 @@ class _Helpers:
 
 
 def _body(function: cst.FunctionDef) -> list[cst.BaseStatement]:
-    body = list(function.body.body)  # type: ignore[arg-type]
+    body = list(function.body.body)
     return body[1:] if function.get_docstring(clean=False) is not None else body
 
 
@@ -294,13 +294,13 @@ class _Substitute(cst.CSTTransformer):
         super().__init__()
         self.env = env
 
-    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Attribute(self, original, updated):
         return updated.with_changes(attr=original.attr)  # `x.name`: only the base is a name
 
-    def leave_Arg(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Arg(self, original, updated):
         return updated.with_changes(keyword=original.keyword)
 
-    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Name(self, original, updated):
         return self.env.get(updated.value, updated)
 
 
@@ -338,21 +338,21 @@ class _CallBody(cst.CSTTransformer):
         bound = {}
         for item in node.items:
             if id(item.item) in self.scope_calls and item.asname is not None:
-                bound[item.asname.name.value] = self.scope_calls[id(item.item)]  # type: ignore[attr-defined]
+                bound[item.asname.name.value] = self.scope_calls[id(item.item)]
         self.scopes.append({**self.scopes[-1], **bound})
         return True
 
-    def leave_With(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_With(self, original, updated):
         self.scopes.pop()
         return updated
 
-    def leave_WithItem(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_WithItem(self, original, updated):
         if id(original.item) in self.scope_calls:
             name = self.scope_calls[id(original.item)]
             return cst.WithItem(cst.parse_expression(f"tf.name_scope({name!r})"))
         return updated
 
-    def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Call(self, original, updated):
         weight = self.created.get(id(original))
         if weight is None:
             return updated
@@ -369,7 +369,7 @@ class _CallBody(cst.CSTTransformer):
             text = f"self.weight({indent}{(',' + indent).join(arguments)})"
         return cst.parse_expression(text)
 
-    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Attribute(self, original, updated):
         updated = _dimension_value(updated)
         if not isinstance(updated, cst.Attribute):
             return updated
@@ -474,7 +474,7 @@ def _read_model(
             if (
                 qualify(call.func) != _VARIABLE_SCOPE
                 or len(call.args) != 1
-                or not (  # type: ignore[union-attr]
+                or not (
                     isinstance(name, cst.SimpleString)
                     and isinstance(name.evaluated_value, str)
                     and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.evaluated_value)
@@ -544,7 +544,7 @@ def _dimension_value(node: cst.Attribute) -> cst.BaseExpression:
 
 
 class _DimensionValues(cst.CSTTransformer):
-    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Attribute(self, original, updated):
         return _dimension_value(updated)
 
 
@@ -668,7 +668,7 @@ def _returns_variable(function: cst.FunctionDef, helpers: _Helpers) -> bool:
     )
 
 
-def _calls_of(name: str, nodes) -> list[cst.Call]:  # type: ignore[no-untyped-def]
+def _calls_of(name: str, nodes) -> list[cst.Call]:
     return [
         n
         for node in nodes
@@ -875,7 +875,7 @@ def _read_losses(
     drop = {index for index, _ in added}
 
     class _Replace(cst.CSTTransformer):
-        def leave_Call(self, original, updated):  # type: ignore[no-untyped-def]
+        def leave_Call(self, original, updated):
             return replacement if original is read else updated
 
     out = []
@@ -1052,7 +1052,7 @@ def plan_weights(
             return f"`{legacy}` is called in its own module{where}"
         helper_defs = set()  # the script's: its own functions make no variables
 
-    def model_calls(nodes) -> list[cst.Call]:  # type: ignore[no-untyped-def]
+    def model_calls(nodes) -> list[cst.Call]:
         if imported is None:
             return _calls_of(legacy, nodes)
         return [n for node in nodes for n in walk(node) if n is imported.call]
@@ -1291,7 +1291,7 @@ class _CallInstance(cst.CSTTransformer):
 
 
 def _docstring(function: cst.FunctionDef) -> list[cst.BaseStatement]:
-    body = list(function.body.body)  # type: ignore[arg-type]
+    body = list(function.body.body)
     return body[:1] if function.get_docstring(clean=False) is not None else []
 
 
@@ -1352,7 +1352,7 @@ def _global_step(
             f"{target} = tf.Variable({start}, dtype={dtype_code}, trainable=False, "
             "name='global_step')"
         )
-        return target, statement.with_changes(body=replacement.body)  # type: ignore[attr-defined]
+        return target, statement.with_changes(body=replacement.body)
     return None
 
 

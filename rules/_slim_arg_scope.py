@@ -14,8 +14,9 @@ No TensorFlow import here (the rewrite path must not need it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard, cast
 
 import libcst as cst
 
@@ -67,7 +68,7 @@ def defaults_for(kind: str, scopes: Iterable[ArgScope]) -> dict[str, cst.BaseExp
     return out
 
 
-def is_arg_scope(call: cst.BaseExpression, qualify: Qualify) -> bool:
+def is_arg_scope(call: cst.BaseExpression, qualify: Qualify) -> TypeGuard[cst.Call]:
     return isinstance(call, cst.Call) and short_name(qualify(call.func)) == "slim.arg_scope"
 
 
@@ -78,18 +79,19 @@ class _Substitute(cst.CSTTransformer):
         super().__init__()
         self.env = env
 
-    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Name(self, original, updated):
         return self.env.get(updated.value, updated)
 
-    def leave_Arg(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Arg(self, original, updated):
         return updated.with_changes(keyword=original.keyword)
 
-    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Attribute(self, original, updated):
         return updated.with_changes(attr=original.attr)
 
 
 def substitute(node: cst.BaseExpression, env: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
-    return node.visit(_Substitute(env)) if env else node  # type: ignore[return-value]
+    # _Substitute swaps names for expressions: an expression stays an expression
+    return cast(cst.BaseExpression, node.visit(_Substitute(env))) if env else node
 
 
 def _literal(node: cst.BaseExpression) -> bool:
@@ -126,7 +128,7 @@ def entry(call: cst.Call, qualify: Qualify, env: dict[str, cst.BaseExpression]) 
 def scopes_of(
     call: cst.Call,
     qualify: Qualify,
-    functions: dict[str, cst.FunctionDef | tuple[cst.FunctionDef, Qualify]],
+    functions: Mapping[str, cst.FunctionDef | tuple[cst.FunctionDef, Qualify]],
     env: dict[str, cst.BaseExpression] | None = None,
 ) -> list[ArgScope]:
     """The entries a ``slim.arg_scope(...)`` item opens: one for a literal list, the whole
@@ -166,7 +168,7 @@ def _evaluate(function: cst.FunctionDef, call: cst.Call, qualify: Qualify) -> li
             raise NotConvertible(
                 call, f"the arg-scope function's `{name}` is not given a literal value"
             )
-    body = list(function.body.body)  # type: ignore[union-attr]
+    body = list(function.body.body)
     if function.get_docstring(clean=False) is not None:
         body = body[1:]
     found = _block(body, qualify, env, [])
@@ -176,7 +178,7 @@ def _evaluate(function: cst.FunctionDef, call: cst.Call, qualify: Qualify) -> li
 
 
 def _block(
-    body: list[cst.BaseStatement],
+    body: Sequence[cst.CSTNode],  # a block's statements, or a one-line suite's small ones
     qualify: Qualify,
     env: dict[str, cst.BaseExpression],
     stack: list[ArgScope],
@@ -188,10 +190,10 @@ def _block(
             for item in statement.items:
                 if not is_arg_scope(item.item, qualify):
                     raise NotConvertible(statement, "a `with` other than slim.arg_scope")
-                inner.append(entry(item.item, qualify, env))  # type: ignore[arg-type]
+                inner.append(entry(item.item, qualify, env))
                 if item.asname is not None and isinstance(item.asname.name, cst.Name):
                     target = item.asname.name.value
-            found = _block(list(statement.body.body), qualify, env, inner, target or returns)  # type: ignore[arg-type]
+            found = _block(statement.body.body, qualify, env, inner, target or returns)
             if found is not None:
                 return found
             continue

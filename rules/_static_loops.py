@@ -275,20 +275,20 @@ class _Substitute(cst.CSTTransformer):
     def _mentions(self, node: cst.CSTNode) -> bool:
         return any(isinstance(n, cst.Name) and n.value in self.env for n in walk(node))
 
-    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Name(self, original, updated):
         if updated.value in self.env:
             return literal_node(self.env[updated.value])
         return updated
 
     # Names that are not loads of a variable stay as they are.
-    def leave_Arg(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Arg(self, original, updated):
         return updated.with_changes(keyword=original.keyword)
 
-    def leave_Attribute(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Attribute(self, original, updated):
         updated = updated.with_changes(attr=original.attr)
         return self._fold(original, updated)
 
-    def on_leave(self, original, updated):  # type: ignore[no-untyped-def]
+    def on_leave(self, original, updated):
         result = super().on_leave(original, updated)
         if isinstance(original, cst.Attribute) or not isinstance(
             original,
@@ -303,7 +303,7 @@ class _Substitute(cst.CSTTransformer):
             return result
         return self._fold(original, result)
 
-    def _fold(self, original, updated):  # type: ignore[no-untyped-def]
+    def _fold(self, original, updated):
         if not isinstance(updated, cst.BaseExpression) or not self._mentions(original):
             return updated
         try:
@@ -352,7 +352,7 @@ def unroll(loop: cst.For, scope: cst.CSTNode | None = None) -> list[cst.BaseStat
     if len(values) > MAX_ITERATIONS:
         raise NotStatic(loop, f"a `for` loop of more than {MAX_ITERATIONS} iterations")
     names = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
-    body = list(loop.body.body)  # type: ignore[arg-type]
+    body = list(loop.body.body)
     for node in walk(loop.body):
         if isinstance(node, cst.Break | cst.Continue | cst.Return | cst.Yield | cst.Global | cst.Nonlocal):  # fmt: skip
             raise NotStatic(node, "a `for` loop with break / continue / return / yield")

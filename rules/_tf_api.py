@@ -27,7 +27,7 @@ def raw_name(resolver, node: cst.BaseExpression) -> tuple[str, str] | None:
     ``tf.Session`` -> ("tensorflow.Session", "tensorflow")."""
     name = dotted(node)
     resolved = resolver.resolve_dotted(name)
-    if resolved is None:
+    if resolved is None or name is None:
         return None
     return resolved, resolver.bindings[name.partition(".")[0]]
 

@@ -250,7 +250,7 @@ def _assign(statement: cst.CSTNode) -> tuple[list[str], cst.BaseExpression] | No
     if isinstance(target, cst.Tuple) and all(
         isinstance(e.value, cst.Name) for e in target.elements
     ):
-        return [e.value.value for e in target.elements], small.value  # type: ignore[union-attr]
+        return [e.value.value for e in target.elements], small.value
     return None
 
 
@@ -310,7 +310,7 @@ def _fold_gradients_append(
             out.append(statement)
             continue
         folded = appended.with_changes(args=[appended.args[0].with_changes(value=call)])
-        out.append(statement.with_changes(body=[cst.Expr(folded)]))  # type: ignore[attr-defined]
+        out.append(statement.with_changes(body=[cst.Expr(folded)]))
         skip = True
     return out
 
@@ -323,7 +323,7 @@ class _Put(cst.CSTTransformer):
         super().__init__()
         self.values = {"__value__": value, **{f"__{k}__": v for k, v in others.items()}}
 
-    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Name(self, original, updated):
         return self.values.get(updated.value, updated)
 
 
@@ -451,7 +451,7 @@ class _Aliases(cst.CSTTransformer):
         super().__init__()
         self.aliases = aliases
 
-    def leave_Name(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Name(self, original, updated):
         return cst.Name(self.aliases[updated.value]) if updated.value in self.aliases else updated
 
 
@@ -623,7 +623,7 @@ class ProgramReader:
             if name == "tensorflow.device" and free_names(item.item) - {"tf", "tensorflow"}:
                 return None  # a device that depends on something: not a fixed placement
         body: list[cst.BaseStatement] = []
-        for inner in statement.body.body:  # type: ignore[union-attr]
+        for inner in statement.body.body:
             nested = self._flatten_graph_with(inner)
             body.extend(nested if nested is not None else [inner])
         return body
@@ -976,7 +976,7 @@ class ProgramReader:
             return False
         if self.call_q(call.args[0].value) != "tensorflow.get_variable_scope":
             return False
-        body = statement.body.body  # type: ignore[union-attr]
+        body = statement.body.body
         return len(body) == 1 and body[0] is loop
 
     def _placeholder(
@@ -1055,7 +1055,7 @@ class ProgramReader:
                     body[0],
                     f"an unsupported `with {self.rule.src(item.item, 40)}` around the tower",
                 )
-            body = list(body[0].body.body)  # type: ignore[union-attr]
+            body = list(body[0].body.body)
         kept: list[cst.BaseStatement] = []
         grads = None
         placeholders: list[Placeholder] = []
@@ -1087,7 +1087,7 @@ class ProgramReader:
                 if isinstance(value, cst.Tuple | cst.List) and all(
                     isinstance(e.value, cst.Name) and e.value.value in names for e in value.elements
                 ):
-                    feeds = (target, [e.value.value for e in value.elements])  # type: ignore[union-attr]
+                    feeds = (target, [e.value.value for e in value.elements])
                     continue
                 if isinstance(value, cst.Name) and target not in collected:
                     collected[target] = value.value
@@ -1133,7 +1133,7 @@ class ProgramReader:
         loss = get_arg(grads_call, 0, "loss")
         if loss is None or len(grads_call.args) != 1:
             raise Blocked(grads_call, "compute_gradients with arguments other than the loss")
-        optimizer = grads_call.func.value  # type: ignore[union-attr]
+        optimizer = grads_call.func.value
         if not isinstance(optimizer, cst.Name):
             raise Blocked(grads_call, "compute_gradients on something other than a named optimizer")
         # `image_splits[i]` -> the replica's own input.
@@ -1190,8 +1190,8 @@ class ProgramReader:
             if (
                 _call_of(value) is not None
                 and isinstance(value.func, cst.Attribute)
-                and (  # type: ignore[union-attr]
-                    value.func.attr.value == "compute_gradients"  # type: ignore[union-attr]
+                and (
+                    value.func.attr.value == "compute_gradients"
                 )
             ):
                 return None  # the gradients: read below
@@ -1229,8 +1229,8 @@ class ProgramReader:
                 "the tower loop is not `for i in range(n)` or "
                 "`for i, device in enumerate(devices)`",
             )
-        index, device = (e.value.value for e in target.elements)  # type: ignore[union-attr]
-        devices = call.args[0].value.value  # type: ignore[union-attr]
+        index, device = (e.value.value for e in target.elements)
+        devices = call.args[0].value.value
         for statement in setup:
             assigned = _assign(statement)
             if assigned is None or assigned[0] != [devices]:
@@ -1266,9 +1266,9 @@ class ProgramReader:
             return call.args[0].value
         return None
 
-    def _unsplit(self, node, splits: dict[str, str], index: str):  # type: ignore[no-untyped-def]
+    def _unsplit(self, node, splits: dict[str, str], index: str):
         class Unsplit(cst.CSTTransformer):
-            def leave_Subscript(self, original, updated):  # type: ignore[no-untyped-def]
+            def leave_Subscript(self, original, updated):
                 if (
                     isinstance(updated.value, cst.Name)
                     and updated.value.value in splits
@@ -1283,7 +1283,7 @@ class ProgramReader:
         return node.visit(Unsplit())
 
     # -- after the towers ---------------------------------------------------------------------
-    def _read_tail(self, function, loop, python_setup, setup, placeholders, splits, tower, rest):  # type: ignore[no-untyped-def]
+    def _read_tail(self, function, loop, python_setup, setup, placeholders, splits, tower, rest):
         tower_list = tower["list"]
         self._tower_feeds = tower["feeds"]
         self._dataset_input = any(p.dtype is None for p in placeholders)
@@ -1367,7 +1367,7 @@ class ProgramReader:
                     name = f"{tower_list}_aggregated"
                     aggregate = (name, self.aggregation[id(helper)])
                     tail.unknown.update(_op_types([helper]))
-                    statement = statement.deep_replace(inline_call, cst.Name(name))  # type: ignore[assignment]
+                    statement = statement.deep_replace(inline_call, cst.Name(name))
                     assigned = _assign(statement)
             if aggregate is None:
                 if assigned is None or len(assigned[0]) != 1:
@@ -1438,7 +1438,7 @@ class ProgramReader:
             if ema is not None and not grouped and self._ema_apply(statement, ema[0], train_op):
                 # `with tf.control_dependencies([apply_op]): train_op = ema.apply(...)`
                 apply.append(statement)
-                train_op, grouped = _assign(statement.body.body[0])[0][0], True  # type: ignore[attr-defined, index]
+                train_op, grouped = _assign(statement.body.body[0])[0][0], True  # type: ignore[index]
                 continue
             if (
                 update_ops is not None
@@ -1491,7 +1491,7 @@ class ProgramReader:
                 if isinstance(statement, cst.With):
                     if position != len(rest) - 1:
                         raise Blocked(rest[-1], "code after the `with tf.Session()` block")
-                    statements = [statement, *statement.body.body]  # type: ignore[union-attr]
+                    statements = [statement, *statement.body.body]
                 step_loop = self._read_session(statements, session, train_op)
                 break
             if (
@@ -1959,7 +1959,7 @@ class ProgramReader:
             and call.args[0].value.value == tower_list
         ):
             return False
-        last = _simple(loop.body.body[-1])  # type: ignore[union-attr]
+        last = _simple(loop.body.body[-1])
         appended = self._append(last, {assigned[0][0]})
         return appended is not None and any(id(n) in self.aggregation for n in walk(loop))
 
@@ -2068,7 +2068,7 @@ class ProgramReader:
             return statement.items[0].asname.name.value
         return None
 
-    def _read_session(self, statements, session: str, train_op: str):  # type: ignore[no-untyped-def]
+    def _read_session(self, statements, session: str, train_op: str):
         """``sess = tf.Session(...)``, ``sess.run(init)``, then the step loop, then nothing."""
         if self._monitored is not None:
             # MonitoredTrainingSession initialises by itself: a fake initializer slot.
@@ -2128,7 +2128,7 @@ class ProgramReader:
         elif not isinstance(step_loop, cst.For) or step_loop.orelse is not None:
             raise Blocked(step_loop, "the training loop is not a plain `for` loop")
         run = None
-        body = list(step_loop.body.body)  # type: ignore[union-attr]
+        body = list(step_loop.body.body)
         for statement in body:
             for node in walk(statement):
                 if isinstance(node, cst.Call) and self._is_method(node, session, "run"):
@@ -2260,7 +2260,7 @@ class ProgramReader:
             )
         return tuple(fed)
 
-    def _feed(self, body, feed: str, run_statement):  # type: ignore[no-untyped-def]
+    def _feed(self, body, feed: str, run_statement):
         """The loop statements the feed dict needs (and nothing else reads), and its values."""
         values: dict[str, cst.BaseExpression] = {}
         feed_statement = None
@@ -2351,7 +2351,7 @@ class ProgramReader:
             and isinstance(target.elements[1].value, cst.Tuple | cst.List)
             and [getattr(e.value, "value", None) for e in target.elements[1].value.elements]
             == names
-            and statement.orelse is None  # type: ignore[union-attr]
+            and statement.orelse is None
         ):
             raise Blocked(
                 statement,
@@ -2360,7 +2360,7 @@ class ProgramReader:
         index = target.elements[0].value.value
         kept: list[cst.BaseStatement] = []
         done: set[str] = set()
-        for inner in statement.body.body:  # type: ignore[union-attr]
+        for inner in statement.body.body:
             small = _simple(inner)
             if (
                 isinstance(small, cst.Assign)
@@ -2591,7 +2591,7 @@ class ProgramReader:
             return (
                 source is not None
                 and (self.call_q(source) or "").startswith("tensorflow.config.")
-                and all(self._tf_config_only(s) for s in statement.body.body)  # type: ignore[union-attr]
+                and all(self._tf_config_only(s) for s in statement.body.body)
             )
         small = _simple(statement)
         call = _call_of(small.value) if isinstance(small, cst.Expr) else None
@@ -2623,7 +2623,7 @@ class ProgramReader:
             call = _call_of(assigned[1]) if assigned else None
         config = (
             get_arg(call, 0 if self.call_q(call) != MONITORED else None, "config") if call else None
-        )  # type: ignore[arg-type]
+        )
         if config is None:
             return
         if isinstance(config, cst.Name) and config.value in tail.configs:

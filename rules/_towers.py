@@ -11,6 +11,7 @@ import builtins
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -213,7 +214,7 @@ class TowerRule(Rule):
     module (libcst's ``children`` is costly on big files). Decisions that need that answer are
     made in ``leave_Module``."""
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context) -> None:
         super().__init__(context)
         self.device_calls: list[cst.Call] = []
         self.calls_by_name: dict[str, list[cst.Call]] = {}
@@ -271,7 +272,7 @@ class TowerRule(Rule):
         """Enclosing loops, innermost first, within the same function."""
         return [a for a in self.upto_boundary(node) if isinstance(a, LOOP)]
 
-    def is_device_call(self, node: cst.CSTNode) -> bool:
+    def is_device_call(self, node: cst.CSTNode) -> TypeGuard[cst.Call]:
         return isinstance(node, cst.Call) and self.call_name(node) == DEVICE
 
     # -- where towers are replicated ----------------------------------------------------------

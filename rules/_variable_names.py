@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import cast
 
 import libcst as cst
 
@@ -39,6 +40,14 @@ class Unknown(Exception):
 _LIBRARIES = frozenset({"tensorflow", "numpy", "six", "tf_slim", "keras", "tf_keras", "__future__"})
 
 
+def _text(node: cst.SimpleString) -> str:
+    """A string literal's value; a bytes literal names no variable scope."""
+    value = node.evaluated_value
+    if not isinstance(value, str):
+        raise Unknown
+    return value
+
+
 def _user_imports(module: cst.Module) -> set[str]:
     """Names bound by imports of the project's own modules (``import model``)."""
     code = module.code_for_node
@@ -49,12 +58,15 @@ def _user_imports(module: cst.Module) -> set[str]:
             for alias in small.names:
                 dotted = code(alias.name)
                 if not _is_library(dotted):
-                    found.add(alias.asname.name.value if alias.asname else dotted.split(".")[0])  # type: ignore[union-attr]
+                    # `import m as n`: libcst's AsName also serves `with` and `except`, whose
+                    # targets may be tuples; an import's is a Name
+                    alias_name = cast(cst.Name, alias.asname.name) if alias.asname else None
+                    found.add(alias_name.value if alias_name else dotted.split(".")[0])
         elif isinstance(small, cst.ImportFrom) and isinstance(small.names, list | tuple):
             dotted = code(small.module) if small.module is not None else ""
             if small.relative or not _is_library(dotted):
                 for alias in small.names:
-                    bound = alias.asname.name if alias.asname else alias.name  # type: ignore[union-attr]
+                    bound = alias.asname.name if alias.asname else alias.name
                     found.add(code(bound))
     return found
 
@@ -100,7 +112,7 @@ class VariableNames:
             return None
         return list(dict.fromkeys(self.names))
 
-    def _block(self, statements, scopes: list[str], env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    def _block(self, statements, scopes: list[str], env: dict[str, str]) -> None:
         for statement in statements:
             self._statement(statement, scopes, env)
 
@@ -115,17 +127,18 @@ class VariableNames:
                     if name == "tensorflow.variable_scope":
                         inner += self._scope_name(item.item, env)
                     elif is_arg_scope(item.item, self.qualify):
+                        functions: dict[str, cst.FunctionDef | tuple[cst.FunctionDef, Qualify]]
                         functions = {
                             **self.functions,
                             **{k: (f, r.qualify) for k, (f, r) in self.imported.items()},
                         }
                         try:
-                            entries = scopes_of(item.item, self.qualify, functions)  # type: ignore[arg-type]
+                            entries = scopes_of(item.item, self.qualify, functions)
                         except NotConvertible as exc:
                             raise Unknown from exc
                         self.arg_scopes = [*self.arg_scopes, *entries]
             try:
-                self._block(node.body.body, inner, env)  # type: ignore[union-attr]
+                self._block(node.body.body, inner, env)
             finally:
                 self.arg_scopes = outer_arg_scopes
             return
@@ -144,7 +157,7 @@ class VariableNames:
             return
         for child in node.children:
             if isinstance(child, cst.BaseSuite):
-                self._block(child.body, scopes, env)  # type: ignore[arg-type]
+                self._block(child.body, scopes, env)
             elif isinstance(child, cst.BaseExpression):
                 self._expr(child, scopes, env)
             elif isinstance(child, cst.If | cst.Else):
@@ -171,8 +184,8 @@ class VariableNames:
             or function.value not in self.functions
         ):
             raise Unknown
-        target = small.targets[0].target.value  # type: ignore[union-attr]
-        self.templates[target] = ([*scopes, name.evaluated_value], self.functions[function.value])  # type: ignore[list-item]
+        target = small.targets[0].target.value
+        self.templates[target] = ([*scopes, _text(name)], self.functions[function.value])
         return True
 
     def _scope_name(self, call: cst.Call, env: dict[str, str]) -> list[str]:
@@ -183,7 +196,7 @@ class VariableNames:
 
     def _string(self, node: cst.BaseExpression | None, env: dict[str, str]) -> str:
         if isinstance(node, cst.SimpleString):
-            return node.evaluated_value  # type: ignore[return-value]
+            return _text(node)
         if isinstance(node, cst.Name) and node.value in env:
             return env[node.value]
         raise Unknown
@@ -222,9 +235,9 @@ class VariableNames:
                 made = layer_variables(node, self.qualify, self.module, env, self.arg_scopes)
             except NotConvertible as exc:
                 raise Unknown from exc
-            for variable, trainable in made:
+            for variable, is_trainable in made:
                 self._add(scopes, variable)
-                if not trainable:
+                if not is_trainable:
                     self.non_trainable.add("/".join([*scopes, variable]))
         elif _short(name) == "slim.arg_scope":
             return  # read with its `with` statement
@@ -245,7 +258,7 @@ class VariableNames:
         elif _root_name(node.func) in self.user_modules:
             raise Unknown  # the project's own module (`model.build(...)`): not read from here
 
-    def _call(self, function: cst.FunctionDef, call: cst.Call, scopes, env) -> None:  # type: ignore[no-untyped-def]
+    def _call(self, function: cst.FunctionDef, call: cst.Call, scopes, env) -> None:
         self._depth += 1
         if self._depth > 20:
             raise Unknown
@@ -254,19 +267,19 @@ class VariableNames:
         positional = [a for a in call.args if a.keyword is None]
         if any(a.star for a in call.args):
             raise Unknown
-        for param, arg in zip(params, positional, strict=False):
+        for param_name, arg in zip(params, positional, strict=False):
             if isinstance(arg.value, cst.SimpleString | cst.Name):
                 try:
-                    bound[param] = self._string(arg.value, env)
+                    bound[param_name] = self._string(arg.value, env)
                 except Unknown:
                     pass
         for arg in call.args:
             if arg.keyword is not None and isinstance(arg.value, cst.SimpleString):
-                bound[arg.keyword.value] = arg.value.evaluated_value  # type: ignore[assignment]
+                bound[arg.keyword.value] = _text(arg.value)
         for param in function.params.params:
             if param.name.value not in bound and isinstance(param.default, cst.SimpleString):
-                bound[param.name.value] = param.default.evaluated_value  # type: ignore[assignment]
-        self._block(function.body.body, scopes, bound)  # type: ignore[arg-type]
+                bound[param.name.value] = _text(param.default)
+        self._block(function.body.body, scopes, bound)
         self._depth -= 1
 
     def _add(self, scopes: list[str], name: str) -> None:

@@ -143,10 +143,10 @@ grads = opt.compute_gradients(loss, colocate_gradients_with_ops=False)
         for node in facts.nodes:
             if type(node) is not ast.Call:
                 continue
-            flag = argument(node, None, "colocate_gradients_with_ops")  # type: ignore[arg-type]
-            if not (type(flag) is ast.Constant and flag.value is True):  # type: ignore[attr-defined]
+            flag = argument(node, None, "colocate_gradients_with_ops")
+            if not (type(flag) is ast.Constant and flag.value is True):
                 continue
-            func = node.func  # type: ignore[attr-defined]
+            func = node.func
             name = facts.qualify(func)
             if name == "tensorflow.gradients" or (
                 name is None and type(func) is ast.Attribute and func.attr in _GRADIENT_METHODS
@@ -154,7 +154,7 @@ grads = opt.compute_gradients(loss, colocate_gradients_with_ops=False)
                 return True
         return False
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context) -> None:
         super().__init__(context)
         self._candidates: list[cst.Call] = []
 

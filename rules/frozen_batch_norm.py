@@ -26,7 +26,7 @@ _FUNCTIONS_AND_SCOPES = BATCH_NORM_FUNCTIONS | {
 
 
 def _ast_false(node: ast.expr | None) -> bool:
-    return type(node) is ast.Constant and node.value is False  # type: ignore[union-attr]
+    return type(node) is ast.Constant and node.value is False
 
 
 def _is_false(node: cst.BaseExpression) -> bool:
@@ -170,7 +170,7 @@ class FrozenBatchNorm(Rule):
         for node in facts.nodes:
             if type(node) is not ast.Call:
                 continue
-            call: ast.Call = node  # type: ignore[assignment]
+            call: ast.Call = node
             if _ast_false(argument(call, None, "trainable")):
                 if facts.qualify(call.func) in _FUNCTIONS_AND_SCOPES:
                     return True

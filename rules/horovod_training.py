@@ -247,7 +247,7 @@ if hvd.rank() == 0:
         ),
     )
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context) -> None:
         super().__init__(context)
         self._reported: set[int] = set()
         self._init: cst.Call | None = None

@@ -287,7 +287,7 @@ model.save_weights('model.h5')
             return
         facts = self.context.shared("distribution-facts", lambda: analyze(node, resolver))
         names = [self.call_name(c) or "" for c in facts.calls]
-        markers = _KERAS2_MARKERS
+        markers: tuple[str, ...] = _KERAS2_MARKERS
         if not any(n.startswith(_DISTRIBUTE) for n in names):
             markers = (*markers, *_SESSION_MARKERS)
             if any(m in imported for imported in resolver.imported_modules for m in markers):
@@ -323,13 +323,13 @@ model.save_weights('model.h5')
             text = _literal_text(literal)
             if text in whole and keyword(call, "compile", 2) is None and self._is_load_model(call):
                 save = whole[text]
-                for node in (save, literal):
+                for site in (save, literal):
                     self.report(
-                        node,
+                        site,
                         "a whole model saved as legacy HDF5 and read back with `load_model`: "
                         "Keras 3 fails on the compile settings Keras 2 names (`ValueError: Could "
                         f"not deserialize 'keras.metrics.mse'`); save and load `{MODEL}`",
-                        replacement=_renamed(node, MODEL),
+                        replacement=_renamed(site, MODEL),
                         safety=FixSafety.UNSAFE,
                     )
             elif text in models:

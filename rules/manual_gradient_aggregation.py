@@ -255,9 +255,8 @@ train_op = opt.apply_gradients(grads)
         """``on_call``/``visit_AugAssign`` and ``_about_tower_gradients`` on the ``ast`` tree,
         erring towards True (the reduction's input and the helper's name are not read)."""
         for node in facts.nodes:
-            kind = type(node)
-            if kind is ast.Call:
-                call: ast.Call = node  # type: ignore[assignment]
+            if type(node) is ast.Call:
+                call = node
                 name = short_tf(facts.qualify(call.func))
                 if name in ("tensorflow.reduce_mean", "tensorflow.reduce_sum"):
                     axis = argument(call, 1, "axis") or argument(call, None, "reduction_indices")
@@ -267,12 +266,12 @@ train_op = opt.apply_gradients(grads)
                     continue
                 if _may_be_about_tower_gradients(node, facts):
                     return True
-            elif kind is ast.AugAssign and type(node.op) is ast.Add:  # type: ignore[attr-defined]
+            elif type(node) is ast.AugAssign and type(node.op) is ast.Add:
                 if _may_be_about_tower_gradients(node, facts, summed=True):
                     return True
         return False
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context) -> None:
         super().__init__(context)
         self._sites: dict[int, _Site] = {}
         # The first instance's sites are the ones the tower conversion (TFM303) reads: run in
@@ -474,14 +473,14 @@ _AST_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp
 
 def _ast_int(node: ast.AST | None) -> int | None:
     """``int_value`` on an ``ast`` expression."""
-    if type(node) is ast.Constant and type(node.value) is int:  # type: ignore[attr-defined]
-        return node.value  # type: ignore[attr-defined]
-    if type(node) is ast.UnaryOp and type(node.op) is ast.USub:  # type: ignore[attr-defined]
-        inner = node.operand  # type: ignore[attr-defined]
+    if type(node) is ast.Constant and type(node.value) is int:
+        return node.value
+    if type(node) is ast.UnaryOp and type(node.op) is ast.USub:
+        inner = node.operand
         if type(inner) is ast.Constant and type(inner.value) is int:
             return -inner.value
-    if type(node) in (ast.List, ast.Tuple) and len(node.elts) == 1:  # type: ignore[attr-defined]
-        return _ast_int(node.elts[0])  # type: ignore[attr-defined]
+    if (type(node) is ast.List or type(node) is ast.Tuple) and len(node.elts) == 1:
+        return _ast_int(node.elts[0])
     return None
 
 
@@ -491,35 +490,35 @@ def _may_be_about_tower_gradients(node: ast.AST, facts: CodeFacts, *, summed: bo
     context = names_in(node)
     loop_targets: set[str] = set()
     in_loop = transposed = False
-    iterated: list[ast.AST] = []
+    iterated: list[ast.For | ast.AsyncFor | ast.comprehension] = []
     ancestor = facts.parent(node)
     while ancestor is not None:
-        kind = type(ancestor)
-        if kind in (ast.For, ast.AsyncFor):
+        if isinstance(ancestor, ast.For | ast.AsyncFor):
             iterated.append(ancestor)
-            loop_targets |= names_in(ancestor.target)  # type: ignore[attr-defined]
+            loop_targets |= names_in(ancestor.target)
             in_loop = True
-        elif kind is ast.While:
+        elif isinstance(ancestor, ast.While):
             in_loop = True
-        elif kind in _AST_COMPREHENSIONS:
-            iterated.extend(ancestor.generators)  # type: ignore[attr-defined]
-        elif kind in (ast.FunctionDef, ast.AsyncFunctionDef):
-            context.add(ancestor.name)  # type: ignore[attr-defined]
-            context |= names_in(ancestor.args)  # type: ignore[attr-defined]
-        if kind in AST_DEFS:
+        elif isinstance(ancestor, _AST_COMPREHENSIONS):
+            iterated.extend(ancestor.generators)
+        elif isinstance(ancestor, ast.FunctionDef | ast.AsyncFunctionDef):
+            context.add(ancestor.name)
+            context |= names_in(ancestor.args)
+        if isinstance(ancestor, AST_DEFS):
             break
         ancestor = facts.parent(ancestor)
     for loop in iterated:
-        context |= names_in(loop.iter) | names_in(loop.target)  # type: ignore[attr-defined]
+        context |= names_in(loop.iter) | names_in(loop.target)
         transposed = transposed or any(
             type(n) is ast.Call
-            and type(n.func) is ast.Name  # type: ignore[attr-defined]
-            and n.func.id == "zip"  # type: ignore[attr-defined]
-            and any(type(a) is ast.Starred for a in n.args)  # type: ignore[attr-defined]
-            for n in ast.walk(loop.iter)  # type: ignore[attr-defined]
+            and type(n.func) is ast.Name
+            and n.func.id == "zip"
+            and any(type(a) is ast.Starred for a in n.args)
+            for n in ast.walk(loop.iter)
         )
     if summed and not (
-        in_loop and names_in(node.value) & loop_targets  # type: ignore[attr-defined]
+        # summed: ``node`` is the AugAssign
+        in_loop and isinstance(node, ast.AugAssign) and names_in(node.value) & loop_targets
     ):
         return False
     text = " ".join(context)

@@ -290,6 +290,7 @@ def train_step(x, y):
         scope = self.parent(block) if block is not None else None
         if not (
             isinstance(block, cst.IndentedBlock)
+            and isinstance(line, cst.BaseStatement)
             and isinstance(scope, cst.With)
             and any(
                 isinstance(i.item, cst.Call)

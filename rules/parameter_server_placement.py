@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 
 import libcst as cst
 
-from tfmigrate.prefilter import AST_DEFS, CodeFacts
+from tfmigrate.prefilter import AST_DEFS, CodeFacts, Trigger
 from tfmigrate.rule import Example, FixSafety
 from tfmigrate.rules._towers import TowerRule, get_arg, walk
 
@@ -31,7 +31,7 @@ _VARIABLE_FACTORIES = frozenset(
 )
 _HOST_DEVICE = re.compile(r"cpu|/job:ps|ps_device|ps", re.I)
 # What reports by name: a setter, or a variable factory (pinned under `with tf.device(...)`).
-_NAMED = (
+_NAMED: tuple[Trigger, ...] = (
     *_SETTERS,
     *(("tensorflow.device", factory) for factory in sorted(_VARIABLE_FACTORIES)),
 )
@@ -39,9 +39,8 @@ _NAMED = (
 
 def _lists_variable_ops(node: ast.AST) -> bool:
     """A list, tuple or set literal with a variable op's name among its items."""
-    return type(node) in (ast.List, ast.Tuple, ast.Set) and any(
-        type(item) is ast.Constant and item.value in _VARIABLE_OPS
-        for item in node.elts  # type: ignore[attr-defined]
+    return isinstance(node, ast.List | ast.Tuple | ast.Set) and any(
+        type(item) is ast.Constant and item.value in _VARIABLE_OPS for item in node.elts
     )
 
 
@@ -206,24 +205,23 @@ setter = replica_device_setter(2)
         bound: set[str] = set()  # names assigned such a literal (``PS_OPS = [...]``)
         named: list[tuple[str, ast.Compare]] = []
         for node in facts.nodes:
-            kind = type(node)
-            if kind is ast.Compare:
-                for op, right in zip(node.ops, node.comparators, strict=True):  # type: ignore[attr-defined]
+            if type(node) is ast.Compare:
+                for op, right in zip(node.ops, node.comparators, strict=True):
                     if type(op) is not ast.In:
                         continue
                     if _lists_variable_ops(right):
                         if _in_device_function(node, facts):
                             return True
                     elif type(right) is ast.Name:
-                        named.append((right.id, node))  # type: ignore[arg-type]
-            elif kind is ast.Assign and _lists_variable_ops(node.value):  # type: ignore[attr-defined]
-                for target in node.targets:  # type: ignore[attr-defined]
+                        named.append((right.id, node))
+            elif type(node) is ast.Assign and _lists_variable_ops(node.value):
+                for target in node.targets:
                     bound.update(n.id for n in ast.walk(target) if type(n) is ast.Name)
-            elif kind is ast.withitem and _lists_variable_ops(node.context_expr):  # type: ignore[attr-defined]
-                bound.update(n.id for n in ast.walk(node) if type(n) is ast.Name)  # type: ignore[arg-type]
+            elif type(node) is ast.withitem and _lists_variable_ops(node.context_expr):
+                bound.update(n.id for n in ast.walk(node) if type(n) is ast.Name)
         return any(name in bound and _in_device_function(node, facts) for name, node in named)
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context) -> None:
         super().__init__(context)
         self._reported: set[int] = set()
 
@@ -339,8 +337,8 @@ setter = replica_device_setter(2)
                 continue
             for item in ancestor.items:
                 device = item.item
-                if self.is_device_call(device) and device.args:  # type: ignore[attr-defined]
-                    spelled = self.src(device.args[0].value, 30)  # type: ignore[attr-defined]
+                if self.is_device_call(device) and device.args:
+                    spelled = self.src(device.args[0].value, 30)
                     if _HOST_DEVICE.search(spelled):
                         return spelled
         return None
@@ -358,10 +356,10 @@ def _in_device_function(node: ast.AST, facts: CodeFacts) -> bool:
     while pending:
         current = pending.pop()
         if type(current) is ast.Return:
-            value = current.value  # type: ignore[attr-defined]
+            value = current.value
             kind = type(value)
             if kind in (ast.Name, ast.JoinedStr, ast.BinOp) or (
-                kind is ast.Constant and isinstance(value.value, str | bytes)
+                type(value) is ast.Constant and isinstance(value.value, str | bytes)
             ):
                 return True
         if not isinstance(current, AST_DEFS):

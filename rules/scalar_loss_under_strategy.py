@@ -363,7 +363,7 @@ with strategy.scope():
         ids = {id(loss) for loss in losses}
 
         class Wrap(cst.CSTTransformer):
-            def on_leave(self, original, updated):  # type: ignore[no-untyped-def]
+            def on_leave(self, original, updated):
                 if id(original) in ids:
                     return global_batch.wrapped(updated)
                 return updated

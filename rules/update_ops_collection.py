@@ -270,14 +270,14 @@ updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, 'block0')
         for node in facts.nodes:
             if type(node) is not ast.Call or not _may_get_collection(node, facts):
                 continue
-            key = argument(node, 0, "key")  # type: ignore[arg-type]
+            key = argument(node, 0, "key")
             if key is None or not _may_be_update_ops(key, facts):
                 continue
-            if device or argument(node, 1, "scope") is not None:  # type: ignore[arg-type]
+            if device or argument(node, 1, "scope") is not None:
                 return True
         return False
 
-    def __init__(self, context) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, context) -> None:
         super().__init__(context)
         self._candidates: list[cst.Call] = []
 
@@ -515,7 +515,7 @@ def _loop_indices(towers: Towers) -> list[str]:
     names: list[str] = []
     loop = towers.replicator
     if isinstance(loop, cst.For):
-        target = loop.target
+        target: cst.BaseExpression = loop.target
         if isinstance(target, cst.Tuple) and target.elements:
             target = target.elements[0].value
         if isinstance(target, cst.Name):
@@ -539,7 +539,7 @@ def _tower_count(towers: Towers) -> int | None:
     return None
 
 
-def _tower_scopes(towers: Towers, call_name) -> list[tuple[str, cst.BaseExpression]]:  # type: ignore[no-untyped-def]
+def _tower_scopes(towers: Towers, call_name) -> list[tuple[str, cst.BaseExpression]]:
     """(index name, scope expression) of the per-tower name/variable scopes: those whose name
     changes with the tower index."""
     roots: list[cst.CSTNode] = [
