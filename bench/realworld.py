@@ -477,6 +477,10 @@ def classify(program: Program, run: FolderRun, one_file_run: FolderRun | None = 
         row.detail = f"tfmigrate rewrite exited {run.returncode}: {_last_line(run.stderr)}"
         return row
     files = {_norm(f["path"]): f for f in summary.get("files", [])}
+    if run.returncode == 2 and not any(f.get("error") for f in files.values()):
+        # Exit 2 names no file: the run itself failed (arguments, output folder, ...).
+        row.detail = f"tfmigrate rewrite exited 2: {_last_line(run.stderr)}"
+        return row
     if not (run.src / program.entry).is_file():
         row.detail = f"{program.entry} is not in the corpus folder"
         return row
@@ -585,6 +589,16 @@ def _measure(row: Row, program: Program, run: FolderRun) -> None:
     row.banned_outside_todo = sorted(banned)
 
 
+def _classified(program: Program, run: FolderRun, one_file_run: FolderRun | None = None) -> Row:
+    """classify(), with a program the bench cannot read reported as a row of its own."""
+    try:
+        return classify(program, run, one_file_run)
+    except Exception as error:  # one odd program must not hide the other programs' rows
+        row = Row(repo=program.repo, entry=program.entry, kind=program.kind)
+        row.detail = f"the bench could not classify it: {type(error).__name__}: {error}"
+        return row
+
+
 def measure_folder(
     folder: str, programs: list[Program], corpus: Path, keep: Path | None
 ) -> list[Row]:
@@ -593,12 +607,12 @@ def measure_folder(
         shutil.copytree(corpus / folder, src, symlinks=True)
         run = run_rewrite(src, out)
         one_file_run = None
-        rows = [classify(p, run) for p in programs]
+        rows = [_classified(p, run) for p in programs]
         if any(r.whole_program for r in rows):
             one_file_run = run_rewrite(
                 src, Path(tmp) / "out-one-file", ["--ignore", ",".join(WHOLE_PROGRAM)]
             )
-            rows = [classify(p, run, one_file_run) for p in programs]
+            rows = [_classified(p, run, one_file_run) for p in programs]
         if keep is not None and out.exists():
             shutil.copytree(out, keep / folder, dirs_exist_ok=True)
         return rows

@@ -244,3 +244,8 @@ def test_classify_tool_failure_is_a_row(tmp_path: Path) -> None:
     row = bench.classify(PROGRAM, _run(tmp_path / "b", LEGACY, None, summary))
     assert row.outcome == "error" and row.detail.startswith("internal error")
     assert row.compiles is True  # measured on the file as it stands
+    # Exit 2 with no file to blame: the run failed as a whole.
+    failed = _run(tmp_path / "c", LEGACY, None, {"files": [], "findings": []})
+    failed.returncode = 2
+    row = bench.classify(PROGRAM, failed)
+    assert row.outcome == "error" and row.detail == "tfmigrate rewrite exited 2: ValueError: boom"
