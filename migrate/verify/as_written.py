@@ -315,8 +315,9 @@ class AsWritten:
             self.calling += 1
             try:
                 fn.get_concrete_function(*args, **kwargs)
-            except Exception:  # noqa: BLE001  e.g. arguments get_concrete_function refuses: the call traces
-                pass
+            except Exception as exc:  # noqa: BLE001  e.g. arguments it refuses: the call traces
+                if isinstance(_cause(exc), Problem):
+                    raise _cause(exc) from None
             finally:
                 self.calling -= 1
         is_step = self.saw_update or bool(known and known[1])

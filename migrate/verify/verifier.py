@@ -200,7 +200,12 @@ def run_verify(opts: VerifyOptions) -> Outcome:
         scaling = loss_scaling.scale_differentiated(legacy_run.record, migrated_run.record)
         outcome.comparison = cmp.compare(side_data(legacy_run), side_data(migrated_run), manifest,
                                          opts.tolerances)
-        outcome.comparison.notes += scaling
+        if outcome.comparison.verdict != cmp.COULD_NOT_RUN:
+            outcome.comparison.notes += scaling
+        elif "different inputs" in outcome.comparison.reason and not opts.replay_inputs:
+            outcome.comparison.notes.append(
+                "--replay-inputs trains the migrated replicas on the legacy towers' batches, so the "
+                "training step is compared whatever the input pipelines do")
         if opts.noise_floor and outcome.comparison.verdict == cmp.DIVERGED:
             _noise_floor(plan, outcome, side_data(legacy_run))
         if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:

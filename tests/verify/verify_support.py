@@ -32,6 +32,7 @@ STEPS = 8  # enough for every planted bug to show (the staircase schedule steps 
 
 def verify(legacy: Path, migrated: Path, *, steps: int = STEPS, args: tuple[str, ...] = (),
            cache: Path | None = None, **kwargs) -> Outcome:
-    opts = VerifyOptions(legacy=legacy, migrated=migrated, replicas=2, steps=steps, timeout=300,
+    kwargs.setdefault("timeout", 300)
+    opts = VerifyOptions(legacy=legacy, migrated=migrated, replicas=2, steps=steps,
                          script_args=args, legacy_cache=cache, **kwargs)
     return run_verify(opts)
