@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tfmigrate.verify.criterion import UPDATE_RTOL, percent, update_error, within_update
 from tfmigrate.verify.manifest import ScriptManifest, parse_fetch_target
 from tfmigrate.verify.record import OK, Fetch, RunRecord
 
@@ -31,13 +32,15 @@ _UNIQUIFIED = re.compile(r"_\d+$")  # TF1's suffix for a name already taken in i
 
 @dataclass
 class Tolerances:
-    """DESIGN.md defaults (CPU float32)."""
+    """Defaults for CPU float32; the variables' rule is criterion.py's (docs/verify.md, "Verdict
+    criterion")."""
 
     atol: float = 1e-5  # fetched scalars, steps 1..early_steps
     rtol: float = 1e-4  # fetched scalars after early_steps (never stricter than atol)
     early_steps: int = 10
-    weights_atol: float = 1e-6
+    weights_atol: float = 1e-6  # variables: within float tolerance elementwise ...
     weights_rtol: float = 1e-4
+    update_rtol: float = UPDATE_RTOL  # ... or each step's update within this of legacy's (L2)
 
     def scalar_ok(self, step: int, legacy: float, migrated: float) -> bool:
         diff = abs(legacy - migrated)
@@ -60,6 +63,23 @@ class Tolerances:
     def array_text(self) -> str:
         return f"rtol {self.weights_rtol:g}, atol {self.weights_atol:g}"
 
+    def variable_text(self) -> str:
+        return (
+            f"each step's update within {self.update_rtol:g} of legacy's (L2), "
+            f"or elementwise {self.array_text()}"
+        )
+
+    def variable_ok(
+        self, before: tuple[np.ndarray, np.ndarray] | None, legacy: np.ndarray, migrated: np.ndarray
+    ) -> tuple[bool, float | None]:
+        """One variable after a step (or a run) from ``before`` (legacy's and migrated's values
+        then; None: unknown, only the float tolerance applies): (accepted, update error)."""
+        if legacy.shape != migrated.shape:
+            return False, None
+        error = None if before is None else update_error(before[0], legacy, before[1], migrated)
+        close = self.array_ok(legacy, migrated)
+        return close or (error is not None and within_update(error, self.update_rtol)), error
+
 
 @dataclass
 class Row:
@@ -75,6 +95,8 @@ class Row:
     phase: int = FETCH_PHASE
     tolerance: str = ""
     note: str = ""
+    # variables: the largest relative update error over the compared steps (criterion.py)
+    update_error: float | None = None
 
 
 @dataclass
@@ -379,22 +401,41 @@ def _compare_variables(
         category = meta.get("kind", "weight")
         announced = manifest.announcement_for(lname, mname)
         lt, mt = legacy.trace.get(lname), migrated.trace.get(mname)
+        start = _start(legacy, migrated, lname, mname)
         first_bad: int | None = None
+        bad_error: float | None = None  # the first failing step's update error
+        worst: float | None = None
         max_abs = max_rel = 0.0
         compared = 0
+        over_float = False  # accepted by the update rule while over the float tolerance
+        before = start
         if lt is not None and mt is not None:
             for i in range(min(n_steps, len(lt), len(mt))):
                 compared += 1
                 a, r = _diff(lt[i], mt[i])
                 max_abs, max_rel = max(max_abs, a), max(max_rel, r)
-                if first_bad is None and not tol.array_ok(lt[i], mt[i]):
-                    first_bad = i + 1
+                ok, error = tol.variable_ok(before, lt[i], mt[i])
+                worst = _worse(worst, error)
+                over_float = over_float or (ok and not tol.array_ok(lt[i], mt[i]))
+                if first_bad is None and not ok:
+                    first_bad, bad_error = i + 1, error
+                before = (lt[i], mt[i])
         if same_length and lname in legacy.final and mname in migrated.final:
             lf, mf = legacy.final[lname], migrated.final[mname]
-            final_ok = lf.shape == mf.shape and tol.array_ok(lf, mf)
             if lf.shape == mf.shape:
                 a, r = _diff(lf, mf)
                 max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+            # With every step traced the steps judged the final values; else the whole run
+            # counts as one update from the start.
+            traced = compared == n_steps and _same(lt[n_steps - 1], lf) and _same(mt[n_steps - 1], mf)
+            if traced:
+                final_ok = True
+            else:
+                final_ok, error = tol.variable_ok(start, lf, mf)
+                worst = _worse(worst, error)
+                over_float = over_float or (final_ok and not tol.array_ok(lf, mf))
+                if not final_ok and first_bad is None:
+                    bad_error = error
             compared = max(compared, 1)
         elif compared:
             final_ok = first_bad is None
@@ -417,7 +458,13 @@ def _compare_variables(
         if announced:
             note = f"announced {announced.code}: {announced.reason} (measured max |diff| {max_abs:.3g})".strip()
         elif not ok:
-            note = f"max |diff| {max_abs:.3g}, max rel {max_rel:.3g}"
+            where = f"step {first_bad}" if first_bad is not None else "the run"
+            note = f"{_update_text(where, bad_error, tol)}max |diff| {max_abs:.3g}, max rel {max_rel:.3g}"
+        elif over_float:
+            note = (
+                f"max |diff| {max_abs:.3g} is rounding: every update within "
+                f"{percent(worst)} of legacy's"
+            )
         rows.append(
             Row(
                 lname,
@@ -430,11 +477,43 @@ def _compare_variables(
                 max_rel=max_rel,
                 first_step=first_bad,
                 phase=VARIABLE_PHASE if first_bad is not None else FINAL_PHASE,
-                tolerance=tol.array_text(),
+                tolerance=tol.variable_text(),
                 note=note,
+                update_error=worst,
             )
         )
     return rows
+
+
+def _start(
+    legacy: SideData, migrated: SideData, lname: str, mname: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Both sides' values before step 1 (the migrated side loaded legacy's: equal unless a
+    conversion was inexact)."""
+    if lname not in legacy.init:
+        return None
+    return legacy.init[lname], migrated.init.get(mname, legacy.init[lname])
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+
+
+def _worse(worst: float | None, error: float | None) -> float | None:
+    if error is None or (worst is not None and (np.isnan(worst) or error <= worst)):
+        return worst
+    return error  # larger, or nan (a value not finite): it stays visible
+
+
+def _update_text(where: str, error: float | None, tol: Tolerances) -> str:
+    """Why a variable failed, in terms of the step's update (criterion.py)."""
+    if error is None:
+        return ""
+    if np.isnan(error):
+        return f"{where}: values not finite; "
+    if np.isinf(error):
+        return f"{where} moved it where legacy's did not; "
+    return f"{where}'s update {percent(error)} off legacy's (tolerance {percent(tol.update_rtol)}); "
 
 
 def compare_roundtrip(before: np.ndarray, after: np.ndarray, tol: Tolerances) -> Row:

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmigrate.verify import compare as cmp
+from tfmigrate.verify.criterion import percent
 from tfmigrate.verify.verifier import Outcome
 
 EXACT_FLOOR = 1e-10  # where a zero difference is drawn on the log axis
@@ -99,12 +100,13 @@ def print_terminal(outcome: Outcome, console: Console | None = None) -> None:
         table.add_column("kind", no_wrap=True)
         table.add_column("steps", justify="right", no_wrap=True)
         table.add_column("max |Δ|", justify="right", no_wrap=True)
+        table.add_column("Δ update", justify="right", no_wrap=True)
         table.add_column("first", no_wrap=True)
         table.add_column("note", overflow="fold", ratio=2)
         for r in comp.rows:
             style = STATUS_STYLE.get(r.status, "")
             table.add_row(f"[{style}]{r.status.upper()}[/]", r.quantity, r.category, str(r.steps_compared),
-                          _num(r.max_abs), _first_col(r), r.note)
+                          _num(r.max_abs), percent(r.update_error), _first_col(r), r.note)
         console.print(table)
     sides = _side_summary(outcome)
     perf = []
@@ -146,11 +148,12 @@ def to_markdown(outcome: Outcome) -> str:
     if comp.reason:
         lines += ["", f"**{comp.reason}**"]
     if comp.rows:
-        lines += ["", "| quantity | kind | steps | max abs diff | max rel diff | status | first | note |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| quantity | kind | steps | max abs diff | max rel diff | update error | status | first | note |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in comp.rows:
             lines.append(f"| `{r.quantity}` | {r.category} | {r.steps_compared} | {_num(r.max_abs)} | "
-                         f"{_num(r.max_rel)} | {r.status.upper()} | {_first_col(r)} | {r.note} |")
+                         f"{_num(r.max_rel)} | {percent(r.update_error)} | {r.status.upper()} | {_first_col(r)} | "
+                         f"{r.note} |")
     lines += ["", "| side | status | steps/s (after warm-up) | peak memory |", "|---|---|---|---|"]
     for name, s in data["sides"].items():
         if name == "roundtrip":
@@ -163,7 +166,8 @@ def to_markdown(outcome: Outcome) -> str:
     if outcome.crash is not None and outcome.crash.record is not None:
         lines += ["", f"## {outcome.crash.side} traceback", "", "```", outcome.crash.record.traceback.rstrip(), "```"]
     t = outcome.options.tolerances
-    lines += ["", f"Tolerances: fetched scalars {t.scalar_text()}; variables {t.array_text()}.", ""]
+    lines += ["", f"Tolerances: fetched scalars {t.scalar_text()}; variables: {t.variable_text()}. "
+              "Update error: ‖Δmigrated − Δlegacy‖ / ‖Δlegacy‖ of a step, the largest over the steps.", ""]
     if comp.series:
         lines += ["![loss curves](loss.png)", ""]
     return "\n".join(lines)
