@@ -249,3 +249,15 @@ def test_classify_tool_failure_is_a_row(tmp_path: Path) -> None:
     failed.returncode = 2
     row = bench.classify(PROGRAM, failed)
     assert row.outcome == "error" and row.detail == "tfmigrate rewrite exited 2: ValueError: boom"
+
+
+def test_the_real_corpus_index_reads_as_documented() -> None:
+    if not (bench.DEFAULT_CORPUS / "INDEX.tsv").is_file():
+        pytest.skip("the real-world corpus is not next to the repository")
+    programs = bench.read_index(bench.DEFAULT_CORPUS)
+    assert len(programs) == 29
+    kinds = [p.kind for p in programs]
+    # 5 Keras-era programs; the other 24 are tower and Horovod-TF1 ones (one of them Python 2).
+    assert kinds.count("keras") == 5 and kinds.count("tower") + kinds.count("horovod") == 24
+    for program in programs:
+        assert (bench.DEFAULT_CORPUS / program.folder / program.entry).is_file(), program
