@@ -50,6 +50,10 @@ def verify(
     early_steps: Annotated[int, typer.Option(help="Steps judged by --atol before --rtol applies.")] = 10,
     weights_atol: Annotated[float, typer.Option(help="Variables: absolute tolerance.")] = 1e-6,
     weights_rtol: Annotated[float, typer.Option(help="Variables: relative tolerance.")] = 1e-4,
+    update_rtol: Annotated[
+        float, typer.Option(help="Variables: or each step's update within this fraction of the legacy step's "
+                                 "(L2 over the variable; 0: the elementwise tolerances alone).")
+    ] = 1e-2,
     legacy_rev: Annotated[
         str | None, typer.Option(help="Take the legacy script's folder from this git revision.")
     ] = None,
@@ -88,7 +92,7 @@ def verify(
         legacy=legacy, migrated=migrated, replicas=replicas or (1 if workers else 2), steps=steps, seed=seed, device=device,
         timeout=timeout, report_dir=report, manifest=manifest, mapping=mapping,
         tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
-                              weights_rtol=weights_rtol),
+                              weights_rtol=weights_rtol, update_rtol=update_rtol),
         script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
         roundtrip=roundtrip, workers=workers, noise_floor=noise_floor, replay_inputs=replay_inputs,
     )
