@@ -241,21 +241,25 @@ class TodoScan:
     covered_lines: set[int] = dataclasses.field(default_factory=set)  # live lines under a TODO
 
 
-def _comments(text: str) -> list[tuple[int, bool]]:
-    """(line, standalone) of every TODO(tfmigrate) comment. tokenize keeps a `#` inside a string
-    out; source that does not tokenize falls back to reading lines."""
+def _comments(text: str) -> list[tuple[int, bool, str]]:
+    """(line, standalone, commented-out code before the marker) of every TODO(tfmigrate)
+    comment: `# sess.run(x)  # TODO(tfmigrate): ...` keeps its code in the same comment.
+    tokenize keeps a `#` inside a string out; source that does not tokenize is read by lines."""
     found = []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.COMMENT and TODO_RE.match(tok.string):
-                found.append((tok.start[0], not tok.line[: tok.start[1]].strip()))
+            match = TODO_RE.search(tok.string) if tok.type == tokenize.COMMENT else None
+            if match:
+                standalone = not tok.line[: tok.start[1]].strip()
+                found.append((tok.start[0], standalone, tok.string[: match.start()]))
         return found
     except (tokenize.TokenError, IndentationError, SyntaxError):
         pass
     for number, line in enumerate(text.splitlines(), 1):
         at = line.find("#")
-        if at >= 0 and TODO_RE.match(line[at:]):
-            found.append((number, not line[:at].strip()))
+        match = TODO_RE.search(line, at) if at >= 0 else None
+        if match:
+            found.append((number, not line[:at].strip(), line[at : match.start()]))
     return found
 
 
@@ -288,10 +292,16 @@ def scan_todos(text: str) -> TodoScan:
         scan.statements += _statements_in(stmt)
         scan.covered_lines.update(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1))
 
-    for number, standalone in _comments(text):
+    for number, standalone, before in _comments(text):
         match = TODO_RE.search(lines[number - 1])
         if match and match.group(1):
             scan.codes.append(match.group(1))
+        if before.strip("# \t"):  # the marker trails commented-out code: it covers that line
+            commented = _commented_statements([before])
+            scan.statements += commented
+            scan.commented_code_lines += 1 if commented else 0
+            if standalone:
+                continue
         if not standalone:
             owner = max((s for s in starts if s <= number), default=number)
             cover(owner if tree is not None else number)
@@ -299,7 +309,7 @@ def scan_todos(text: str) -> TodoScan:
         block = []
         below = number
         while below < len(lines) and lines[below].lstrip().startswith("#"):
-            if TODO_RE.match(lines[below].lstrip()):
+            if TODO_RE.search(lines[below]):
                 break
             block.append(lines[below])
             below += 1
