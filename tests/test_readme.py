@@ -15,3 +15,26 @@ def test_readme_rule_table_is_current():
     match = re.search(r"<!-- rules-table:[^\n]*-->\n(.*?)<!-- end rules-table -->", readme, re.S)
     assert match, "README lost its rules-table markers"
     assert match.group(1) == rules_markdown(), "regenerate: scripts/update_readme.py"
+
+
+def test_readme_is_short_and_starts_with_the_set_up():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move details to docs/"
+    head = "\n".join(lines[:40])
+    assert re.search(r"^make demo\b", head, re.M) and re.search(r"^make test\b", head, re.M)
+
+
+def test_set_up_commands_do_what_the_readme_says():
+    """`make demo` runs scripts/demo.sh on the fixture the README names; `make test` the suite."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    rules = dict(re.findall(r"^([\w-]+):[^\n]*\n((?:\t[^\n]*\n)+)", makefile, re.M))
+    assert "scripts/demo.sh" in rules["demo"]
+    assert "pytest" in rules["test"] and "not slow" not in rules["test"]
+    assert '-m "not slow"' in rules["test-fast"]
+    demo = (REPO / "scripts" / "demo.sh").read_text(encoding="utf-8")
+    fixture = re.search(r"^FIXTURE=\$\{1:-([^}]+)\}", demo, re.M).group(1)
+    [line] = [line for line in readme.splitlines() if line.startswith("make demo")]
+    assert fixture in line and (REPO / fixture).is_dir()
+    for step in ("$TFM scan", "$TFM rewrite", '--out "$OUT"', "$TFM verify"):
+        assert step in demo, step
