@@ -530,7 +530,12 @@ class KerasMultiGpuModel(Rule):
 
     code = "TFM107"
     # Keras' own by name; a user's copy in a Keras program that compiles (may_report checks it)
-    triggers = ("multi_gpu_model", ("keras*", "compile"), ("tensorflow.keras", "compile"))
+    triggers = (
+        "multi_gpu_model",
+        ("keras*", "compile"),
+        ("tensorflow.keras", "compile"),
+        ("tensorflow.device", "oncat", "Model"),  # a copy's own module
+    )
     name = "keras-multi-gpu-model"
     summary = "multi_gpu_model (removed in TF 2.4): use MirroredStrategy"
     fix_safety = FixSafety.UNSAFE
@@ -903,6 +908,35 @@ def train(x, y):
                     if isinstance(bound, cst.Name) and bound.value == name:
                         found = f"{dotted(small.module)}.{dotted(alias.name)}"
         return found
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if self.parent(node) is not self.context.module:
+            return
+        copies = self.context.shared(
+            "tfm107:copies", lambda: parallel_copy.local_copies(self.context.module, self.qualify)
+        )
+        if copies.get(node.name.value) is not node:
+            return
+        message = (
+            f"`{node.name.value}` is a copy of Keras 2's multi_gpu_model: under MirroredStrategy, "
+            "which its callers get instead (TFM107), Keras splits each batch over the replicas "
+            "itself; delete it once nothing calls it"
+        )
+        todo = f"# TODO(tfmigrate): TFM107 {message}"
+        if any(
+            line.comment is not None and "TFM107" in line.comment.value
+            for line in node.leading_lines
+        ):
+            self.report(node.name, message)
+            return
+        comment = cst.EmptyLine(comment=cst.Comment(todo))
+        self.report(
+            node.name,
+            message,
+            replacement=node.with_changes(leading_lines=[*node.leading_lines, comment]),
+            target=node,
+            safety=FixSafety.SAFE,
+        )
 
     def visit_Call(self, node: cst.Call) -> None:
         copy = None

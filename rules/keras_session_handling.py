@@ -676,9 +676,10 @@ class _Replace(cst.CSTTransformer):
                 body.extend(new)
                 continue
             if carried:
-                statement = statement.with_changes(
-                    leading_lines=[*carried, *statement.leading_lines]
-                )
+                own = list(statement.leading_lines)
+                if own:  # it keeps its own spacing; only comments move to it
+                    carried = [line for line in carried if line.comment]
+                statement = statement.with_changes(leading_lines=[*carried, *own])
                 carried = []
             body.append(statement)
         return body, [line for line in carried if line.comment]

@@ -73,6 +73,15 @@ def _renamed(
     return None
 
 
+class _Swap(cst.CSTTransformer):
+    def __init__(self, old: cst.CSTNode, new: cst.CSTNode | None) -> None:
+        super().__init__()
+        self.old, self.new = old, new
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        return self.new if original_node is self.old and self.new is not None else updated_node
+
+
 class KerasWeightsFilename(Rule):
     """
     ## What it does
@@ -122,8 +131,15 @@ class KerasWeightsFilename(Rule):
     programs that read `m.h5` do not find.
     Names without that suffix (TF checkpoint prefixes such as `ckpt/model`) are reported
     without a fix: the right replacement (`.weights.h5` or `tf.train.Checkpoint`) depends on the
-    files that already exist. A load with `by_name=True` is not renamed (Keras 3 reads `by_name`
-    only from legacy files).
+    files that already exist. A `load_weights(..., by_name=True)` of the weights the script saves is
+    renamed with the save and loses `by_name`, unsafe: Keras 3 reads `by_name` only from
+    legacy files (a `.weights.h5` name raises ValueError) and loads `.weights.h5` by the model's
+    structure, so a model built differently from the saved one fails to load where Keras 2
+    kept the unmatched layers at their initial values. By name is also what makes a reload
+    predict noise on Keras 3: its automatic layer names are counted per process, so a second
+    copy of a network built in the same program (`conv2d_4`, ...) matches none of the saved
+    names (`conv2d`, ...) and every layer silently keeps its initial weights. A `by_name` load
+    of a legacy file the script does not write is reported without a fix, for that reason.
     """
 
     code = "TFM206"
@@ -162,6 +178,30 @@ model.save_weights('model.h5')
 """,
     )
     invalid = (
+        # A reload by name of the weights this script writes: renamed with the save.
+        Example(
+            """
+            import keras
+            template.save_weights('unet_weights.h5')
+            reloaded = build_unet()
+            reloaded.load_weights('unet_weights.h5', by_name=True)
+            """,
+            fixed="""
+            import keras
+            template.save_weights('unet_weights.weights.h5')
+            reloaded = build_unet()
+            reloaded.load_weights('unet_weights.weights.h5')
+            """,
+            message="drop `by_name`",
+        ),
+        # Pretrained weights by layer name: a person checks the names.
+        Example(
+            """
+            import keras
+            model.load_weights('backend.h5', by_name=True)
+            """,
+            message="names unnamed layers its own way",
+        ),
         Example(
             """
             import tensorflow as tf
@@ -297,6 +337,7 @@ model.save_weights('model.h5')
         saved = self._renamed_before(facts.calls)
         models: set[str] = set()  # full-model checkpoints renamed to .keras
         loads: list[tuple[cst.Call, cst.Arg]] = []
+        by_name: list[tuple[cst.Call, cst.Arg]] = []  # load_weights(..., by_name=...)
         for call in facts.calls:
             method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
             if method == "save_weights":
@@ -307,6 +348,8 @@ model.save_weights('model.h5')
                 arg = keyword(call, "filepath", 0)
                 if arg is not None and keyword(call, "by_name") is None:
                     loads.append((call, arg))
+                elif arg is not None and method == "load_weights":
+                    by_name.append((call, arg))
             elif (self.call_name(call) or "").endswith("callbacks.ModelCheckpoint"):
                 only = keyword(call, "save_weights_only", 2)
                 arg = keyword(call, "filepath", 0)
@@ -350,6 +393,46 @@ model.save_weights('model.h5')
                     f"(Keras 3 weight files end in `{WEIGHTS}`)",
                     replacement=_renamed(literal),
                 )
+
+        for call, arg in by_name:
+            self._by_name(call, arg, saved)
+
+    def _by_name(self, call: cst.Call, arg: cst.Arg, saved: set[str]) -> None:
+        """`load_weights(name, by_name=True)`: of a file this script saves (renamed to
+        `.weights.h5`, which Keras 3 loads only by structure), or of a legacy file."""
+        flag = keyword(call, "by_name")
+        if flag is None or not is_true(flag.value):
+            return
+        literal = _file_literal(arg.value)
+        text = _literal_text(literal)
+        if text in saved and text is not None and text.lower().endswith(_H5):
+            args = [a for a in call.args if a is not flag]
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            renamed = _renamed(literal)
+            new_args = [
+                a.with_changes(value=a.value.visit(_Swap(literal, renamed))) if a is arg else a
+                for a in args
+            ]
+            self.report(
+                literal,
+                "`load_weights(..., by_name=True)` reads the weights this script saves: Keras 3 "
+                f"writes them as `{WEIGHTS}`, which it loads by the model's structure (`by_name` "
+                "raises ValueError there); rename it with the save and drop `by_name` (a model "
+                "built differently from the saved one then fails to load instead of keeping "
+                "unmatched layers at their initial values)",
+                replacement=call.with_changes(args=new_args),
+                target=call,
+                safety=FixSafety.UNSAFE,
+            )
+            return
+        self.report(
+            flag,
+            "`load_weights(..., by_name=True)` of a legacy HDF5 file: Keras 3 still matches layers "
+            "by name but names unnamed layers its own way (`conv2d`, `conv2d_1`, ... counted per "
+            "process, where Keras 2 wrote `conv2d_1`, ...), and layers without a match silently "
+            "keep their initial weights: give the layers explicit names, or check that every "
+            "layer was loaded",
+        )
 
     def _is_load_model(self, call: cst.Call) -> bool:
         return (self.call_name(call) or "").endswith(_LOAD_MODEL)
