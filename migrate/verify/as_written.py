@@ -561,13 +561,14 @@ class AsWritten:
         traced = json.loads(traced_file.read_text()) if traced_file.exists() else sorted(init)
         shapes = {n: (tuple(np.asarray(v).shape), np.asarray(v).dtype) for n, v in self.variables.items()
                   for v in [self._parts(self.variables[n])[0]]}
-        if self.mapping_request and self.mapping_request != SAME_NAMES:
-            mapping = dict(self.mapping_request)
-            self._check_explicit(mapping, init, shapes)
-        else:
-            comparable = {n: (tuple(init[n].shape), init[n].dtype) for n in traced if n in init}
-            mapping, ambiguous = match_by_name(comparable, shapes)
-            self._check_matched(mapping, ambiguous, comparable, shapes, meta)
+        # the pairs a mapping (--mapping, the manifest) gives, then the others by name and shape
+        explicit = {} if self.mapping_request == SAME_NAMES else dict(self.mapping_request)
+        self._check_explicit(explicit, init, shapes)
+        comparable = {n: (tuple(init[n].shape), init[n].dtype) for n in traced if n in init and n not in explicit}
+        rest = {n: s for n, s in shapes.items() if n not in explicit.values()}
+        by_name, ambiguous = match_by_name(comparable, rest)
+        mapping = {**explicit, **by_name}
+        self._check_matched(by_name, ambiguous, comparable, rest, meta)
         for legacy_name, name in mapping.items():
             var = self.variables[name]
             target = shapes[name][1]

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfmigrate.verify.as_written import defines_protocol
 from tfmigrate.verify.manifest import SAME_NAMES
+from tfmigrate.verify.protocol import ENTRY_POINT
 from tfmigrate.verify.record import INIT_NPZ, INPUTS_NPZ, RECORD_JSON, RunRecord
 
 LEGACY_ENV = {
@@ -175,7 +177,9 @@ def _commands(plan: RunPlan) -> SideCommands:
         plan.device,
         *common,
     ]
-    if plan.mapping and plan.mapping != SAME_NAMES:  # by name: the legacy side traces its weights
+    # by name, or a program run as written (whose mapping may cover only some variables): the
+    # legacy side traces all its variables but the optimizer's
+    if plan.mapping and plan.mapping != SAME_NAMES and defines_protocol(plan.migrated, ENTRY_POINT):
         legacy_cmd += ["--trace", str(trace_file)]
     migrated_cmd = [
         sys.executable,

@@ -179,7 +179,7 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     else:
         legacy_run, migrated_run = run_sides(plan)
     resolved = migrated_run.out / RESOLVED_MAPPING
-    if manifest.variables == SAME_NAMES and resolved.exists():
+    if resolved.exists():  # what the migrated side matched: by name, or a mapping plus names
         manifest.variables = json.loads(resolved.read_text())
     if cache_dir is not None and plan.legacy_done is None and _cached_legacy(legacy_run.out):
         tmp = cache_dir.with_name(cache_dir.name + f".{workdir.name}")

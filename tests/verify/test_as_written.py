@@ -4,6 +4,8 @@ name and shape, loss scaling detected, the legacy batches replayed on request.""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from verify_support import FIXTURES, verify
@@ -113,6 +115,13 @@ def test_program_without_a_visible_optimizer_and_unmatched_variables_exit_2(tmp_
     reason = outcome.comparison.reason
     assert outcome.comparison.exit_code == 2
     assert "legacy only: hidden/weights [12, 16]" in reason and "migrated only: dense/kernel [12, 16]" in reason
+
+    # a mapping names the pair verify cannot find; the other variables still match by name
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text(json.dumps({"hidden/weights": "dense/kernel"}))
+    outcome = verify(TOWERS / "legacy.py", renamed, steps=STEPS, cache=legacy_cache, mapping=mapping)
+    assert outcome.comparison.verdict == cmp.EQUIVALENT, outcome.comparison.reason
+    assert _statuses(outcome)["hidden/weights"] == _statuses(outcome)["hidden/biases"] == cmp.PASS
 
 
 # -- units (no TensorFlow) --------------------------------------------------------------------------
