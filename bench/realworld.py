@@ -130,7 +130,7 @@ class Row:
     legacy_code_lines: int | None = None
     converted_code_lines: int | None = None
     banned_outside_todo: list[str] = dataclasses.field(default_factory=list)
-    # Filled by a later change that runs the converted program for 3 steps on fake data.
+    # Training the converted program for 3 steps on fake data: "not run" until the bench runs it.
     trains: str = "not run"
     seconds: float = 0.0
 
