@@ -179,7 +179,8 @@ def _commands(plan: RunPlan) -> SideCommands:
     ]
     # by name, or a program run as written (whose mapping may cover only some variables): the
     # legacy side traces all its variables but the optimizer's
-    if plan.mapping and plan.mapping != SAME_NAMES and defines_protocol(plan.migrated, ENTRY_POINT):
+    as_written = plan.migrated.is_file() and not defines_protocol(plan.migrated, ENTRY_POINT)
+    if plan.mapping and plan.mapping != SAME_NAMES and not as_written:
         legacy_cmd += ["--trace", str(trace_file)]
     migrated_cmd = [
         sys.executable,
