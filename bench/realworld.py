@@ -739,13 +739,27 @@ def text_table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def refusal_reasons(rows: list[Row]) -> list[tuple[int, str]]:
+    """Refusals grouped by reason, most frequent first: the program's own names (in backticks)
+    and the trailing "the program is left as it was" are dropped so that one shape is one line."""
+    tally: dict[str, int] = {}
+    for row in rows:
+        if row.outcome != "refused":
+            continue
+        reason = re.sub(r"`[^`]*`", "`…`", row.detail)
+        reason = re.sub(r"[;,]?\s*the program is left as it was\.?$", "", reason).strip()
+        tally[reason] = tally.get(reason, 0) + 1
+    return sorted(((n, r) for r, n in tally.items()), key=lambda item: (-item[0], item[1]))
+
+
 def markdown_table(rows: list[Row], summary: dict[str, int]) -> str:
     def md(cell: str) -> str:
         return cell.replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(md(c) for c in cells(r)) + " |" for r in rows]
-    lines += ["", f"**Summary:** {summary_line(summary)}."]
+    lines += ["", f"**Summary:** {summary_line(summary)}.", "", "Refusals by reason:", ""]
+    lines += [f"- {n} × {md(reason)}" for n, reason in refusal_reasons(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -779,6 +793,11 @@ def main(argv: list[str] | None = None) -> int:
     print(text_table(rows))
     print()
     print(f"Summary: {summary_line(summary)}. Wall time {wall:.1f} s (-j {opts.jobs}).")
+    reasons = refusal_reasons(rows)
+    if reasons:
+        print("\nRefusals by reason:")
+        for n, reason in reasons:
+            print(f"  {n:3d}  {reason}")
     if opts.markdown:
         opts.markdown.write_text(markdown_table(rows, summary), encoding="utf-8")
     if opts.json:
@@ -786,6 +805,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "wall_seconds": round(wall, 1),
             "rows": [r.as_dict() for r in rows],
+            "refusal_reasons": [{"programs": n, "reason": r} for n, r in refusal_reasons(rows)],
         }
         opts.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0

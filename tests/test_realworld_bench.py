@@ -263,3 +263,19 @@ def test_the_real_corpus_index_reads_as_documented() -> None:
     assert kinds.count("keras") == 5 and kinds.count("tower") + kinds.count("horovod") == 24
     for program in programs:
         assert (bench.DEFAULT_CORPUS / program.folder / program.entry).is_file(), program
+
+
+def test_refusals_group_by_reason_without_program_names() -> None:
+    def refused(detail: str) -> object:
+        return bench.Row("o/n", "t.py", "tower", outcome="refused", detail=detail)
+
+    rows = [
+        refused("the towers are built in the method `A.build`; the program is left as it was"),
+        refused("the towers are built in the method `B.__init__`; the program is left as it was"),
+        refused("more than one tower loop"),
+        bench.Row("o/n", "t.py", "tower", outcome="converted", detail="converted `x`"),
+    ]
+    assert bench.refusal_reasons(rows) == [
+        (2, "the towers are built in the method `…`"),
+        (1, "more than one tower loop"),
+    ]
