@@ -28,7 +28,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
         f"towers/{name}": ()
         for name in (
             "bn_rmsprop", "cifar_average", "global_updates", "horovod_average", "keras2_fit",
-            "layers_adam", "queue_saver", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
+            "layers_adam", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
             "tutorial_flags",
         )
     },
