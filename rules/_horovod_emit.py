@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
+from typing import cast
 
 import libcst as cst
 
@@ -82,7 +83,8 @@ def _statements(statements: list[cst.BaseStatement], qualify: Qualify, rank: str
     module = cst.Module(body=[], default_indent=unit)
     text = ""
     for index, statement in enumerate(statements):
-        converted = statement.visit(_HorovodCalls(qualify, rank))
+        # _HorovodCalls swaps expressions: a statement stays a statement (so below)
+        converted = cast(cst.BaseStatement, statement.visit(_HorovodCalls(qualify, rank)))
         if index == 0:
             converted = converted.with_changes(leading_lines=[])
         for line in module.code_for_node(converted).splitlines():
@@ -93,7 +95,10 @@ def _statements(statements: list[cst.BaseStatement], qualify: Qualify, rank: str
 def _minimize(program: HorovodProgram, qualify: Qualify) -> str:
     """``train_op = opt.minimize(loss, ...)`` with the loss scaled for the SUM all-reduce and the
     store's trainable variables."""
-    statement = program.minimize.visit(_HorovodCalls(qualify, "first_rank(strategy)"))
+    statement = cast(
+        cst.SimpleStatementLine,
+        program.minimize.visit(_HorovodCalls(qualify, "first_rank(strategy)")),
+    )
     small = statement.body[0]
     assert isinstance(small, cst.Assign) and isinstance(small.value, cst.Call)
     call = small.value
@@ -179,11 +184,13 @@ def emit(
         unpack += f"        {target} = first_replica(strategy, outputs['{fetched}'])\n"
     if program.loop is not None:  # a plain Session's `for` loop keeps its header
         header = program.loop.with_changes(body=cst.IndentedBlock([]), leading_lines=[])
-        header = header.visit(_HorovodCalls(qualify, first))
+        header = cast(cst.For, header.visit(_HorovodCalls(qualify, first)))
         loop_line = code(header).split("\n", 1)[0].rstrip()
     else:
         assert program.last_step is not None
-        last = code(program.last_step.visit(_HorovodCalls(qualify, first)))
+        last = code(
+            cast(cst.BaseExpression, program.last_step.visit(_HorovodCalls(qualify, first)))
+        )
         loop_line = f"while int({gs}.numpy()) < {last}:  # StopAtStepHook(last_step=...)"
     global_step_key = f'        "global_step": {gs},\n' if gs is not None else ""
     global_step_line = f'    {gs} = program["global_step"]\n' if gs is not None else ""

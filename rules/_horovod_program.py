@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
@@ -186,7 +187,9 @@ class Reader:
                     and isinstance(parse.func.value, cst.Name)
                     and statement.orelse is None
                 ):
-                    return statement, parse.func.value.value, body[:-1]
+                    # its last item is a line (`main(parser.parse_args())`): an indented block's
+                    statements = cast("list[cst.BaseStatement]", body[:-1])
+                    return statement, parse.func.value.value, statements
                 if (  # `main()` alone: a program without flags
                     len(body) == 1
                     and isinstance(call, cst.Call)
@@ -208,10 +211,11 @@ class Reader:
         self,
         function: cst.FunctionDef,
         main: cst.If,
-        parser: str,
+        parser: str | None,
         parser_statements: list[cst.BaseStatement],
     ) -> HorovodProgram:
-        statements = list(function.body.body)
+        # _training_function found `hvd.init()` on a line of it: an indented block
+        statements = list(cast(cst.IndentedBlock, function.body).body)
         if function.get_docstring() is not None:
             statements = statements[1:]
         dropped: list[str] = []
@@ -222,7 +226,9 @@ class Reader:
                 "no `features, labels = dataset.make_one_shot_iterator().get_next()`: only "
                 "tf.data input read through a one-shot iterator is converted",
             )
-        source, inputs = self._get_next(statements[iterator])  # type: ignore[misc]
+        found = self._get_next(statements[iterator])
+        assert found is not None  # how `iterator` was found
+        source, inputs = found
         made_here: cst.BaseStatement | None = None
         if isinstance(source, str):
             dataset = source
@@ -438,11 +444,11 @@ class Reader:
             source = maker.func.value
             return (source.value if isinstance(source, cst.Name) else source), names
         if _tf(self.qualify(maker.func)) == "tensorflow.data.make_one_shot_iterator":
-            source = get_arg(maker, 0, "dataset")
-            if isinstance(source, cst.Name):
-                return source.value, names
-            if isinstance(source, cst.Call):
-                return source, names
+            dataset = get_arg(maker, 0, "dataset")
+            if isinstance(dataset, cst.Name):
+                return dataset.value, names
+            if isinstance(dataset, cst.Call):
+                return dataset, names
         return None
 
     def _averaged(self, call: cst.Call) -> bool:
@@ -487,7 +493,7 @@ class Reader:
         if not isinstance(small, cst.Assign) or len(small.targets) != 1:
             return False
         target = small.targets[0].target
-        root = target
+        root: cst.BaseExpression = target
         while isinstance(root, cst.Attribute):
             root = root.value
         return isinstance(root, cst.Name) and root.value in configs and root is not target
@@ -658,7 +664,12 @@ class Reader:
                 "the loop does not start with `a, b = sess.run([train_op, b_tensor])` or "
                 "`sess.run(train_op)`",
             )
-        fetched = [(t, e.value.value) for t, e in zip(names, fetches.elements, strict=True)]  # type: ignore[attr-defined]
+        # every fetch is a Name (checked above); `first` is a line, so the body is a block
+        fetched = [
+            (t, cast(cst.Name, e.value).value)
+            for t, e in zip(names, fetches.elements, strict=True)
+        ]
+        assert isinstance(first, cst.SimpleStatementLine)
         if train_op not in [f for _, f in fetched]:
             raise Blocked(first, f"the loop's `run` does not fetch `{train_op}`")
         for statement in body[1:]:
@@ -667,8 +678,7 @@ class Reader:
             for call, api in self.calls(statement):
                 if api not in ("rank", "size"):
                     raise Blocked(call, f"`hvd.{api}()` in the loop is not converted")
-        assert isinstance(first, cst.SimpleStatementLine)
-        return first, fetched, body[1:]
+        return first, fetched, cast("list[cst.BaseStatement]", body[1:])
 
 
 def _is_expression(statement: cst.BaseStatement) -> bool:
@@ -696,7 +706,8 @@ def _assign(statement: cst.CSTNode) -> tuple[list[str], cst.BaseExpression | Non
     if isinstance(target, cst.Tuple | cst.List) and all(
         isinstance(e.value, cst.Name) for e in target.elements
     ):
-        return [e.value.value for e in target.elements], small.value  # type: ignore[attr-defined]
+        names = [cast(cst.Name, e.value).value for e in target.elements]  # all Names
+        return names, small.value
     return [], None
 
 

@@ -26,7 +26,7 @@ class ImportedModel:
     path: Path  # the model module's file
     access: str  # how the script names that module (`small_net`)
     function: cst.FunctionDef
-    call: cst.Call  # the towers' call of it
+    call: cst.Call | None  # the towers' call of it (None: they call it more than once)
     module: cst.Module  # the model module, TF1 names on their tf.compat.v1 spellings
     qualify: Qualify
     # its functions by the script's spelling (`small_net.small_net_arg_scope`), each with the

@@ -312,7 +312,7 @@ def _call_arg_scopes(statements, call: cst.Call, qualify, functions) -> list[Arg
         if isinstance(statement, cst.With):
             for item in statement.items:
                 if is_arg_scope(item.item, qualify):
-                    found += scopes_of(item.item, qualify, functions)  # type: ignore[arg-type]
+                    found += scopes_of(item.item, qualify, functions)
         body = getattr(statement, "body", None)
         if isinstance(body, cst.BaseSuite):
             found += _call_arg_scopes(body.body, call, qualify, functions)

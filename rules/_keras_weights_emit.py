@@ -17,8 +17,11 @@ No TensorFlow import here (the rewrite path must not need it).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import cast
 
 import libcst as cst
 
@@ -72,7 +75,10 @@ class _Helpers:
     """Evaluates calls of the module's variable helpers (`_variable_on_cpu`, ...) for one
     call site: arguments bound to parameters, the helper's statements read in order."""
 
-    def __init__(self, functions: dict[str, cst.FunctionDef], qualify: Qualify, reader: _Reader):
+    # reader None: a probe that only tells helpers apart (it reads no initializer)
+    def __init__(
+        self, functions: dict[str, cst.FunctionDef], qualify: Qualify, reader: _Reader | None
+    ):
         self.functions, self.qualify, self.reader = functions, qualify, reader
         self.used: set[str] = set()
 
@@ -95,7 +101,7 @@ class _Helpers:
         self, call: cst.Call, scope: str | None, env: dict[str, cst.BaseExpression]
     ) -> Weight:
         """The weight a `get_variable(...)` or helper call creates (its arguments under `env`)."""
-        call = _substitute(call, env)  # type: ignore[assignment]
+        call = cast(cst.Call, _substitute(call, env))  # a call whose names are swapped
         if self.qualify(call.func) == _GET_VARIABLE:
             return self._get_variable(call, scope)
         if not (isinstance(call.func, cst.Name) and call.func.value in self.functions):
@@ -132,6 +138,7 @@ class _Helpers:
         ):
             raise NotConvertible(call, "a variable whose `trainable` is not a literal")
         # get_variable's default initializer for float variables is glorot_uniform.
+        assert self.reader is not None
         initializer = self.reader._initializer(
             get_arg(call, None, "initializer"), '"glorot_uniform"'
         )
@@ -229,7 +236,7 @@ class _Helpers:
             )
         return None
 
-    def _branch(self, statement: cst.If, env) -> list[cst.BaseStatement] | None:
+    def _branch(self, statement: cst.If, env) -> list[cst.CSTNode] | None:
         """`if wd is not None:` on a literal argument: the branch taken, or None."""
         test = statement.test
         if (
@@ -246,12 +253,12 @@ class _Helpers:
             is_none = isinstance(value, cst.Name) and value.value == "None"
             taken = is_none != isinstance(test.comparisons[0].operator, cst.IsNot)
             if taken:
-                return list(statement.body.body)  # type: ignore[arg-type]
+                return list(statement.body.body)
             orelse = statement.orelse
             if orelse is None:
                 return None
             if isinstance(orelse, cst.Else):
-                return list(orelse.body.body)  # type: ignore[arg-type]
+                return list(orelse.body.body)
         raise NotConvertible(
             statement, "a variable helper branches on something other than `x is None`"
         )
@@ -269,7 +276,7 @@ class _Helpers:
         var = loss.args[0].value if len(loss.args) == 1 else None
         if not (isinstance(var, cst.Name) and var.value in made):
             return None
-        return made[var.value], _substitute(decay, env)  # type: ignore[return-value]
+        return made[var.value], cast(cst.BaseExpression, _substitute(decay, env))
 
     def _decay_added(self, call: cst.Call, env, made) -> None:
         key, value = get_arg(call, 0, "name"), get_arg(call, 1, "value")
@@ -284,8 +291,9 @@ class _Helpers:
         weight.decay, weight.collection = decay, str(key.evaluated_value)
 
 
-def _body(function: cst.FunctionDef) -> list[cst.BaseStatement]:
-    body = list(function.body.body)
+def _body(function: cst.FunctionDef) -> list[cst.CSTNode]:
+    """The function's statements after its docstring (a one-line body's small statements)."""
+    body: list[cst.CSTNode] = list(function.body.body)
     return body[1:] if function.get_docstring(clean=False) is not None else body
 
 
@@ -305,7 +313,8 @@ class _Substitute(cst.CSTTransformer):
 
 
 def _substitute(node: cst.CSTNode, env: dict[str, cst.BaseExpression]) -> cst.CSTNode:
-    return node.visit(_Substitute(env)) if env else node
+    # _Substitute swaps names for expressions: no node is removed
+    return cast(cst.CSTNode, node.visit(_Substitute(env))) if env else node
 
 
 @dataclass
@@ -338,7 +347,8 @@ class _CallBody(cst.CSTTransformer):
         bound = {}
         for item in node.items:
             if id(item.item) in self.scope_calls and item.asname is not None:
-                bound[item.asname.name.value] = self.scope_calls[id(item.item)]
+                # reading the model refused a scope bound to anything but a name
+                bound[cast(cst.Name, item.asname.name).value] = self.scope_calls[id(item.item)]
         self.scopes.append({**self.scopes[-1], **bound})
         return True
 
@@ -408,7 +418,7 @@ def _read_model(
     locals_: set[str] = {input_param}
     dynamic: list[str] = []  # names of the computation that weight shapes read
 
-    def statement_line(statement: cst.BaseStatement, scope: str | None) -> None:
+    def statement_line(statement: cst.CSTNode, scope: str | None) -> None:
         if not isinstance(statement, cst.SimpleStatementLine):
             raise NotConvertible(
                 statement, "a get_variable model function that is not straight-line code"
@@ -464,13 +474,13 @@ def _read_model(
 
     for statement in _body(function):
         if isinstance(statement, cst.With):
-            if len(statement.items) != 1 or not isinstance(statement.items[0].item, cst.Call):
+            item = statement.items[0]
+            call = item.item
+            if len(statement.items) != 1 or not isinstance(call, cst.Call):
                 raise NotConvertible(
                     statement, "a `with` in the model function other than one variable_scope"
                 )
-            item = statement.items[0]
-            call = item.item
-            name = get_arg(call, 0, "name_or_scope")  # type: ignore[arg-type]
+            name = get_arg(call, 0, "name_or_scope")
             if (
                 qualify(call.func) != _VARIABLE_SCOPE
                 or len(call.args) != 1
@@ -492,7 +502,7 @@ def _read_model(
                     )
                 scopes[item.asname.name.value] = scope
             for inner in statement.body.body:
-                statement_line(inner, scope)  # type: ignore[arg-type]
+                statement_line(inner, scope)
         else:
             statement_line(statement, None)
     if not weights:
@@ -518,8 +528,10 @@ def _read_model(
         weight.attribute = attribute
     dynamic = list(dict.fromkeys(dynamic))
     transformer = _CallBody(created, scope_calls, module if dynamic else None)
-    body = [s.visit(transformer) for s in _body(function)]
-    return _Model(function, weights, body, helpers.used, dynamic)  # type: ignore[arg-type]
+    # statement_line refused anything but lines and `with` blocks of lines, and _CallBody
+    # rewrites inside statements, removing none
+    body = [cast(cst.BaseStatement, s.visit(transformer)) for s in _body(function)]
+    return _Model(function, weights, body, helpers.used, dynamic)
 
 
 def _dimension_value(node: cst.Attribute) -> cst.BaseExpression:
@@ -552,7 +564,8 @@ def _weight_arguments(weight: Weight, module: cst.Module) -> list[str]:
     """add_weight's arguments for `weight` (after the owner)."""
     arguments = [
         f'name="{weight.name}"',
-        f"shape={module.code_for_node(weight.shape.visit(_DimensionValues()))}",
+        # _DimensionValues folds dimensions: an expression stays an expression
+        f"shape={module.code_for_node(cast(cst.BaseExpression, weight.shape.visit(_DimensionValues())))}",
         f"initializer={weight.initializer}",
     ]
     if weight.decay is not None:
@@ -689,7 +702,7 @@ def _collection_key(call: cst.Call) -> str | None:
 
 
 def _collection_losses(
-    imported: ImportedModel, key: str, block: list[cst.BaseStatement], script: cst.Module
+    imported: ImportedModel, key: str, block: Sequence[cst.CSTNode], script: cst.Module
 ) -> dict[str, cst.FunctionDef] | str:
     """The model module's functions the towers call for their effect on the `key` collection
     (``_ = model.loss(logits, labels)``), each rewritten to return the value it added: name ->
@@ -697,13 +710,12 @@ def _collection_losses(
     functions = {s.name.value: s for s in imported.module.body if isinstance(s, cst.FunctionDef)}
     found: dict[str, cst.FunctionDef] = {}
     calls = [
-        (n, statement) for statement in block for n in walk(statement)
+        (n, n.func.attr.value, statement) for statement in block for n in walk(statement)
         if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
         and isinstance(n.func.value, cst.Name) and n.func.value.value == imported.access
         and n.func.attr.value in functions
     ]  # fmt: skip
-    for call, statement in calls:
-        name = call.func.attr.value  # type: ignore[attr-defined]
+    for call, name, statement in calls:
         rewritten = _returning_added(functions[name], key, imported.qualify)
         if rewritten is None:
             continue
@@ -733,7 +745,7 @@ def _collection_losses(
     return found
 
 
-def _discarded_call(statement: cst.BaseStatement) -> cst.Call | None:
+def _discarded_call(statement: cst.CSTNode) -> cst.Call | None:
     """The call of `f(...)` or `_ = f(...)`: its value is not used."""
     if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
         return None
@@ -814,13 +826,13 @@ def _returning_added(
 
 
 def _read_losses(
-    block: list[cst.BaseStatement],
+    block: Sequence[cst.CSTNode],  # statements (a one-line function's are small ones)
     key: str,
     instance: str,
     qualify: Qualify,
     call: cst.Call,
-    adders: set[str] = frozenset(),  # type: ignore[assignment]
-) -> list[cst.BaseStatement] | str:
+    adders: AbstractSet[str] = frozenset(),
+) -> list[cst.CSTNode] | str:
     """The statements that read the model's weight decay from the `key` collection, reading
     `<instance>.losses` instead: `tf.add_to_collection(key, x)` ... `tf.get_collection(key,
     scope)` -> `[*<instance>.losses, x, ...]` (the decay first: the model call added it first).
@@ -878,11 +890,12 @@ def _read_losses(
         def leave_Call(self, original, updated):
             return replacement if original is read else updated
 
-    out = []
+    out: list[cst.CSTNode] = []
     for index, statement in enumerate(block):
         if index in drop:
             continue
-        out.append(statement.visit(_Replace()) if index == read_at else statement)
+        # _Replace swaps one call for a list: the statement stays
+        out.append(cast(cst.CSTNode, statement.visit(_Replace())) if index == read_at else statement)
     return out
 
 
@@ -900,7 +913,7 @@ class WeightsModel:
 
 
 def _helper_names(functions: dict[str, cst.FunctionDef], qualify: Qualify) -> set[str]:
-    probe = _Helpers(functions, qualify, None)  # type: ignore[arg-type]
+    probe = _Helpers(functions, qualify, None)
     return {name for name, f in functions.items() if _returns_variable(f, probe)}
 
 
@@ -926,11 +939,10 @@ def convert_weights(
         s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef) and s is not function
     }
     helper_defs = _helper_names(functions, qualify)
-    helpers = _Helpers(
-        {n: functions[n] for n in helper_defs}, qualify, _Reader(function, qualify, module)
-    )
+    reader = _Reader(function, qualify, module)
+    helpers = _Helpers({n: functions[n] for n in helper_defs}, qualify, reader)
     model = _read_model(function, helpers, qualify, module)
-    if helpers.reader.init_uses:
+    if reader.init_uses:
         raise NotConvertible(function, "a variable configured by a parameter of the model function")
     class_name = _camel(function.name.value)
     source = _class_source(model, class_name, module.default_indent, module)
@@ -949,9 +961,10 @@ def _imported_model(
     folder = Path(path).parent
     found: dict[tuple[str, str], ImportedModel] = {}
     for statement in module.body:
+        searched: cst.CSTNode = statement
         if statement is program.function:
-            statement = cst.IndentedBlock(list(program.tower_body))  # noqa: PLW2901
-        for node in walk(statement):
+            searched = cst.IndentedBlock(list(program.tower_body))
+        for node in walk(searched):
             if not (
                 isinstance(node, cst.Call)
                 and isinstance(node.func, cst.Attribute)
@@ -961,7 +974,7 @@ def _imported_model(
                 continue
             access, called = node.func.value.value, node.func.attr.value
             if (access, called) in found:
-                found[(access, called)].call = None  # type: ignore[assignment]  # called twice
+                found[(access, called)].call = None  # called twice
                 continue
             file = folder / (names[access].replace(".", "/") + ".py")
             try:
@@ -1065,7 +1078,7 @@ def plan_weights(
     caller: cst.FunctionDef | None = None
     if tower_calls:
         call = tower_calls[0]
-        block = list(program.tower_body)
+        block: list[cst.CSTNode] = list(program.tower_body)
     else:
         callers = [f for f in functions.values() if model_calls([f])]
         caller = callers[0] if callers else None
@@ -1110,12 +1123,14 @@ def plan_weights(
             and qualify(n.func) in (_ADD, _GET)
             and _collection_key(n) == key
         ]
+        adders: dict[str, cst.FunctionDef] = {}  # model functions rewritten to return their loss
         if imported is not None:
             # The tutorial's `loss()`: it adds its cross entropy to the collection and returns
             # the sum of the whole (unscoped) collection, which the towers discard.
-            adders = _collection_losses(imported, key, block, module)
-            if isinstance(adders, str):
-                return adders
+            losses = _collection_losses(imported, key, block, module)
+            if isinstance(losses, str):
+                return losses
+            adders = losses
             outside += [
                 n
                 for s in model_module.body
@@ -1154,7 +1169,8 @@ def plan_weights(
                 for n in sorted(adders)
             ]
     if imported is not None:  # `model.inference(images)` -> the instance's call
-        block = [s.visit(_CallInstance(imported.access, legacy)) for s in block]
+        # _CallInstance renames a call's function: each statement stays
+        block = [cast(cst.CSTNode, s.visit(_CallInstance(imported.access, legacy))) for s in block]
         call = next(
             n
             for s in block
@@ -1233,10 +1249,10 @@ def plan_weights(
         return "the model's legacy variable names could not be matched one to one"
     global_step = None
     if "global_step" in legacy_names:
-        found = _global_step(program, qualify, module)
-        if found is None:
+        step = _global_step(program, qualify, module)
+        if step is None:
             return "the global step is not made before the towers by get_or_create_global_step() or get_variable('global_step')"
-        global_step, replacement = found
+        global_step, replacement = step
         if replacement is not None:
             graph_setup = [
                 replacement if s is _statement_of(program.graph_setup, global_step) else s
@@ -1290,8 +1306,8 @@ class _CallInstance(cst.CSTTransformer):
         return updated_node
 
 
-def _docstring(function: cst.FunctionDef) -> list[cst.BaseStatement]:
-    body = list(function.body.body)
+def _docstring(function: cst.FunctionDef) -> list[cst.CSTNode]:
+    body: list[cst.CSTNode] = list(function.body.body)
     return body[:1] if function.get_docstring(clean=False) is not None else []
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import libcst as cst
 
@@ -167,7 +167,13 @@ def _call_value(node: cst.Call) -> Any:
         if isinstance(func, cst.Name) and func.value in ("str", "int", "float", "len"):
             if keywords or len(positional) != 1:
                 raise _NotLiteral
-            builtin = {"str": str, "int": int, "float": float, "len": len}[func.value]
+            functions: dict[str, Callable[[Any], Any]] = {
+                "str": str,
+                "int": int,
+                "float": float,
+                "len": len,
+            }
+            builtin = functions[func.value]
             return _checked(builtin(positional[0]))
     except (TypeError, ValueError, IndexError, KeyError) as exc:
         raise _NotLiteral from exc
@@ -312,24 +318,25 @@ class _Substitute(cst.CSTTransformer):
             return updated
 
 
-def _taken(statement: cst.If) -> list[cst.BaseStatement] | None:
+def _taken(statement: cst.If) -> list[cst.CSTNode] | None:
     """The statements of the branch an `if` with literal tests takes; None: not literal."""
     try:
         taken = bool(value_of(statement.test))
     except _NotLiteral:
         return None
     if taken:
-        return list(statement.body.body)  # type: ignore[arg-type]
+        return list(statement.body.body)
     orelse = statement.orelse
     if orelse is None:
         return []
     if isinstance(orelse, cst.If):
         return _taken(orelse)
-    return list(orelse.body.body)  # type: ignore[arg-type]
+    return list(orelse.body.body)
 
 
-def _pruned(statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    out: list[cst.BaseStatement] = []
+# Statements come from blocks, or from one-line suites (`for i in x: y = i`) as small statements.
+def _pruned(statements: Sequence[cst.CSTNode]) -> list[cst.CSTNode]:
+    out: list[cst.CSTNode] = []
     for statement in statements:
         branch = _taken(statement) if isinstance(statement, cst.If) else None
         if branch is None:
@@ -339,7 +346,7 @@ def _pruned(statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
     return out
 
 
-def unroll(loop: cst.For, scope: cst.CSTNode | None = None) -> list[cst.BaseStatement]:
+def unroll(loop: cst.For, scope: cst.CSTNode | None = None) -> list[cst.CSTNode]:
     """The loop's body written out once per iteration, with the loop variables' values put
     in. `scope`: the function the loop is in; a loop variable read there after the loop (it
     keeps its last value in Python) is refused."""
@@ -364,18 +371,21 @@ def unroll(loop: cst.For, scope: cst.CSTNode | None = None) -> list[cst.BaseStat
         )
         if outside:
             raise NotStatic(loop, "a loop variable used outside its `for` loop")
-    out: list[cst.BaseStatement] = []
+    out: list[cst.CSTNode] = []
     for index, value in enumerate(values):
         env: dict[str, Any] = {}
         try:
             _bind(loop.target, value, env)
         except _NotLiteral:
             raise NotStatic(loop, "a `for` loop whose target does not unpack its items") from None
-        copy = [s.visit(_Substitute(env)) for s in body]
-        copy = _pruned(copy)  # type: ignore[arg-type]
-        if index == 0 and copy and loop.leading_lines:  # the loop's comments stay with it
-            copy[0] = copy[0].with_changes(
-                leading_lines=[*loop.leading_lines, *copy[0].leading_lines]
-            )
+        # _Substitute rewrites expressions: each statement stays, none is removed
+        copy = _pruned([cast(cst.CSTNode, s.visit(_Substitute(env))) for s in body])
+        first = copy[0] if copy else None
+        if (
+            index == 0
+            and isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement)
+            and loop.leading_lines
+        ):  # the loop's comments stay with it (a one-line suite's statements have none)
+            copy[0] = first.with_changes(leading_lines=[*loop.leading_lines, *first.leading_lines])
         out += copy
     return out

@@ -240,6 +240,7 @@ class NonexistentTf2Api(ApiNameRule):
         if head in ("keras.backend", "tf.keras.backend"):
             return  # Keras 2 backend functions: TFM113 speaks
         parts = name.split(".")
+        missing = name
         for end in range(2, len(parts) + 1):
             missing = ".".join(parts[:end])
             if tfapi.exists(missing) is False:
@@ -278,6 +279,7 @@ class NonexistentTf2Api(ApiNameRule):
             self._check_untyped(call, receiver, method, keywords)
             return
         (cls,) = types
+        assert cls is not None  # excluded above
         if cls.startswith("user:"):
             cls, defined = self.user_classes[cls[5:]]
             if method in defined:
@@ -310,6 +312,8 @@ class NonexistentTf2Api(ApiNameRule):
             return
         params = tfapi.lookup(f"keras.Model.{method}")
         for arg in keywords:
+            if arg.keyword is None:  # keywords only
+                continue
             if arg.keyword.value == "training" and not tfapi.accepts_keyword(
                 params.params if params else None, "training"
             ):
@@ -325,6 +329,8 @@ class NonexistentTf2Api(ApiNameRule):
         # One finding per call (the engine keeps one per position and code).
         problems = []
         for arg in keywords:
+            if arg.keyword is None:  # keywords only
+                continue
             keyword = arg.keyword.value
             if tfapi.accepts_keyword(params, keyword) is not False:
                 continue
