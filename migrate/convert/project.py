@@ -9,6 +9,7 @@ model and helper modules.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -189,7 +190,7 @@ class Project:
             module = tree.parse_module(text)
         except cst.ParserSyntaxError as exc:
             message = check_syntax(text, str(path)) or str(exc).splitlines()[0]
-            self.errors[path] = (exc.raw_line, message)
+            self.errors[path] = (_error_line(text) or exc.raw_line, message)
             return None
         resolver = NameResolver.for_module(module)
         context = RuleContext(PurePosixPath(self.rel(path)), resolver, module, fixing=False)
@@ -332,7 +333,9 @@ class Project:
             if module is None:
                 return None
             if target.attr is not None:
-                return self.definition(module, ".".join(filter(None, [target.attr, rest])), depth + 1)
+                return self.definition(
+                    module, ".".join(filter(None, [target.attr, rest])), depth + 1
+                )
             if rest:
                 return self.definition(module, rest, depth + 1)
             return None
@@ -350,6 +353,17 @@ class Project:
                 if method is not None:
                     return source, method
         return None
+
+
+def _error_line(text: bytes) -> int | None:
+    """CPython's line for the first syntax error (libcst's points past a Python 2 print)."""
+    try:
+        ast.parse(text)
+    except SyntaxError as exc:
+        return exc.lineno
+    except ValueError:
+        return None
+    return None
 
 
 def _path_argument(call: cst.Call, folder: Path) -> Path | None:

@@ -74,7 +74,12 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
         for combined in combinations:
             holder = enclosing_code(combined.source, combined.statement)
             update = find_update(
-                project, holder, combined.statement, combined.results, own_call=combined.loss_call
+                project,
+                files,
+                holder,
+                combined.statement,
+                combined.results,
+                own_call=combined.loss_call,
             )
             if isinstance(update, str):
                 failures.append(ir.Note(combined.combination.where, update))

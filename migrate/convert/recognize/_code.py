@@ -171,9 +171,7 @@ def class_hierarchy_methods(project: Project, code: Code) -> list[Code]:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        found.extend(
-            Code(source, s) for s in current.body.body if isinstance(s, cst.FunctionDef)
-        )
+        found.extend(Code(source, s) for s in current.body.body if isinstance(s, cst.FunctionDef))
         for base in current.bases:
             name = dotted(base.value)
             target = project.definition(source, name) if name else None
@@ -303,3 +301,38 @@ def mentions(node: cst.CSTNode, names: set[str]) -> bool:
 
 def end_line(source: SourceFile, node: cst.CSTNode) -> int:
     return source.context.position_of(node).end.line
+
+
+def returns_any(code: Code, names: set[str]) -> bool:
+    """``code`` returns (a value mentioning) one of ``names``."""
+    return any(
+        isinstance(node, cst.Return) and node.value is not None and mentions(node.value, names)
+        for node in body_nodes(code)
+    )
+
+
+def callers_of(
+    project: Project, files: list[SourceFile], function: Code
+) -> list[tuple[Code, cst.Call]]:
+    """Calls of ``function`` in ``files`` (by name first: resolving every call is costly)."""
+    if not isinstance(function.node, cst.FunctionDef):
+        return []
+    name = function.node.name.value
+    found = []
+    for source in files:
+        if name.encode() not in source.raw:
+            continue
+        for node in tree.walk(source.module):
+            if not isinstance(node, cst.Call):
+                continue
+            func = node.func
+            spelled = (
+                func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+            )
+            if spelled != name:
+                continue
+            code = enclosing_code(source, node)
+            target = callee(project, code, node)
+            if target is not None and target.node is function.node:
+                found.append((code, node))
+    return found

@@ -15,18 +15,18 @@ from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.recognize._code import (
     Code,
     assigned_names,
-    body_nodes,
     call_name,
     callee,
+    callers_of,
     calls_in,
     class_methods,
-    enclosing_code,
     end_line,
     is_gradient_call,
     keyword,
     mentions,
     reachable,
     reading,
+    returns_any,
     statement_of,
 )
 from tfmigrate.convert.recognize.towers import TowerSite
@@ -150,10 +150,10 @@ def _combinations(
                 tracked |= assigned_names(code.source, call) - {"self"}
     if found or depth > 1:
         return found
-    returned = _returned(holder, tracked)
+    returned = returns_any(holder, tracked)
     if not returned or isinstance(holder.node, cst.Module):
         return found
-    for caller, call in _callers(project, files, holder):
+    for caller, call in callers_of(project, files, holder):
         results = assigned_names(caller.source, call) - {"self"}
         if results:
             found.extend(
@@ -207,36 +207,6 @@ def _losses(code: Code, call: cst.Call) -> ir.Loss:
         if "loss" in code.source.src(arg.value).lower():
             return ir.Loss(code.source.where(call), code.source.src(arg.value, 70))
     return ir.Loss(code.source.where(call), code.source.src(call, 70))
-
-
-def _returned(code: Code, names: set[str]) -> bool:
-    return any(
-        isinstance(node, cst.Return) and node.value is not None and mentions(node.value, names)
-        for node in body_nodes(code)
-    )
-
-
-def _callers(project: Project, files: list[SourceFile], function: Code) -> list[tuple[Code, cst.Call]]:
-    """Calls of ``function`` in ``files`` (by name first: resolving every call is costly)."""
-    if not isinstance(function.node, cst.FunctionDef):
-        return []
-    name = function.node.name.value
-    found = []
-    for source in files:
-        if name.encode() not in source.raw:
-            continue
-        for node in tree.walk(source.module):
-            if not isinstance(node, cst.Call):
-                continue
-            func = node.func
-            spelled = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-            if spelled != name:
-                continue
-            code = enclosing_code(source, node)
-            target = callee(project, code, node)
-            if target is not None and target.node is function.node:
-                found.append((code, node))
-    return found
 
 
 def _inline(code: Code, call: cst.Call) -> Combined | None:
@@ -301,9 +271,15 @@ def _body_spelling(code: Code) -> str:
         sparse = "IndexedSlices" in identifiers(code.node)
         return "python-sum with IndexedSlices" if sparse else "python-sum"
     if names & {"tensorflow.add_n", "tensorflow.accumulate_n"}:
-        return "add_n / len" if "tensorflow.multiply" in names or any(
-            isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide) for n in nodes
-        ) else "add_n"
+        return (
+            "add_n / len"
+            if "tensorflow.multiply" in names
+            or any(
+                isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide)
+                for n in nodes
+            )
+            else "add_n"
+        )
     if "tensorflow.reduce_mean" in names:
         return "reduce_mean"
     return "by its name"
@@ -336,7 +312,9 @@ def _colocated(project: Project, site: TowerSite) -> list[Combined]:
                 continue
             loss = code.source.src(call.args[0].value, 50) if call.args else "the loss"
             combination = ir.Combination(
-                ir.CombineKind.COLOCATED_LOSS, f"{loss} differentiated once", code.source.where(call)
+                ir.CombineKind.COLOCATED_LOSS,
+                f"{loss} differentiated once",
+                code.source.where(call),
             )
             found.append(
                 Combined(

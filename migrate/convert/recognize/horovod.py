@@ -34,7 +34,9 @@ def _horovod(source: SourceFile, call: cst.Call) -> str | None:
     return name.rsplit(".", 1)[1]
 
 
-def horovod_cores(project: Project, files: list[SourceFile]) -> tuple[list[ir.TowerCore], list[ir.Note]]:
+def horovod_cores(
+    project: Project, files: list[SourceFile]
+) -> tuple[list[ir.TowerCore], list[ir.Note]]:
     cores: list[ir.TowerCore] = []
     notes: list[ir.Note] = []
     allreduce_wrappers: set[int] = set()
@@ -48,7 +50,7 @@ def horovod_cores(project: Project, files: list[SourceFile]) -> tuple[list[ir.To
             for call in calls_in(code):
                 what = _horovod(source, call)
                 if what == "DistributedOptimizer":
-                    found = _distributed_optimizer(project, code, call)
+                    found = _distributed_optimizer(project, files, code, call)
                     if isinstance(found, str):
                         notes.append(ir.Note(source.where(call), found))
                     else:
@@ -120,12 +122,16 @@ def _walk_defs(node: cst.CSTNode):
 
 
 def _assigns_variables(code: Code) -> bool:
-    return any(method_name(c) in ("assign", "assign_sub", "assign_add") or (
-        (code.source.qualify(c.func) or "").endswith((".assign", ".assign_sub", ".assign_add"))
-    ) for c in calls_in(code))
+    return any(
+        method_name(c) in ("assign", "assign_sub", "assign_add")
+        or ((code.source.qualify(c.func) or "").endswith((".assign", ".assign_sub", ".assign_add")))
+        for c in calls_in(code)
+    )
 
 
-def _distributed_optimizer(project: Project, code: Code, call: cst.Call) -> ir.TowerCore | str:
+def _distributed_optimizer(
+    project: Project, files: list[SourceFile], code: Code, call: cst.Call
+) -> ir.TowerCore | str:
     source = code.source
     op = keyword(call, "op")
     spelling = "DistributedOptimizer" + (f"(op={source.src(op, 50)})" if op is not None else "")
@@ -135,16 +141,28 @@ def _distributed_optimizer(project: Project, code: Code, call: cst.Call) -> ir.T
     holder = code
     for candidate in [code, *reachable(project, [code], depth=1)[1:]]:
         for inner in calls_in(candidate):
-            if method_name(inner) in ("minimize", "compute_gradients") and isinstance(
-                inner.func, cst.Attribute
-            ) and mentions(inner.func.value, set(names)):
+            if (
+                method_name(inner) in ("minimize", "compute_gradients")
+                and isinstance(inner.func, cst.Attribute)
+                and mentions(inner.func.value, set(names))
+            ):
                 if inner.args:
-                    loss = ir.Loss(candidate.source.where(inner), candidate.source.src(inner.args[0].value, 60))
+                    loss = ir.Loss(
+                        candidate.source.where(inner), candidate.source.src(inner.args[0].value, 60)
+                    )
                 holder = candidate
                 if method_name(inner) == "minimize":
-                    update = find_update(project, candidate, inner, frozenset(), own_call=inner)
+                    update = find_update(
+                        project, files, candidate, inner, frozenset(), own_call=inner
+                    )
                 else:
-                    update = find_update(project, candidate, inner, frozenset(assigned_names(candidate.source, inner)))
+                    update = find_update(
+                        project,
+                        files,
+                        candidate,
+                        inner,
+                        frozenset(assigned_names(candidate.source, inner)),
+                    )
                 if isinstance(update, str):
                     return f"{spelling}: {update}"
                 return ir.TowerCore(None, loss, combination, update)

@@ -102,4 +102,3 @@ def _in_device_loop(code: Code, call: cst.Call, loops: set[int]) -> bool:
         if isinstance(ancestor, cst.FunctionDef):
             break
     return False
-

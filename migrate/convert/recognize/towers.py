@@ -141,7 +141,16 @@ def _loss(site: TowerSite, loop_nodes: list[cst.CSTNode]) -> ir.Loss | None:
     loss the loop collects."""
     for source, call in site.gradient_calls:
         if call.args:
-            return ir.Loss(source.where(call), source.src(call.args[0].value, 70))
+            value = call.args[0].value
+            if isinstance(value, cst.Name) and source is site.source:
+                # `loss = model_fn(x) / n` in the loop: the expression says what is scaled.
+                for node in loop_nodes:
+                    if isinstance(node, cst.Assign) and any(
+                        isinstance(t.target, cst.Name) and t.target.value == value.value
+                        for t in node.targets
+                    ):
+                        return ir.Loss(source.where(node), source.src(node.value, 70))
+            return ir.Loss(source.where(call), source.src(value, 70))
     for node in loop_nodes:
         if isinstance(node, cst.Call) and method_name(node) == "append" and node.args:
             if isinstance(node.func, cst.Attribute) and identifiers(node.func.value) & (

@@ -11,13 +11,16 @@ from tfmigrate.convert import ir
 from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.recognize._code import (
     Code,
+    assigned_names,
     call_name,
     callee,
+    callers_of,
     calls_in,
     class_methods,
     enclosing_code,
     mentions,
     reachable,
+    returns_any,
 )
 from tfmigrate.names import dotted
 from tfmigrate.rules._towers import method_name
@@ -36,13 +39,16 @@ _WRAPPERS = (
 
 def find_update(
     project: Project,
+    files: list[SourceFile],
     holder: Code,
     after: cst.CSTNode,
     results: frozenset[str],
     own_call: cst.Call | None = None,
+    depth: int = 0,
 ) -> ir.Update | str:
     """The update of the gradients called ``results`` computed at ``after`` in ``holder``;
-    ``own_call`` is a ``minimize`` that already is the update."""
+    ``own_call`` is a ``minimize`` that already is the update. Gradients a tower builder
+    returns are followed into its callers."""
     if own_call is not None and method_name(own_call) == "minimize":
         return _optimizer_update(project, holder, own_call, ir.UpdateKind.MINIMIZE)
     start = holder.source.line(after)
@@ -66,6 +72,12 @@ def find_update(
     # apply_gradients in the same function.
     if fallback is not None:
         return _optimizer_update(project, fallback[0], fallback[1], ir.UpdateKind.APPLY_GRADIENTS)
+    if depth < 2 and results and returns_any(holder, set(results)):
+        for caller, call in callers_of(project, files, holder):
+            names = frozenset(assigned_names(caller.source, call) - {"self"})
+            found = find_update(project, files, caller, call, names, depth=depth + 1)
+            if not isinstance(found, str):
+                return found
     for code in reachable(project, roots, depth=2)[len(roots) :]:
         for call in calls_in(code):
             if method_name(call) == "apply_gradients":
@@ -135,7 +147,9 @@ def _dict_functions(project: Project, code: Code, value: cst.BaseExpression) -> 
             ):
                 for element in node.value.elements:
                     if isinstance(element, cst.DictElement):
-                        target = callee(project, Code(source, source.module), cst.Call(element.value))
+                        target = callee(
+                            project, Code(source, source.module), cst.Call(element.value)
+                        )
                         if target is not None:
                             found.append(target)
     return found
@@ -202,9 +216,12 @@ def optimizer_construction(
         rewrapped = isinstance(first, cst.Name) and first.value == (leaf or name)
         if (func.endswith(_WRAPPERS) or rewrapped) and first is not None:
             inner = optimizer_construction(
-                project, enclosing_code(scope.source, assign), value.args[0].value, assign, depth + 1
+                project,
+                enclosing_code(scope.source, assign),
+                value.args[0].value,
+                assign,
+                depth + 1,
             )
             if inner is not None:
                 return inner
     return scope.source, value
-

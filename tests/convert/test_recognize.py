@@ -1,0 +1,307 @@
+"""The reading stage of the whole-program converter: the IR read from the shapes of real tower
+programs (fixtures/shapes), from every tower fixture, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tfmigrate.convert import ir, read_project
+from tfmigrate.convert import project as project_module
+from tfmigrate.convert.__main__ import main
+
+REPO = Path(__file__).resolve().parents[2]
+SHAPES = REPO / "fixtures" / "shapes"
+Kind = ir.CombineKind
+
+
+def _program(path: Path, entry: str) -> ir.Program:
+    readings = read_project(path)
+    assert [r.entry.name for r in readings] == [entry], readings
+    reading = readings[0]
+    assert reading.refusal is None, reading.refusal
+    assert reading.program is not None
+    return reading.program
+
+
+def test_class_trainer_graph_in_init_towers_in_a_method_session_in_train():
+    program = _program(SHAPES / "class_trainer", "train.py")
+    (core,) = program.cores
+    assert core.towers is not None
+    assert core.towers.where == ir.Where("trainer.py", 25)
+    assert core.towers.function == "MultiGpuTrainer._build_towers"
+    assert core.combination.kind is Kind.AVERAGED
+    assert core.combination.spelling == "MultiGpuTrainer._average(): reduce_mean over a list"
+    assert core.update.kind is ir.UpdateKind.APPLY_GRADIENTS
+    assert core.update.optimizer == "tf.train.MomentumOptimizer(lr, 0.9)"
+    assert core.update.optimizer_where == ir.Where("trainer.py", 14)
+    assert [i.kind for i in program.inputs] == [ir.InputKind.FEED_DICT]
+    assert program.session is not None and program.session.kind is ir.SessionKind.SESSION
+    # The step is the run of train_op, in the other method.
+    assert [s.where for s in program.session.steps] == [ir.Where("trainer.py", 50)]
+    assert program.devices is not None
+    assert "gpu_options.allow_growth=True" in program.devices.settings
+
+
+def test_tower_builder_in_a_library_module_taking_model_fn_and_input_fn():
+    program = _program(SHAPES / "tower_builder", "train.py")
+    (core,) = program.cores
+    assert core.towers is not None
+    assert core.towers.where == ir.Where("lib/parallel.py", 15)
+    assert core.towers.function == "build_towers"
+    assert core.towers.devices == "device"
+    assert (
+        core.loss is not None
+        and core.loss.expression == "model_fn(features, labels) / len(devices)"
+    )
+    assert core.combination.kind is Kind.SUMMED
+    assert core.combination.spelling == "sum_gradients(): add_n"
+    # The builder returns the summed gradients; the script applies them.
+    assert core.update.where == ir.Where("train.py", 30)
+    assert core.update.optimizer == "tf.train.GradientDescentOptimizer(0.1)"
+    assert [i.kind for i in program.inputs] == [ir.InputKind.INITIALIZABLE]
+
+
+def test_python_sum_over_indexed_slices_and_a_hand_written_adam():
+    program = _program(SHAPES / "python_sum_adam", "train.py")
+    (core,) = program.cores
+    assert core.towers is not None and core.towers.devices == "assign_to_gpu(i)"
+    assert core.combination.kind is Kind.AVERAGED
+    assert core.combination.spelling == "mean_of_tower_grads(): python-sum with IndexedSlices"
+    assert core.combination.where == ir.Where("utils.py", 4)
+    assert core.update.kind is ir.UpdateKind.HAND_WRITTEN
+    assert core.update.optimizer == "adam_update()"
+    assert core.update.optimizer_where == ir.Where("opt.py", 4)
+    assert program.session is not None
+    assert [s.where.line for s in program.session.steps] == [40]
+    assert [i.kind for i in program.inputs] == [ir.InputKind.FEED_DICT]
+
+
+def test_one_loss_summed_over_towers_and_minimize_with_colocate():
+    program = _program(SHAPES / "colocated_sum", "train.py")
+    (core,) = program.cores
+    assert core.combination.kind is Kind.COLOCATED_LOSS
+    assert core.combination.where == ir.Where("train.py", 28)
+    assert core.loss is not None and core.loss.expression == "total_loss"
+    assert core.update.kind is ir.UpdateKind.MINIMIZE
+    assert core.update.optimizer == "tf.train.AdamOptimizer(1e-4)"
+    assert core.towers is not None
+    assert core.towers.devices == "tf.DeviceSpec(device_type='GPU', device_index=gpu_id)"
+    assert [i.kind for i in program.inputs] == [ir.InputKind.QUEUE]
+    assert program.session is not None and len(program.session.steps) == 1
+
+
+def test_module_level_script_with_placeholders_per_gpu():
+    program = _program(SHAPES / "per_gpu_placeholders", "train.py")
+    (core,) = program.cores
+    assert core.towers is not None and core.towers.function == "<module>"
+    assert core.combination.spelling == "average_gradients(): expand_dims/concat/reduce_mean"
+    assert core.update.optimizer == "tf.train.AdamOptimizer(LR)"
+    assert [i.kind for i in program.inputs] == [ir.InputKind.PER_GPU_PLACEHOLDERS]
+    assert program.inputs[0].where == ir.Where("train.py", 33)
+
+
+def test_gan_with_two_tower_loops_and_two_optimizers():
+    program = _program(SHAPES / "gan_two_loops", "train_gan.py")
+    d_core, g_core = program.cores
+    assert d_core.towers is not None and g_core.towers is not None
+    assert (d_core.towers.where.line, g_core.towers.where.line) == (19, 27)
+    # Each tower's loss is the expression its gradient call differentiates.
+    assert d_core.loss is not None and d_core.loss.where == ir.Where("train_gan.py", 22)
+    assert "discriminator(fake)" in d_core.loss.expression
+    assert g_core.loss is not None and g_core.loss.where == ir.Where("train_gan.py", 29)
+    assert "discriminator(generator(zs[i]))" in g_core.loss.expression
+    for core in (d_core, g_core):
+        assert core.combination.kind is Kind.AVERAGED
+        assert core.combination.spelling == "average_tower_grads(): add_n / len"
+    assert d_core.update.optimizer_where == ir.Where("train_gan.py", 15)
+    assert g_core.update.optimizer_where == ir.Where("train_gan.py", 16)
+    assert program.session is not None
+    assert [s.fetches for s in program.session.steps] == ["d_train", "g_train"]
+
+
+def test_horovod_distributed_optimizer_with_monitored_training_session():
+    program = _program(SHAPES / "horovod_monitored", "train_hvd.py")
+    (core,) = program.cores
+    assert core.towers is None
+    assert core.combination.kind is Kind.HOROVOD
+    assert core.combination.spelling == "DistributedOptimizer"
+    assert core.update.kind is ir.UpdateKind.MINIMIZE
+    # Through the wrapper to the optimizer it wraps.
+    assert core.update.optimizer == "tf.train.MomentumOptimizer(0.01 * hvd.size(), momentum=0.9)"
+    assert program.session is not None and program.session.kind is ir.SessionKind.MONITORED
+    assert [i.kind for i in program.inputs] == [ir.InputKind.FEED_DICT]
+    assert program.devices is not None
+    assert "gpu_options.visible_device_list=str(hvd.local_rank())" in program.devices.settings
+
+
+# The tower fixtures and how their towers are combined.
+FIXTURES = {
+    "towers/bn_rmsprop": Kind.AVERAGED,
+    "towers/cifar_average": Kind.AVERAGED,
+    "towers/global_updates": Kind.AVERAGED,
+    "towers/horovod_average": Kind.AVERAGED,
+    "towers/layers_adam": Kind.AVERAGED,
+    "towers/queue_saver": Kind.AVERAGED,
+    "towers/shuffled_dequeue": Kind.AVERAGED,
+    "towers/slim_clones": Kind.SUMMED,
+    "towers/sum_ema_decay": Kind.SUMMED,
+    "towers/tutorial_flags": Kind.AVERAGED,
+    "cifar_towers": Kind.AVERAGED,
+    "addn_towers": Kind.AVERAGED,
+    "slim_towers": Kind.SUMMED,
+    "horovod_tf1": Kind.HOROVOD,
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_every_tower_fixture_has_its_core_found(name: str):
+    readings = read_project(REPO / "fixtures" / name)
+    assert len(readings) == 1 and readings[0].refusal is None, readings
+    program = readings[0].program
+    assert program is not None
+    assert [c.combination.kind for c in program.cores] == [FIXTURES[name]]
+    assert program.session is not None and program.inputs
+
+
+def test_keras_multi_gpu_model_is_not_a_tower_core():
+    # Keras 2's multi_gpu_model builds its towers inside Keras: another front end.
+    assert read_project(REPO / "fixtures" / "towers" / "keras2_fit") == []
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_file_without_towers_is_no_program(tmp_path: Path):
+    path = _write(
+        tmp_path,
+        "train.py",
+        """
+        import tensorflow as tf
+
+        def main():
+            with tf.device('/cpu:0'):
+                x = tf.layers.dense(tf.zeros([1, 2]), 3)
+            train_op = tf.train.AdamOptimizer().minimize(tf.reduce_sum(x))
+
+        if __name__ == '__main__':
+            main()
+        """,
+    )
+    assert read_project(path) == []
+    assert read_project(tmp_path) == []
+
+
+def test_a_tower_loop_with_no_combination_is_refused_naming_its_line(tmp_path: Path):
+    _write(
+        tmp_path,
+        "train.py",
+        """
+        import tensorflow as tf
+
+        def main(num_gpus):
+            outputs = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    outputs.append(tf.layers.dense(tf.zeros([4, 2]), 3))
+            return tf.concat(outputs, 0)
+
+        if __name__ == '__main__':
+            main(2)
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    assert reading.program is None and reading.refusal is not None
+    assert (reading.refusal.file, reading.refusal.line) == ("train.py", 6)
+    assert "compute no gradients" in reading.refusal.reason
+
+
+def test_collected_gradients_never_combined_are_refused(tmp_path: Path):
+    _write(
+        tmp_path,
+        "train.py",
+        """
+        import tensorflow as tf
+
+        def main(num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    loss = tf.reduce_sum(tf.layers.dense(tf.zeros([4, 2]), 3))
+                    tower_grads.append(opt.compute_gradients(loss))
+            return tower_grads
+
+        if __name__ == '__main__':
+            main(2, tf.train.AdamOptimizer())
+        """,
+    )
+    (reading,) = read_project(tmp_path / "train.py")
+    assert reading.refusal is not None and reading.refusal.line == 6
+    assert "tower_grads" in reading.refusal.reason
+
+
+def test_python2_entry_building_towers_is_refused_with_its_line(tmp_path: Path):
+    _write(
+        tmp_path,
+        "train.py",
+        """
+        import tensorflow as tf
+        for i in range(2):
+            with tf.device('/gpu:%d' % i):
+                pass
+        print 'done'
+        if __name__ == '__main__':
+            pass
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    assert reading.refusal is not None and reading.refusal.line == 6
+    assert "Python 2" in reading.refusal.reason
+
+
+def test_each_file_is_parsed_once(monkeypatch: pytest.MonkeyPatch):
+    parsed: list[bytes] = []
+    real = project_module.tree.parse_module
+
+    def counting(source):  # type: ignore[no-untyped-def]
+        parsed.append(bytes(source))
+        return real(source)
+
+    monkeypatch.setattr(project_module.tree, "parse_module", counting)
+    readings = read_project(SHAPES / "python_sum_adam")
+    assert readings and readings[0].program is not None
+    assert len(parsed) == len(set(parsed)) == 3
+
+
+def test_cli_prints_the_summary_and_json(capsys: pytest.CaptureFixture[str]):
+    assert main([str(SHAPES / "gan_two_loops")]) == 0
+    text = capsys.readouterr().out
+    assert "core 1 at train_gan.py:19" in text and "core 2 at train_gan.py:27" in text
+    assert "combination: averaged gradients, average_tower_grads(): add_n / len" in text
+    assert main([str(SHAPES / "horovod_monitored"), "--json"]) == 0
+    (data,) = json.loads(capsys.readouterr().out)
+    assert data["refusal"] is None
+    assert data["program"]["cores"][0]["combination"]["kind"] == "Horovod allreduce"
+    assert data["program"]["session"]["kind"] == "MonitoredTrainingSession"
+
+
+def test_cli_exit_status_is_one_for_a_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    _write(
+        tmp_path,
+        "train.py",
+        """
+        import tensorflow as tf
+        if __name__ == '__main__':
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    y = tf.layers.dense(tf.zeros([1, 1]), 1)
+        """,
+    )
+    assert main([str(tmp_path)]) == 1
+    assert "refused at train.py:4" in capsys.readouterr().out
