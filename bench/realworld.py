@@ -17,8 +17,8 @@ that folder from the JSON summary, the manifest and the written files:
   tool failed on the program: that is a row, not a crash of the bench);
 - what the one-file rules did: their codes and the lines they changed in the program's files
   (a second run with the whole-program codes ignored isolates them where a conversion happened);
-- on the rewritten program files (the entry script, plus the file holding the tower code the
-  converter rewrote or refused, when that is another module):
+- on the rewritten program files (the entry script, plus the other modules of the program the
+  converter applied its fix to, or, for a refusal, the module it refused in):
   py_compile, `ruff check --select F821` (undefined names; the legacy files' count beside it),
   code lines converted/legacy, TODO
   markers (`# TODO(tfmigrate): TFMxxx`) with the share of the legacy statements under them, and
