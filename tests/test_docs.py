@@ -348,7 +348,7 @@ def run_documented(doc: Path, tmp_path: Path, training: bool) -> int:
         return 0
     shutil.copytree(REPO / "fixtures", tmp_path / "fixtures")
     for command, argv in runs:
-        result = run_cli(*argv, cwd=tmp_path, env={"COLUMNS": "80", "NO_COLOR": "1"})
+        result = run_cli(*argv, cwd=tmp_path, env={"NO_COLOR": "1"})
         assert result.returncode in (0, 1), f"{command.where}: exit {result.returncode}\n{result}"
         check_output(command, result.stdout + result.stderr)
     return len(runs)
@@ -460,6 +460,20 @@ def test_hook_entries_are_valid_command_lines():
         argv = _tfmigrate_argv(shlex.split(hook["entry"]))
         assert argv is not None, hook
         parse_tfmigrate([*argv, *hook.get("args", []), "train.py"], hook["id"])
+    # the documented `args:` of a hook, appended to its entry the same way
+    entries = {h["id"]: shlex.split(h["entry"])[1:] for h in hooks}
+    shown = 0
+    for block in blocks((REPO / "docs" / "pre-commit.md").read_text(encoding="utf-8")):
+        if block.info != "yaml":
+            continue
+        data = yaml.safe_load("\n".join(block.body))
+        items = data if isinstance(data, list) else []
+        for item in items:
+            if isinstance(item, dict) and item.get("id") in entries and "args" in item:
+                argv = [*entries[item["id"]], *item["args"], "train.py"]
+                parse_tfmigrate(argv, f"docs/pre-commit.md:{block.line}")
+                shown += 1
+    assert shown, "docs/pre-commit.md shows no hook with args"
 
 
 def test_output_check_sees_a_line_not_printed():
