@@ -309,7 +309,10 @@ def _runnable(doc: Path, training: bool) -> list[tuple[Command, list[str]]]:
             argv = _tfmigrate_argv(tokens)
             if argv is None:
                 continue
-            parsed = parse_tfmigrate(argv, command.where)
+            try:
+                parsed = parse_tfmigrate(argv, command.where)
+            except (AssertionError, pytest.fail.Exception):
+                continue  # test_tfmigrate_commands_use_real_options reports it
             if bundled(parsed) and (training or parsed.name not in TRAINING):
                 runs.append((command, argv))
     return runs
@@ -360,6 +363,7 @@ def test_bundled_commands_run_and_print_what_is_shown(doc, tmp_path):
     run_documented(doc, tmp_path, training=False)
 
 
+# collected once: a document whose commands do not parse fails in the options test, not here
 TRAINING_DOCS = [d for d in DOCS if any(c[1][0] in TRAINING for c in _runnable(d, training=True))]
 
 
