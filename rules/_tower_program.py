@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import libcst as cst
 
@@ -53,6 +54,23 @@ class Blocked(Exception):
         super().__init__(reason)
         self.node = node
         self.reason = reason
+
+
+def _block(node: cst.For | cst.With, what: str) -> list[cst.BaseStatement]:
+    """The statements of ``node``'s indented block; a one-line body (`for i in x: f(i)`),
+    whose small statements are no lines to move, is refused."""
+    if not isinstance(node.body, cst.IndentedBlock):
+        raise Blocked(node, f"{what} written on one line")
+    return list(node.body.body)
+
+
+NodeT = TypeVar("NodeT", bound=cst.CSTNode)
+
+
+def _put(template: NodeT, value: cst.BaseExpression, **others: cst.BaseExpression) -> NodeT:
+    """``template`` with ``__value__`` (and ``__<name>__`` for each other) put in: only names
+    change, so a statement stays a statement and an expression an expression."""
+    return cast(NodeT, template.visit(_Put(value, **others)))
 
 
 @dataclass
@@ -250,7 +268,8 @@ def _assign(statement: cst.CSTNode) -> tuple[list[str], cst.BaseExpression] | No
     if isinstance(target, cst.Tuple) and all(
         isinstance(e.value, cst.Name) for e in target.elements
     ):
-        return [e.value.value for e in target.elements], small.value
+        names = [cast(cst.Name, e.value).value for e in target.elements]  # all Names
+        return names, small.value
     return None
 
 
@@ -299,7 +318,8 @@ def _fold_gradients_append(
         ):
             out.append(statement)
             continue
-        name = assigned[0][0]  # type: ignore[index]
+        assert assigned is not None  # `call` is its value
+        name = assigned[0][0]
         uses = sum(
             1
             for other in body
@@ -390,9 +410,10 @@ class _Tail:
     def root_op(self, name: str, call: cst.BaseExpression) -> None:
         """The name TF1 gave the op that computed ``name`` at the graph's root: its literal
         `name=`, else its type's default, numbered as the graph numbered repeats."""
-        literal = get_arg(call, None, "name")  # type: ignore[arg-type]
-        if isinstance(literal, cst.SimpleString):
-            self.names[name] = literal.evaluated_value  # type: ignore[assignment]
+        literal = get_arg(call, None, "name") if isinstance(call, cst.Call) else None
+        given = literal.evaluated_value if isinstance(literal, cst.SimpleString) else None
+        if isinstance(given, str):
+            self.names[name] = given
             return
         default = None
         if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
@@ -490,7 +511,8 @@ class ProgramReader:
         if function is None or self.rule.enclosing_def(function) is not None:
             raise Blocked(loop, "the tower loop is not inside a module-level training function")
         if self.rule.parent(function) is not self._module_body_parent(function):
-            holder = self.rule.parent(self.rule.parent(function))
+            parent = self.rule.parent(function)
+            holder = self.rule.parent(parent) if parent is not None else None
             if isinstance(holder, cst.ClassDef):
                 raise Blocked(
                     function,
@@ -503,7 +525,8 @@ class ProgramReader:
         python_setup: list[cst.BaseStatement] = []
         graph: list[cst.BaseStatement] = []
         in_graph = False
-        statements = list(function.body.body)
+        # it holds the tower loop, a compound statement: its body is an indented block
+        statements = list(cast(cst.IndentedBlock, function.body).body)
         if function.get_docstring() is not None:
             statements = statements[1:]  # the new training function keeps it
         parser = None
@@ -536,7 +559,8 @@ class ProgramReader:
                 # `args = parse_args()`: that function builds the parser and parses.
                 function, built, name, method = helper
                 parse = cst.parse_statement(f"{first[0][0]} = {name}.{method}()")
-                parser = Parser(built, name, parse, first[0][0], function)  # type: ignore[arg-type]
+                assert isinstance(parse, cst.SimpleStatementLine)  # an assignment
+                parser = Parser(built, name, parse, first[0][0], function)
                 return parser, statements[1:]
         if (
             first is None
@@ -564,7 +588,9 @@ class ProgramReader:
                     or (self._is_method(call, name, "parse_args") and len(assigned[0]) == 1)
                 )
             ):
-                parser = Parser(list(statements[:position]), name, statement, assigned[0][0])
+                # an assignment (_assign read it): a statement line
+                line = cast(cst.SimpleStatementLine, statement)
+                parser = Parser(list(statements[:position]), name, line, assigned[0][0])
                 return parser, statements[position + 1 :]
             break
         raise Blocked(
@@ -607,7 +633,8 @@ class ProgramReader:
         returned = _call_of(last.value) if isinstance(last, cst.Return) else None
         if returned is None or returned.args or not self._is_method(returned, name, "parse_args"):
             return None
-        return function, body[:-1], name, "parse_args"
+        # its first line builds the parser: the body is an indented block's statements
+        return function, cast("list[cst.BaseStatement]", body[:-1]), name, "parse_args"
 
     def _module_body_parent(self, function: cst.FunctionDef) -> cst.CSTNode:
         return self.rule.context.module
@@ -622,6 +649,8 @@ class ProgramReader:
                 return None
             if name == "tensorflow.device" and free_names(item.item) - {"tf", "tensorflow"}:
                 return None  # a device that depends on something: not a fixed placement
+        if not isinstance(statement.body, cst.IndentedBlock):
+            return None  # `with g.as_default(): x = f()`: a statement of its own
         body: list[cst.BaseStatement] = []
         for inner in statement.body.body:
             nested = self._flatten_graph_with(inner)
@@ -671,9 +700,7 @@ class ProgramReader:
                 queue = self._queue_input(statement, assigned[1])
                 dataset = QUEUE_DATASET
                 placeholders.extend(Placeholder(n, None, None) for n in assigned[0])
-                setup.append(
-                    cst.parse_statement(f"{QUEUE_DATASET} = __value__").visit(_Put(assigned[1]))
-                )
+                setup.append(_put(cst.parse_statement(f"{QUEUE_DATASET} = __value__"), assigned[1]))
                 queue_call = _call_of(assigned[1])
             elif assigned and queue is not None and name in PREFETCH_QUEUES:
                 # `batch_queue = prefetch_queue([images, labels], ...)`: the towers dequeue
@@ -743,12 +770,10 @@ class ProgramReader:
             setup[prefetch_at] = self._consecutive_batches(
                 setup[prefetch_at], queue, queue_call, tower["count"]
             )
-        for statement, count in split_counts:
+        for split, count in split_counts:
             # Replica i gets the i-th of num_replicas equal slices: only that split matches.
             if count is None or not count.deep_equals(tower["count"]):
-                raise Blocked(
-                    statement, "tf.split into a number of pieces other than the tower count"
-                )
+                raise Blocked(split, "tf.split into a number of pieces other than the tower count")
         if per_tower:
             placeholders = tower["placeholders"]
         consumed = {tower["list"], *tower["collected"], *tower["dropped_setup"]}
@@ -1029,7 +1054,7 @@ class ProgramReader:
             dropped_setup.append(devices)
         withs: list[cst.WithItem] = []
         scopes: list[cst.With] = []  # `with tf.variable_scope('net', reuse=i > 0):`, put back
-        body: list[cst.BaseStatement] = list(loop.body.body)  # type: ignore[arg-type]
+        body = _block(loop, "a tower loop")
         # Peel `with tf.device(...)`, `with tf.name_scope(...) as scope` wrappers.
         while len(body) == 1 and isinstance(body[0], cst.With):
             for item in body[0].items:
@@ -1055,7 +1080,7 @@ class ProgramReader:
                     body[0],
                     f"an unsupported `with {self.rule.src(item.item, 40)}` around the tower",
                 )
-            body = list(body[0].body.body)
+            body = _block(body[0], "a `with` around the tower")
         kept: list[cst.BaseStatement] = []
         grads = None
         placeholders: list[Placeholder] = []
@@ -1087,7 +1112,8 @@ class ProgramReader:
                 if isinstance(value, cst.Tuple | cst.List) and all(
                     isinstance(e.value, cst.Name) and e.value.value in names for e in value.elements
                 ):
-                    feeds = (target, [e.value.value for e in value.elements])
+                    # each a placeholder's Name (checked above)
+                    feeds = (target, [cast(cst.Name, e.value).value for e in value.elements])
                     continue
                 if isinstance(value, cst.Name) and target not in collected:
                     collected[target] = value.value
@@ -1133,7 +1159,7 @@ class ProgramReader:
         loss = get_arg(grads_call, 0, "loss")
         if loss is None or len(grads_call.args) != 1:
             raise Blocked(grads_call, "compute_gradients with arguments other than the loss")
-        optimizer = grads_call.func.value
+        optimizer = cast(cst.Attribute, grads_call.func).value  # `opt.compute_gradients`
         if not isinstance(optimizer, cst.Name):
             raise Blocked(grads_call, "compute_gradients on something other than a named optimizer")
         # `image_splits[i]` -> the replica's own input.
@@ -1188,7 +1214,7 @@ class ProgramReader:
         ):
             value = small.value.args[0].value
             if (
-                _call_of(value) is not None
+                isinstance(value, cst.Call)
                 and isinstance(value.func, cst.Attribute)
                 and (
                     value.func.attr.value == "compute_gradients"
@@ -1229,7 +1255,8 @@ class ProgramReader:
                 "the tower loop is not `for i in range(n)` or "
                 "`for i, device in enumerate(devices)`",
             )
-        index, device = (e.value.value for e in target.elements)
+        # Names, checked above
+        index, device = (cast(cst.Name, e.value).value for e in target.elements)
         devices = call.args[0].value.value
         for statement in setup:
             assigned = _assign(statement)
@@ -1332,7 +1359,10 @@ class ProgramReader:
                 and self._under_update_ops(statement, update_ops.name) is not None
             ):
                 # `with tf.control_dependencies(update_ops): train_op = opt.apply_gradients(...)`
-                statement = self._under_update_ops(statement, update_ops.name)
+                # not None: tested above
+                statement = cast(
+                    cst.BaseStatement, self._under_update_ops(statement, update_ops.name)
+                )
                 assigned = _assign(statement)
                 consumed = True
             if (
@@ -1538,8 +1568,8 @@ class ProgramReader:
                 tail.memory[assigned[0][0]] = memory  # type: ignore[index]
                 continue
             for node in walk(statement):
-                name = self.call_q(node) if isinstance(node, cst.Call) else None
-                if name is not None and name.startswith("tensorflow.contrib.memory_stats."):
+                called = self.call_q(node) if isinstance(node, cst.Call) else None
+                if called is not None and called.startswith("tensorflow.contrib.memory_stats."):
                     raise Blocked(
                         node,
                         f"`{self.rule.src(node, 50)}` is fetched in the loop: "
@@ -1568,6 +1598,9 @@ class ProgramReader:
             )
         if session is None or step_loop is None:
             raise Blocked(loop, "no `tf.Session` training loop found after the towers")
+        # the first statement after the towers set the aggregation, and the loop's run was
+        # read as running train_op
+        assert aggregate is not None and train_op is not None
         if ema is not None and not grouped:
             raise Blocked(
                 ema[1],
@@ -1917,10 +1950,14 @@ class ProgramReader:
             )
         raise Blocked(statement, "UPDATE_OPS of a scope other than the towers' name scope")
 
-    def _under_update_ops(self, statement: cst.CSTNode, update_ops: str) -> cst.CSTNode | None:
+    def _under_update_ops(
+        self, statement: cst.CSTNode, update_ops: str
+    ) -> cst.BaseStatement | None:
         """``with tf.control_dependencies(update_ops): <one statement>`` -> that statement."""
         if not isinstance(statement, cst.With) or len(statement.items) != 1:
             return None
+        if not isinstance(statement.body, cst.IndentedBlock):
+            return None  # `with ...: x = f()`: no line to take out
         deps = _call_of(statement.items[0].item)
         body = statement.body.body
         if (
@@ -2255,12 +2292,10 @@ class ProgramReader:
                     "block or changing in the loop: not converted",
                 )
             statement = self._with_default[name]
-            setup[setup.index(statement)] = cst.parse_statement(f"{name} = __value__").visit(
-                _Put(value)
-            )
+            setup[setup.index(statement)] = _put(cst.parse_statement(f"{name} = __value__"), value)
         return tuple(fed)
 
-    def _feed(self, body, feed: str, run_statement):
+    def _feed(self, body, feed: str | cst.Dict, run_statement):
         """The loop statements the feed dict needs (and nothing else reads), and its values."""
         values: dict[str, cst.BaseExpression] = {}
         feed_statement = None
@@ -2339,7 +2374,8 @@ class ProgramReader:
         call = _call_of(statement.iter) if isinstance(statement, cst.For) else None
         target = statement.target if isinstance(statement, cst.For) else None
         if not (
-            call is not None
+            isinstance(statement, cst.For)
+            and call is not None
             and isinstance(call.func, cst.Name)
             and call.func.value == "enumerate"
             and len(call.args) == 1
@@ -2360,7 +2396,7 @@ class ProgramReader:
         index = target.elements[0].value.value
         kept: list[cst.BaseStatement] = []
         done: set[str] = set()
-        for inner in statement.body.body:
+        for inner in _block(statement, "a per-tower feed loop"):
             small = _simple(inner)
             if (
                 isinstance(small, cst.Assign)
@@ -2378,7 +2414,7 @@ class ProgramReader:
                 ):
                     parts = f"{key.value.value}_parts"
                     kept.append(
-                        cst.parse_statement(f"{parts}.append(__value__)").visit(_Put(small.value))
+                        _put(cst.parse_statement(f"{parts}.append(__value__)"), small.value)
                     )
                     done.add(key.value.value)
                     continue
@@ -2423,9 +2459,7 @@ class ProgramReader:
             # `save(sess, path, global_step=n)` writes `path-n`; n a number or a flag, not a tensor
             if not isinstance(step, cst.Integer | cst.Attribute) or session in free_names(step):
                 return False
-            path = cst.parse_expression("'%s-%d' % (__value__, __step__)").visit(
-                _Put(path, step=step)
-            )
+            path = _put(cst.parse_expression("'%s-%d' % (__value__, __step__)"), path, step=step)
         self._final_save = path
         return True
 
@@ -2464,10 +2498,10 @@ class ProgramReader:
             tensor = get_arg(call, 0, "input_tensor")
             axis = get_arg(call, 1, "axis")
             # `tf.reduce_mean(tower_losses)`: TF packs the list of scalars as tf.stack does
-            listed = tensor.value if isinstance(tensor, cst.Name) else self._stacked(tensor)
+            reduced = tensor.value if isinstance(tensor, cst.Name) else self._stacked(tensor)
             whole = axis is None or (isinstance(axis, cst.Integer) and axis.value == "0")
-            if listed in collected and whole and len(call.args) <= 2:
-                tail.reduce(name, listed, "MEAN", call)
+            if reduced is not None and reduced in collected and whole and len(call.args) <= 2:
+                tail.reduce(name, reduced, "MEAN", call)
                 tail.root_op(name, call)
                 return True
             if axis is None and len(call.args) == 1 and tensor is not None and tail.aliases:
@@ -2479,8 +2513,9 @@ class ProgramReader:
                 }
                 bound = bound_names(cst.IndentedBlock(body=tail.tower["body"]))
                 if not others and used & set(tail.aliases) and name not in bound:
-                    per_replica = call.visit(_Aliases(tail.aliases))
-                    statement = cst.parse_statement(f"{name} = __value__").visit(_Put(per_replica))
+                    # _Aliases renames names: the call stays a call
+                    per_replica = cast(cst.Call, call.visit(_Aliases(tail.aliases)))
+                    statement = _put(cst.parse_statement(f"{name} = __value__"), per_replica)
                     tail.replica_values.append(statement)
                     tail.replica_lists[f"<{name}>"] = name
                     tail.reduce(name, f"<{name}>", "MEAN", call)
@@ -2702,7 +2737,8 @@ def _scope_name(expression: cst.BaseExpression, index: str, tower: int) -> str |
             if isinstance(part, cst.FormattedStringText):
                 text.append(part.value)
             elif (
-                isinstance(part.expression, cst.Name)
+                isinstance(part, cst.FormattedStringExpression)
+                and isinstance(part.expression, cst.Name)
                 and part.expression.value == index
                 and part.format_spec is None
                 and part.conversion is None
