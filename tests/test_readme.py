@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tfmigrate.cli import rules_markdown
 
@@ -38,3 +43,24 @@ def test_set_up_commands_do_what_the_readme_says():
     assert fixture in line and (REPO / fixture).is_dir()
     for step in ("$TFM scan", "$TFM rewrite", '--out "$OUT"', "$TFM verify"):
         assert step in demo, step
+
+
+@pytest.mark.slow
+def test_demo_script_runs_the_tour(tmp_path):
+    """scripts/demo.sh (`make demo` after the set-up) in a scratch copy of the repository's
+    layout: it scans, shows the diffs, writes the migrated copy and verifies it."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "demo.sh", tmp_path / "scripts" / "demo.sh")
+    shutil.copytree(REPO / "fixtures", tmp_path / "fixtures")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "tfmigrate").symlink_to(
+        Path(sys.executable).with_name("tfmigrate")
+    )
+    done = subprocess.run(
+        ["bash", "scripts/demo.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for step in ("== tfmigrate scan", "== tfmigrate rewrite", "== tfmigrate verify", "EQUIVALENT"):
+        assert step in done.stdout, step
+    assert (tmp_path / "out" / "cifar_average" / "tfmigrate.json").is_file()
+    assert (tmp_path / "out" / "verify-report" / "loss.png").is_file()
