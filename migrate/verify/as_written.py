@@ -205,6 +205,7 @@ class AsWritten:
         self.trace: dict[str, list[np.ndarray]] = {}
         self.replay_steps: list[list[tuple[str, list[np.ndarray]]]] | None = None
         self.eager_step_args: Any = None
+        self.problem: str | None = None  # the first Problem's own message
         self._write_progress()
 
     # -- patches -------------------------------------------------------------------------------
@@ -249,10 +250,31 @@ class AsWritten:
                 me.keras.append(var)
 
             keras_core.Variable.__init__ = kv_init
+            orig_opt = base_optimizer.BaseOptimizer.__init__
+
+            def opt_init(opt: Any, *args: Any, **kwargs: Any) -> None:
+                orig_opt(opt, *args, **kwargs)
+                me.optimizers.append(opt)  # its iteration counter exists before any update
+
+            base_optimizer.BaseOptimizer.__init__ = opt_init
             for name in ("apply_gradients", "apply"):
                 setattr(base_optimizer.BaseOptimizer, name,
                         self._update_hook(getattr(base_optimizer.BaseOptimizer, name)))
         v1_optimizer.Optimizer.apply_gradients = self._update_hook(v1_optimizer.Optimizer.apply_gradients)
+
+        from tensorflow.python.distribute import distribute_lib
+
+        orig_run = distribute_lib.StrategyBase.run
+
+        def strategy_run(strategy: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
+            if tf.executing_eagerly() and not me.calling:  # an eager step's batch: its arguments
+                if me.replay_path is not None:
+                    args, kwargs, me.eager_step_args = me.replay(tuple(args), dict(kwargs or {}))
+                else:
+                    me.eager_step_args = (args, kwargs)
+            return orig_run(strategy, fn, args=args, kwargs=kwargs, options=options)
+
+        distribute_lib.StrategyBase.run = strategy_run
 
         orig_gradient = backprop.GradientTape.gradient
 
@@ -280,6 +302,13 @@ class AsWritten:
 
         polymorphic_function.Function.__call__ = call
 
+    def fail(self, message: str) -> Problem:
+        """The Problem to raise, its message kept: raised inside a traced step it reaches the
+        program rewritten by AutoGraph ("in user code: ...")."""
+        if self.problem is None:
+            self.problem = message
+        return Problem(message)
+
     def step_functions_none(self) -> bool:
         return not any(flag for _, flag in self.step_functions.values())
 
@@ -301,7 +330,8 @@ class AsWritten:
             finally:
                 me.updating -= 1
             if eager_step:
-                me.end_step(None, None, 0.0)
+                inputs, me.eager_step_args = me.eager_step_args, None
+                me.end_step(inputs, None, 0.0)
             return result
 
         return update
@@ -452,12 +482,12 @@ class AsWritten:
         if self.replay_steps is None:
             assert self.replay_path is not None
             if not self.replay_path.exists():
-                raise Problem("--replay-inputs: the legacy run recorded no input batches (its steps "
+                raise self.fail("--replay-inputs: the legacy run recorded no input batches (its steps "
                               "fed nothing verify could read, or they were too large to keep)")
             self.replay_steps = load_step_inputs(self.replay_path)
         index = len(self.record.steps)
         if index >= len(self.replay_steps):
-            raise Problem(f"--replay-inputs: the legacy run recorded the inputs of {len(self.replay_steps)} "
+            raise self.fail(f"--replay-inputs: the legacy run recorded the inputs of {len(self.replay_steps)} "
                           f"steps, the migrated program reached step {index + 1}")
         flat = tf.nest.flatten((args, kwargs))
         slots = [i for i, leaf in enumerate(flat) if isinstance(leaf, tf.distribute.DistributedValues)
@@ -466,7 +496,7 @@ class AsWritten:
         migrated = [[np.asarray(p) for p in flat[i].values] for i in slots]
         pairs = _pair(legacy, migrated)
         if pairs is None:
-            raise Problem(
+            raise self.fail(
                 "--replay-inputs: the legacy batches do not fit the migrated step's inputs: legacy "
                 f"step {index + 1} fed {_describe([p for _, p in legacy], [n for n, _ in legacy])}; "
                 f"the migrated step takes {_describe(migrated)}")
@@ -551,7 +581,7 @@ class AsWritten:
         deadline = time.monotonic() + self.wait
         while not self.init_path.exists():
             if time.monotonic() > deadline:
-                raise Problem(f"timed out waiting for the legacy initial variables ({self.init_path})")
+                raise self.fail(f"timed out waiting for the legacy initial variables ({self.init_path})")
             time.sleep(0.05)
         init = load_arrays(self.init_path)
         legacy_dir = self.init_path.parent
@@ -574,7 +604,7 @@ class AsWritten:
             target = shapes[name][1]
             value = np.asarray(init[legacy_name])
             if not _convertible(value, target):
-                raise Problem(f"legacy {legacy_name} ({value.dtype}) does not convert exactly to migrated "
+                raise self.fail(f"legacy {legacy_name} ({value.dtype}) does not convert exactly to migrated "
                               f"{name} ({target})")
             self._assign(var, value.astype(target))
         self.mapping = mapping
@@ -599,7 +629,7 @@ class AsWritten:
                 problems.append(f"{legacy_name} {list(init[legacy_name].shape)} -> {name} "
                                 f"{list(shapes[name][0])}: shapes differ")
         if problems:
-            raise Problem("the variable mapping does not fit: " + "; ".join(problems))
+            raise self.fail("the variable mapping does not fit: " + "; ".join(problems))
 
     def _check_matched(self, mapping: dict[str, str], ambiguous: dict[str, list[str]],
                        legacy: dict[str, tuple[tuple[int, ...], np.dtype]],
@@ -623,7 +653,7 @@ class AsWritten:
         trainable_migrated = [n for n in migrated_left if self.kinds.get(n) == "weight"]
         text = "; ".join(lines)
         if trainable_legacy or trainable_migrated:
-            raise Problem("variables could not be matched by name and shape (give --mapping): " + text)
+            raise self.fail("variables could not be matched by name and shape (give --mapping): " + text)
         self.record.notes.append("not compared (no counterpart by name and shape): " + text)
 
     def finish(self) -> None:

@@ -373,8 +373,8 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
             mapping, ns.wait, ns.replay_inputs,
         )
         record = runner.record
-        if isinstance(ended, as_written.Problem):
-            record.status, record.message = ERROR, str(ended)
+        if runner.problem is not None or isinstance(ended, as_written.Problem):
+            record.status, record.message = ERROR, runner.problem or str(ended)
         elif isinstance(ended, SystemExit):
             record.status = CRASHED
             record.message = f"the migrated script exited with status {ended.code}"

@@ -54,6 +54,16 @@ def test_hand_written_program_is_equivalent_without_manifest_or_mapping(legacy_c
 
 
 @pytest.mark.slow
+def test_an_eager_step_is_a_step_too(tmp_path, legacy_cache):
+    eager = _copy(tmp_path, TOWERS, "  @tf.function\n  def train_step", "  def train_step")
+    outcome = verify(TOWERS / "legacy.py", eager, steps=STEPS, cache=legacy_cache)
+    assert outcome.comparison.verdict == cmp.EQUIVALENT, outcome.comparison.reason
+    assert outcome.comparison.steps_compared == STEPS
+    assert not any("could not be fingerprinted" in n for n in outcome.comparison.notes)  # strategy.run's batch
+    assert not any("sgd/iteration" in n for n in outcome.comparison.notes)  # the counter is the optimizer's
+
+
+@pytest.mark.slow
 def test_learning_rate_ten_percent_higher_diverges(tmp_path, legacy_cache):
     mutant = _copy(tmp_path, TOWERS, "args.lr, decay_steps=3", "args.lr * 1.1, decay_steps=3")
     outcome = verify(TOWERS / "legacy.py", mutant, steps=STEPS, cache=legacy_cache)
@@ -83,12 +93,12 @@ def test_shuffled_legacy_input_is_equivalent_only_with_replayed_inputs(legacy_ca
 
 @pytest.mark.slow
 def test_replayed_batches_that_fit_no_migrated_input_name_both_structures(tmp_path, legacy_cache):
-    # the migrated step now takes one more feature than the legacy batches have
-    migrated = _copy(tmp_path, SHUFFLED, "FEATURES = 10\n", "FEATURES = 11\n")
+    # the migrated labels are floats: no legacy batch has their shape and kind
+    migrated = _copy(tmp_path, SHUFFLED, "argmax(axis=1)).astype(np.int32)", "argmax(axis=1)).astype(np.float32)")
     outcome = verify(SHUFFLED / "legacy.py", migrated, steps=STEPS, cache=legacy_cache, replay_inputs=True)
     reason = outcome.comparison.reason
     assert outcome.comparison.exit_code == 2
-    assert "do not fit" in reason and "[16, 10]" in reason and "[16, 11]" in reason
+    assert "do not fit" in reason and "int32 [16] x2" in reason and "float32 [16] x2" in reason
     assert "\n" not in reason
 
 
