@@ -1241,6 +1241,16 @@ def train(x, y):
         body = list(plan.block.body)
         holder = cst.IndentedBlock(body=body[plan.first : plan.last + 1])
         moved = list(holder.visit(_Unwrap(self, plan)).body)
+        # blank lines moved into the block must not gain its indentation
+        moved = [
+            s.with_changes(
+                leading_lines=[
+                    line.with_changes(indent=False) if line.comment is None else line
+                    for line in s.leading_lines
+                ]
+            )
+            for s in moved
+        ]
         # Blank lines before the block stay before it; comments move in with the statements.
         opening = list(moved[0].leading_lines)
         blank = []

@@ -525,6 +525,8 @@ set_session(tf.Session())
         code: list[str] = []
         todos: list[str] = []
         for setting in found.settings:
+            if self.reads_horovod(setting.value):
+                raise _NotFollowed  # Horovod's GPU pinning: the Horovod conversion's (TFM402)
             value = module.code_for_node(setting.value)
             if seen.get(setting.field, value) != value:
                 raise _NotFollowed  # two sessions disagree: a person decides
@@ -553,6 +555,12 @@ set_session(tf.Session())
                     ]
                 )
         return replaced, bool(todos)
+
+    def reads_horovod(self, value: cst.BaseExpression) -> bool:
+        return any(
+            isinstance(n, cst.Call) and (self.call_name(n) or "").startswith("horovod.")
+            for n in walk(value)
+        )
 
     def _report_followed(self, node: cst.Call, message: str, found: _Sessions) -> bool:
         try:
