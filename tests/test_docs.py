@@ -31,7 +31,7 @@ from tfmigrate.registry import rule_by_code, unknown_selectors
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 DOC_IDS = [str(d.relative_to(REPO)) for d in DOCS]
-COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+COMMANDS = typer.main.get_command(app).commands  # the app has subcommands: a group
 TRAINING = {"verify", "convert-checkpoint"}
 SHELL_BLOCKS = {"sh", "bash", "shell", "console"}
 SEPARATORS = {"&&", "||", "|", ";"}
