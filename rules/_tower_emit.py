@@ -619,11 +619,13 @@ class Emitter:
             def tower_fn({inputs}):
                 """One tower of the legacy loop, now one replica."""
                 {p.tower_index} = replica_index()
-                with tf1_variables.scope(){withs}:
+                with tf1_variables.scope(){withs}, tf.GradientTape() as tape:
                     {body}
                     {scale_note}
-                    {p.grads_name} = {p.optimizer}.compute_gradients(
-                        {loss}{scale}, var_list=tf1_variables.trainable)
+                    replica_loss = {loss}{scale}
+                variables_to_train = {var_list}
+                {p.grads_name} = list(zip(
+                    tape.gradient(replica_loss, variables_to_train), variables_to_train))
                 return {p.grads_name}, {{{fetched}}}
 
             @tf.function
@@ -675,7 +677,8 @@ class Emitter:
             compiled=compiled, tower_call=tower_call, rezip=rezip, jit_key=jit_key,
             scale=scale, fetched=fetched, spec_source=spec_source, reads=reads, apply=apply,
             run=run, variables=variables, extra=extra, statistics=statistics,
-            keras_withs=withs[2:],
+            keras_withs=withs[2:] + ", " if withs else "",
+            var_list=keras.trainable if keras is not None else "tf1_variables.trainable",
         )  # fmt: skip
         return tower.format(**values) + ema + step.format(**values)
 
@@ -683,8 +686,6 @@ class Emitter:
         """The tower template for a Keras model: no variable store; the model's weights are
         what the optimizer updates and verify reads (by Keras weight path)."""
         tower = tower.replace(
-            ", var_list=tf1_variables.trainable)", f",\n            var_list={keras.trainable})"
-        ).replace(
             "# Trace once, without training: creates the variables under their legacy names.",
             "# Trace once, without training: builds the Keras model (its weights, mirrored).",
         )
@@ -707,16 +708,7 @@ class Emitter:
                 "tf.TensorSpec([\n        spec.shape[0] // strategy.num_replicas_in_sync if "
                 "spec.shape[0] else None,\n        *spec.shape[1:]], spec.dtype)",
             )
-        if withs:
-            return tower.replace("with tf1_variables.scope(){withs}:", "with {keras_withs}:")
-        # No scope left around the tower's statements: they move one level out.
-        lines = tower.split("\n")
-        start = next(i for i, line in enumerate(lines) if "with tf1_variables.scope()" in line)
-        end = next(i for i, line in enumerate(lines) if line.lstrip().startswith("return "))
-        body = [
-            line[4:] if line.startswith("        ") else line for line in lines[start + 1 : end]
-        ]
-        return "\n".join([*lines[:start], *body, *lines[end:]])
+        return tower.replace("with tf1_variables.scope(){withs}, ", "with {keras_withs}")
 
     def uses_tower_index(self) -> bool:
         return any(

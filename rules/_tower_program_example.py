@@ -136,12 +136,14 @@ def build_program(strategy, flags):
     def tower_fn(x, y):
         """One tower of the legacy loop, now one replica."""
         i = replica_index()
-        with tf1_variables.scope(), tf.name_scope('tower_%d' % i):
+        with tf1_variables.scope(), tf.name_scope('tower_%d' % i), tf.GradientTape() as tape:
             with tf.compat.v1.variable_scope('model', reuse=i > 0):
                 loss = tower_loss(x, y)
             # The towers AVERAGED their gradients; apply_gradients SUMS the replicas'.
-            grads = opt.compute_gradients(
-                loss / strategy.num_replicas_in_sync, var_list=tf1_variables.trainable)
+            replica_loss = loss / strategy.num_replicas_in_sync
+        variables_to_train = tf1_variables.trainable
+        grads = list(zip(
+            tape.gradient(replica_loss, variables_to_train), variables_to_train))
         return grads, {'loss': loss}
 
     @tf.function

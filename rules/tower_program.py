@@ -49,7 +49,8 @@ _RESERVED_LOCAL = frozenset(
         "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
         "fed_batches", "build", "fetches", "tf1_variables", "variables", "legacy_name",
         "checkpoint", "manager", "average", "summary_tag", "summary_value", "scalar_metadata",
-        "input_dataset", "weight_path", "one_step", "compiled_tower",
+        "input_dataset", "weight_path", "one_step", "compiled_tower", "tape", "replica_loss",
+        "variables_to_train",
     }
 )  # fmt: skip
 
