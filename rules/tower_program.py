@@ -152,10 +152,13 @@ class TowerProgramToMirroredStrategy(TowerRule):
     ```python
     def tower_fn(images, labels):
         i = replica_index()
-        with tf1_variables.scope(), tf.name_scope('tower_%d' % i) as scope:
+        with tf1_variables.scope(), tf.name_scope('tower_%d' % i) as scope, \\
+                tf.GradientTape() as tape:
             loss = tower_loss(scope, images, labels)
-            grads = opt.compute_gradients(loss / strategy.num_replicas_in_sync,
-                                          var_list=tf1_variables.trainable)
+            replica_loss = loss / strategy.num_replicas_in_sync
+        variables_to_train = tf1_variables.trainable
+        grads = list(zip(
+            tape.gradient(replica_loss, variables_to_train), variables_to_train))
         return grads, {'total_loss': loss}
 
     def step_fn(images, labels):
