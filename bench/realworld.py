@@ -11,7 +11,7 @@ the bench copies it to a temporary directory and runs the command line as a user
 that folder from the JSON summary, the manifest and the written files:
 
 - outcome: `converted`, `converted with N TODOs` (the whole-program converter -- TFM303 towers,
-  TFM401 Horovod, TFM107 Keras multi_gpu_model -- applied to the program), `refused` (the line and
+  TFM401 Horovod, TFM107 Keras multi_gpu_model, TFM402 Keras Horovod -- applied to the program), `refused` (the line and
   reason of the converter's "not converted" finding, or that no converter reported the program),
   `refused: Python 2` (the tool's own Python 2 diagnosis of the entry script), or `error` (the
   tool failed on the program: that is a row, not a crash of the bench);
@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = REPO.parent / "shared" / "realworld"
 
 # The whole-program converters: a finding of one of these codes, applied, is a conversion.
-WHOLE_PROGRAM = ("TFM303", "TFM401", "TFM107")
+WHOLE_PROGRAM = ("TFM303", "TFM401", "TFM107", "TFM402")
 # TF1 names a converted program must not keep outside TODOs (issue 19's counting rule).
 BANNED = frozenset(
     {
@@ -529,7 +529,7 @@ def classify(program: Program, run: FolderRun, one_file_run: FolderRun | None = 
             if row.refusal_path != program.entry:
                 measured.append(row.refusal_path)
         else:
-            row.detail = "no whole-program converter (TFM303, TFM401, TFM107) reported it"
+            row.detail = "no whole-program converter (TFM303, TFM401, TFM107, TFM402) reported it"
     row.measured_files = measured
     _measure(row, program, run)
     if row.whole_program:
