@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import TypeGuard, TypeVar, cast
 
 import libcst as cst
 
@@ -494,6 +494,10 @@ class ProgramReader:
     def q(self, node: cst.BaseExpression) -> str | None:
         return self.rule.qualify(node)
 
+    def calls_to(self, node: cst.BaseExpression | None, *names: str) -> TypeGuard[cst.Call]:
+        """``call_q(node)`` is one of ``names`` (so ``node`` is a call)."""
+        return self.call_q(node) in names
+
     def call_q(self, node: cst.BaseExpression | None) -> str | None:
         call = _call_of(node)
         if call is None:
@@ -708,7 +712,8 @@ class ProgramReader:
                 prefetch_at = len(setup)
                 setup.append(statement)  # becomes the step's rebatching once the towers are read
             elif assigned and name == "tensorflow.split":
-                source = get_arg(assigned[1], 0, "value")  # type: ignore[arg-type]
+                split = cast(cst.Call, assigned[1])  # call_q named it
+                source = get_arg(split, 0, "value")
                 if not isinstance(source, cst.Name) or source.value not in {
                     p.name for p in placeholders
                 }:
@@ -721,7 +726,7 @@ class ProgramReader:
                 if len(assigned[0]) != 1:
                     raise Blocked(statement, "tf.split unpacked into names")
                 splits[assigned[0][0]] = source.value
-                split_counts.append((statement, get_arg(assigned[1], 1, "num_or_size_splits")))  # type: ignore[arg-type]
+                split_counts.append((statement, get_arg(split, 1, "num_or_size_splits")))
             elif assigned and _empty_lists(assigned[1], len(assigned[0])):
                 lists.update(assigned[0])  # `tower_grads = []`: kept unless it held the grads
                 setup.append(statement)
@@ -770,10 +775,10 @@ class ProgramReader:
             setup[prefetch_at] = self._consecutive_batches(
                 setup[prefetch_at], queue, queue_call, tower["count"]
             )
-        for split, count in split_counts:
+        for split_at, count in split_counts:
             # Replica i gets the i-th of num_replicas equal slices: only that split matches.
             if count is None or not count.deep_equals(tower["count"]):
-                raise Blocked(split, "tf.split into a number of pieces other than the tower count")
+                raise Blocked(split_at, "tf.split into a number of pieces other than the tower count")
         if per_tower:
             placeholders = tower["placeholders"]
         consumed = {tower["list"], *tower["collected"], *tower["dropped_setup"]}
@@ -933,11 +938,11 @@ class ProgramReader:
         step's batches (verify runs the legacy dequeues in tower order, see the note), so one
         step takes num_replicas consecutive batches as one global batch, which
         experimental_distribute_dataset splits in order."""
-        per_tower = queue.batch_size
+        per_tower: cst.BaseExpression | None = queue.batch_size
         params = [p.name.value for p in queue.function.params.params]
         if isinstance(per_tower, cst.Name) and per_tower.value in params and call is not None:
             position = params.index(per_tower.value)
-            per_tower = get_arg(call, position, per_tower.value)  # type: ignore[assignment]
+            per_tower = get_arg(call, position, per_tower.value)
         if per_tower is None:  # the call (in the same setup) spells the batch size it passed
             raise Blocked(statement, "the queue's batch size is not readable at the prefetch queue")
         code = self.rule.context.module.code_for_node
@@ -1268,7 +1273,8 @@ class ProgramReader:
                 if count is not None and comp.for_in.inner_for_in is None and not comp.for_in.ifs:
                     uses = [
                         n
-                        for n in walk(self.rule.enclosing_def(loop))  # type: ignore[arg-type]
+                        # read() found the loop in a function
+                        for n in walk(cast(cst.FunctionDef, self.rule.enclosing_def(loop)))
                         if isinstance(n, cst.Name) and n.value in (devices, device)
                     ]
                     if len(uses) != 4:  # both bound once, each used once (enumerate, tf.device)
@@ -1365,17 +1371,20 @@ class ProgramReader:
                 )
                 assigned = _assign(statement)
                 consumed = True
+            add_n = _call_of(assigned[1]) if assigned is not None else None
+            summed = get_arg(add_n, 0, "inputs") if add_n is not None else None
             if (
                 assigned is not None
                 and len(assigned[0]) == 1
                 and session is None
-                and self.call_q(assigned[1]) == "tensorflow.add_n"
-                and isinstance(get_arg(assigned[1], 0, "inputs"), cst.Name)  # type: ignore[arg-type]
-                and get_arg(assigned[1], 0, "inputs").value in tower["collected"]  # type: ignore[arg-type, union-attr]
+                and self.call_q(add_n) == "tensorflow.add_n"
+                and add_n is not None
+                and isinstance(summed, cst.Name)
+                and summed.value in tower["collected"]
             ):
                 # `total_loss = tf.add_n(clone_losses)`: the SUM over the replicas.
-                reductions[assigned[0][0]] = get_arg(assigned[1], 0, "inputs").value  # type: ignore[arg-type, union-attr]
-                reduction_calls[assigned[0][0]] = assigned[1]  # type: ignore[assignment]
+                reductions[assigned[0][0]] = summed.value
+                reduction_calls[assigned[0][0]] = add_n
                 tail.root_op(assigned[0][0], assigned[1])
                 continue
             if session is None and assigned is not None and len(assigned[0]) == 1:
@@ -1385,14 +1394,17 @@ class ProgramReader:
                 inline = [statement, rest[position + 1]]
                 continue
             if aggregate is None and inline:
-                aggregate = (_assign(inline[0])[0][0], self._inline_averaged(inline[1]))  # type: ignore[index]
+                started = _assign(inline[0])
+                assert started is not None  # _inline_start read it
+                aggregate = (started[0][0], self._inline_averaged(inline[1]))
                 tail.unknown.update(_op_types(inline))
                 continue  # the aggregation loop itself
             inline_call = self._aggregated_inline(assigned, tower_list) if not aggregate else None
             if inline_call is not None:
                 # `train_op = opt.apply_gradients(average_gradients(tower_grads), ...)`: read as
                 # `grads = average_gradients(tower_grads)` then the apply on `grads`
-                helper = self._helper_def(inline_call.func.value)  # type: ignore[attr-defined]
+                # _aggregated_inline found `helper(tower_grads)`: a call of a name
+                helper = self._helper_def(cast(cst.Name, inline_call.func).value)
                 if helper is not None and id(helper) in self.aggregation:
                     name = f"{tower_list}_aggregated"
                     aggregate = (name, self.aggregation[id(helper)])
@@ -1468,15 +1480,17 @@ class ProgramReader:
             if ema is not None and not grouped and self._ema_apply(statement, ema[0], train_op):
                 # `with tf.control_dependencies([apply_op]): train_op = ema.apply(...)`
                 apply.append(statement)
-                train_op, grouped = _assign(statement.body.body[0])[0][0], True  # type: ignore[index]
+                applied = _assign(statement.body.body[0])
+                assert applied is not None  # _ema_apply read it
+                train_op, grouped = applied[0][0], True
                 continue
             if (
                 update_ops is not None
                 and not consumed
                 and assigned is not None
                 and len(assigned[0]) == 1
-                and self.call_q(call) == "tensorflow.group"
-                and self._groups(call, train_op, update_ops.name)  # type: ignore[arg-type]
+                and self.calls_to(call, "tensorflow.group")
+                and self._groups(call, train_op, update_ops.name)
             ):
                 # `train_op = tf.group(apply_op, *update_ops)`: the replicas update their batch
                 # statistics themselves now (see the notes).
@@ -1496,11 +1510,12 @@ class ProgramReader:
                 and not consumed
                 and assigned is not None
                 and len(assigned[0]) == 1
-                and self.call_q(call) == "tensorflow.group"
-                and len(call.args) == 1  # type: ignore[union-attr]
-                and call.args[0].star == "*"  # type: ignore[union-attr]
-                and isinstance(call.args[0].value, cst.Name)  # type: ignore[union-attr]
-                and call.args[0].value.value == update_ops.name  # type: ignore[union-attr]
+                and self.calls_to(call, "tensorflow.group")
+                and len(call.args) == 1
+                and call.args[0].star == "*"
+                and isinstance(call.args[0].value, cst.Name)
+                and update_ops is not None
+                and call.args[0].value.value == update_ops.name
             ):
                 train_op, consumed = assigned[0][0], True
                 continue
@@ -1508,7 +1523,8 @@ class ProgramReader:
             if dependent is not None and train_value is None:
                 # `train_tensor = with_dependencies([update_op], total_loss)`: running it runs
                 # the update; its value is total_loss.
-                train_op, train_value = assigned[0][0], dependent  # type: ignore[index]
+                assert assigned is not None  # what _with_dependencies read
+                train_op, train_value = assigned[0][0], dependent
                 continue
             if statement is not rest[-1] and self._hooks(statement, rest[position + 1]):
                 continue
@@ -1529,19 +1545,21 @@ class ProgramReader:
                 and not grouped
                 and orderless is None
                 and self._ema_apply_call(statement, ema[0])
-                and len(assigned[0]) == 1  # type: ignore[index]
-                and self._ema_variables(_call_of(assigned[1]).args[0].value)  # type: ignore[index, union-attr]
+                and assigned is not None
+                and len(assigned[0]) == 1
+                # _ema_apply_call found `ema.apply(...)`: a call
+                and self._ema_variables(cast(cst.Call, assigned[1]).args[0].value)
             ):
-                orderless = (assigned[0][0], statement)  # type: ignore[index]
+                orderless = (assigned[0][0], statement)
                 continue
             if (
                 orderless is not None
                 and not grouped
                 and assigned is not None
                 and len(assigned[0]) == 1
-                and self.call_q(call) == "tensorflow.group"
+                and self.calls_to(call, "tensorflow.group")
                 and self._groups_orderless(
-                    call,  # type: ignore[arg-type]
+                    call,
                     train_op,
                     orderless[0],
                     update_ops.name if update_ops is not None and not consumed else None,
@@ -1565,7 +1583,8 @@ class ProgramReader:
                 )
             memory = self._memory_stats(assigned)
             if memory is not None and session is None:
-                tail.memory[assigned[0][0]] = memory  # type: ignore[index]
+                assert assigned is not None  # what _memory_stats read
+                tail.memory[assigned[0][0]] = memory
                 continue
             for node in walk(statement):
                 called = self.call_q(node) if isinstance(node, cst.Call) else None
@@ -1582,7 +1601,9 @@ class ProgramReader:
                 kept = {id(s) for s in python_setup}
                 others = [s for s in function.body.body if id(s) not in kept]
                 graph_made = set().union(set(), *(bound_names(s) for s in others))
-                if not free_names(_assign(statement)[1]) & graph_made:  # type: ignore[index]
+                arithmetic = _assign(statement)
+                assert arithmetic is not None  # _plain_arithmetic read it
+                if not free_names(arithmetic[1]) & graph_made:
                     # `global_batch = args.batch_size * args.num_gpus`: plain Python on what
                     # the graph does not make, computed with the set-up before the graph.
                     python_setup.append(statement)
@@ -1844,7 +1865,7 @@ class ProgramReader:
             and len(assigned[0]) == 1
             and self.call_q(assigned[1]) == "tensorflow.summary.FileWriter"
         ):
-            logdir = get_arg(assigned[1], 0, "logdir")  # type: ignore[arg-type]
+            logdir = get_arg(cast(cst.Call, assigned[1]), 0, "logdir")  # call_q named it
             if logdir is None or session in free_names(logdir):
                 raise Blocked(statement, "a FileWriter without a log directory")
             self._log.writer = (assigned[0][0], logdir)
@@ -1901,7 +1922,7 @@ class ProgramReader:
         ):
             return None
         op_name = name.evaluated_value if isinstance(name, cst.SimpleString) else None
-        return value.value, op_name or "control_dependency"  # type: ignore[return-value]
+        return value.value, op_name if isinstance(op_name, str) and op_name else "control_dependency"
 
     def _update_ops_assignment(self, statement: cst.CSTNode) -> tuple[str, cst.Call] | None:
         """``ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS, ...)`` -> (ops, the call)."""
@@ -2078,22 +2099,22 @@ class ProgramReader:
             and statement.items[0].asname is not None
             and isinstance(statement.items[0].asname.name, cst.Name)
         ):
-            call = statement.items[0].item
-            hooks = get_arg(call, None, "hooks")  # type: ignore[arg-type]
-            keywords = {a.keyword.value for a in call.args if a.keyword is not None}  # type: ignore[attr-defined]
+            call = cast(cst.Call, statement.items[0].item)  # call_q named it
+            hooks = get_arg(call, None, "hooks")
+            keywords = {a.keyword.value for a in call.args if a.keyword is not None}
             if (
                 self._hook_list is None
                 or not isinstance(hooks, cst.Name)
                 or hooks.value != self._hook_list[0]
                 or keywords - {"checkpoint_dir", "hooks"}
-                or len(keywords) != len(call.args)  # type: ignore[attr-defined]
+                or len(keywords) != len(call.args)
             ):
                 raise Blocked(
                     statement,
                     "a MonitoredTrainingSession other than "
                     "(checkpoint_dir=..., hooks=[tf.train.StopAtStepHook(last_step=n)])",
                 )
-            self._monitored = (self._hook_list[1], get_arg(call, None, "checkpoint_dir"))  # type: ignore[arg-type]
+            self._monitored = (self._hook_list[1], get_arg(call, None, "checkpoint_dir"))
             return statement.items[0].asname.name.value
         if (
             isinstance(statement, cst.With)
@@ -2200,7 +2221,7 @@ class ProgramReader:
                 listed[1],
             )
         if isinstance(fetched, cst.Name) and len(assigned[0]) == 1:
-            names = [(fetched.value, None)]  # `loss_value = sess.run(train_tensor, ...)`
+            names: list[tuple[str, int | None]] = [(fetched.value, None)]  # `loss_value = sess.run(train_tensor, ...)`
         elif not isinstance(fetched, cst.List | cst.Tuple) or not all(
             _fetched_name(e.value) for e in fetched.elements
         ):
@@ -2218,7 +2239,7 @@ class ProgramReader:
                 "(or of per-tower list entries `losses[<integer literal>]`)",
             )
         else:
-            names = [_fetched_name(e.value) for e in fetched.elements]  # type: ignore[misc]
+            names = [n for e in fetched.elements if (n := _fetched_name(e.value)) is not None]
         if len(names) != len(assigned[0]):
             raise Blocked(run_call, "sess.run's fetches and targets differ in length")
         if (train_op, None) not in names:
@@ -2321,7 +2342,8 @@ class ProgramReader:
                 tower_feed = self._tower_feed(body[position + 1], feed)
                 tower_feed.replaced.append(statement)
                 feed_statement = statement
-                values = dict.fromkeys(self._tower_feeds[1], cst.Name("None"))  # type: ignore[index]
+                assert self._tower_feeds is not None  # _tower_feed refused it None
+                values = dict.fromkeys(self._tower_feeds[1], cst.Name("None"))
                 break
             if assigned and assigned[0] == [feed]:
                 if not isinstance(assigned[1], cst.Dict):
@@ -2441,7 +2463,7 @@ class ProgramReader:
         ):
             return False
         receiver = call.func.value
-        fresh = self.call_q(receiver) == "tensorflow.train.Saver" and not receiver.args  # type: ignore[attr-defined]
+        fresh = self.calls_to(receiver, "tensorflow.train.Saver") and not receiver.args
         named = (
             self._log.saver is not None
             and isinstance(receiver, cst.Name)
@@ -2602,8 +2624,8 @@ class ProgramReader:
         assigned = _assign(statement)
         if assigned is not None and len(assigned[0]) == 1:
             call = _call_of(assigned[1])
-            if self.call_q(call) in (CONFIG_PROTO, GPU_OPTIONS):
-                self._config_settings(call, tail)  # type: ignore[arg-type]
+            if self.calls_to(call, CONFIG_PROTO, GPU_OPTIONS):
+                self._config_settings(call, tail)
                 tail.configs.add(assigned[0][0])
                 return True
         small = _simple(statement)
@@ -2613,11 +2635,11 @@ class ProgramReader:
                 tail.setting(".".join(path[1:]), small.value, statement)
                 return True
         if self._tf_config_only(statement):
-            tail.config_calls.append(statement)  # type: ignore[arg-type]
+            tail.config_calls.append(statement)
             return True
         return False
 
-    def _tf_config_only(self, statement: cst.CSTNode) -> bool:
+    def _tf_config_only(self, statement: cst.CSTNode) -> TypeGuard[cst.For | cst.SimpleStatementLine]:
         """``tf.config.set_soft_device_placement(True)``, or ``for gpu in
         tf.config.list_physical_devices('GPU'): tf.config.experimental.set_memory_growth(gpu,
         True)``: device settings in TF2's own spelling (what TFM105 writes)."""
@@ -2642,8 +2664,8 @@ class ProgramReader:
             key = arg.keyword.value
             if q == CONFIG_PROTO and key == "gpu_options":
                 inner = _call_of(arg.value)
-                if self.call_q(inner) == GPU_OPTIONS:
-                    self._config_settings(inner, tail)  # type: ignore[arg-type]
+                if self.calls_to(inner, GPU_OPTIONS):
+                    self._config_settings(inner, tail)
                 elif not (isinstance(arg.value, cst.Name) and arg.value.value in tail.configs):
                     raise Blocked(call, "GPUOptions the conversion cannot follow")
                 continue
@@ -2664,9 +2686,9 @@ class ProgramReader:
         if isinstance(config, cst.Name) and config.value in tail.configs:
             return
         inline = _call_of(config)
-        if self.call_q(inline) != CONFIG_PROTO:
+        if not self.calls_to(inline, CONFIG_PROTO):
             raise Blocked(statement, "a Session config the conversion cannot follow")
-        self._config_settings(inline, tail)  # type: ignore[arg-type]
+        self._config_settings(inline, tail)
 
     def _memory_stats(self, assigned: tuple[list[str], cst.BaseExpression] | None) -> str | None:
         """``peak = tf.contrib.memory_stats.MaxBytesInUse()`` -> 'MaxBytesInUse'."""
@@ -2678,7 +2700,8 @@ class ProgramReader:
             or len(assigned[0]) != 1
             or not q.startswith("tensorflow.contrib.memory_stats.")
             or op not in MEMORY_STATS
-            or call.args  # type: ignore[union-attr]
+            or call is None  # (a memory_stats name is a call's)
+            or call.args
         ):
             return None
         return op
