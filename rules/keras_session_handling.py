@@ -138,7 +138,12 @@ class KerasSessionHandling(Rule):
     """
 
     code = "TFM108"
-    triggers = tuple(sorted(SET_SESSION | GET_SESSION))  # every report is such a call
+    # every report is such a call, or a Keras file's session helper nothing calls
+    triggers = (
+        *sorted(SET_SESSION | GET_SESSION),
+        ("tensorflow.Session", "keras*"),
+        ("tensorflow.Session", "tensorflow.keras"),
+    )
     name = "keras-session-handling"
     summary = "Keras 2 set_session/get_session: no sessions in Keras 3"
     fix_safety = FixSafety.SAFE
@@ -274,6 +279,30 @@ set_session(tf.Session())
             """,
             message="left as a TODO",
         ),
+        # A session helper left behind (its set_session commented out): it goes, unsafe.
+        Example(
+            """
+            import tensorflow as tf
+            from tensorflow import keras
+
+            def get_session():
+                \"\"\"A session that grows GPU memory.\"\"\"
+                config = tf.ConfigProto()
+                config.gpu_options.allow_growth = True
+                return tf.Session(config=config)
+
+            # keras.backend.set_session(get_session())
+            model = keras.Sequential()
+            """,
+            fixed="""
+            import tensorflow as tf
+            from tensorflow import keras
+
+            # keras.backend.set_session(get_session())
+            model = keras.Sequential()
+            """,
+            message="nothing in this file calls it",
+        ),
         # The session is kept and used: a person decides.
         Example(
             """
@@ -408,6 +437,14 @@ set_session(tf.Session())
                 if param.default is None:
                     raise _NotFollowed
                 given[param.name.value] = param.default
+        self._helper_body(helper, given, found)
+
+    def _helper_body(
+        self, helper: cst.FunctionDef, given: dict[str, cst.BaseExpression], found: _Sessions
+    ) -> None:
+        """The settings of a helper whose body only builds a config and returns its session."""
+        name = helper.name.value
+        assert isinstance(helper.body, cst.IndentedBlock)
         body = list(helper.body.body)
         small = _small(body[0]) if body else None
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString):
@@ -579,6 +616,41 @@ set_session(tf.Session())
             imports=tf_imports(self),
         )
         return True
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        """A module-level helper that only builds a TF1 session, called nowhere (its
+        `set_session` already gone or commented out)."""
+        module = self.context.module
+        if self.parent(node) is not module or not isinstance(node.body, cst.IndentedBlock):
+            return
+        if not any(m.startswith(("keras", "tensorflow.keras")) for m in self._imported()):
+            return
+        params = node.params
+        if params.star_arg is not None and isinstance(params.star_arg, cst.Param):
+            return
+        if params.star_kwarg is not None or params.kwonly_params or params.posonly_params:
+            return
+        given = {p.name.value: p.default or p.name for p in params.params}
+        try:
+            self._helper_body(node, given, _Sessions())  # type: ignore[arg-type]
+        except _NotFollowed:
+            return
+        if _occurs(module, node.name.value, set()):
+            return
+        self.report(
+            node.name,
+            f"`{node.name.value}()` builds a TF1 session for Keras and nothing in this file calls "
+            "it: Keras 3 has no session and `tf.Session` is gone in TF2; delete it (unsafe: "
+            "another module may import it)",
+            replacement=cst.RemoveFromParent(),
+            target=node,
+            safety=FixSafety.UNSAFE,
+        )
+
+    def _imported(self) -> set[str]:
+        """What the module imports: modules and the names bound by `from ... import`."""
+        resolver = self.context.resolver
+        return set(resolver.imported_modules) | set(resolver.bindings.values())
 
     def visit_Call(self, node: cst.Call) -> None:
         name = self.call_name(node)
