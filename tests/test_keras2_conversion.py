@@ -316,15 +316,15 @@ def _rows(report: dict[str, object]) -> dict[str, dict[str, object]]:
 def test_verify_finds_the_rewritten_dice_program_equivalent(tmp_path):
     """The fixture as it is (UNet, dice loss over the whole batch, multi_gpu_model, Adam 1e-3):
     `rewrite` (safe fixes only) computes the dice loss on the global batch; verify finds the loss
-    equal and every weight within tolerance or within the legacy program's own rounding drift;
-    only the announced batch-norm moving statistics differ.
+    equal and every weight the same training; only the announced batch-norm moving statistics
+    differ.
 
-    Without --noise-floor 3 of the 42 kernels end 1.2e-6 to 2.0e-6 apart after step 1, just
-    over atol 1e-6: Adam's first update is lr * g / (|g| + 1e-7 / sqrt(1 - 0.999)) =
-    lr * g / (|g| + 3.16e-6), whose slope near 0, lr / 3.16e-6 = 316, turns the ~3.5e-9 float
-    differences of near-zero gradient entries into 1e-6 on near-zero weights. The legacy program
-    started from weights one float step away drifts from its first run by as much (measured:
-    1.6e-6 to 2.3e-6 on those kernels), which is what --noise-floor measures and reports."""
+    Several kernels end 4e-6 to 3e-5 apart after step 1 (depending on the CPU's kernels), over
+    the elementwise atol 1e-6: Adam's first update is lr * g / (|g| + 1e-7 / sqrt(1 - 0.999)) =
+    lr * g / (|g| + 3.16e-6), whose slope near 0, lr / 3.16e-6 = 316, turns the float
+    differences of near-zero gradient entries into 1e-5 on near-zero weights. Each step's update
+    of every weight is still within 0.05% of the legacy step's (L2), which the default criterion
+    accepts (docs/verify.md, "Verdict criterion")."""
     legacy = tmp_path / "legacy"
     shutil.copytree(FIXTURE, legacy)
     script = legacy / "train.py"
@@ -335,17 +335,14 @@ def test_verify_finds_the_rewritten_dice_program_equivalent(tmp_path):
     train = (out / "train.py").read_text("utf-8")
     assert "def tfmigrate_program(strategy, argv):" in train
     assert "loss=global_batch_loss(dice_loss)" in train
-    code, report = _verify(script, out / "train.py", tmp_path / "report", "--noise-floor")
+    code, report = _verify(script, out / "train.py", tmp_path / "report")
     assert code == 0 and report["verdict"] == "equivalent", report["reason"]
     rows = _rows(report)
     assert rows["loss (reduced)"]["status"] == "pass"
     assert rows["loss (reduced)"]["steps_compared"] == 2
     weights = [r for r in rows.values() if r["category"] == "weight"]
-    assert len(weights) == 42 and all(r["status"] in ("pass", "within-noise") for r in weights)
-    # the noise floor ran because something was over tolerance, and says how far the legacy drifted
-    assert any(r["status"] == "within-noise" for r in weights)
-    assert all("legacy vs itself nudged" in r["note"] for r in weights if r["status"] == "within-noise")
-    assert report["sides"]["legacy (nudged)"]["status"] == "ok"
+    assert len(weights) == 42 and all(r["status"] == "pass" for r in weights)
+    assert all(r["update_error"] is not None for r in weights)  # judged step by step
     stats = [r for r in rows.values() if r["category"] == "bn_stat"]
     assert len(stats) == 20 and all(r["status"] in ("pass", "expected") for r in stats)
     assert any(r["status"] == "expected" for r in stats)

@@ -63,9 +63,12 @@ def verify(
                           "parameters are unchanged (fast iteration on the migrated side)."),
     ] = None,
     noise_floor: Annotated[
-        bool, typer.Option(help="If something diverges, run the legacy program again from weights one float "
-                                "step away and accept differences within 3x its drift from itself (rounding).")
-    ] = False,
+        bool | None,
+        typer.Option("--noise-floor/--no-noise-floor", show_default=False,
+                     help="If something diverges, run the legacy program again under other kernel settings "
+                          "and accept failing steps within 3x its drift from itself (rounding) "
+                          "[default: when the first divergence is after step 1].")
+    ] = None,
     replay_inputs: Annotated[
         bool, typer.Option(help="Feed the migrated replicas the legacy towers' batches of each step instead of "
                                 "what the program's own input pipeline gives (the pipeline is then not compared).")

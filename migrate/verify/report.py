@@ -31,7 +31,7 @@ def _num(x: float | None) -> str:
 
 def _side_summary(outcome: Outcome) -> dict[str, dict[str, Any]]:
     sides: dict[str, dict[str, Any]] = {}
-    for run in (outcome.legacy, outcome.migrated, *outcome.workers, outcome.roundtrip, outcome.noise):
+    for run in (outcome.legacy, outcome.migrated, *outcome.workers, outcome.roundtrip, *outcome.noise):
         if run is None:
             continue
         rec = run.record

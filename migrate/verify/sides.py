@@ -270,27 +270,51 @@ def run_sides(plan: RunPlan) -> tuple[SideRun, SideRun]:
     )
 
 
-def noise_command(plan: RunPlan, seed: int = 1) -> list[str]:
-    """The nudged legacy run's command: the first legacy command with its own out folder. It
+@dataclass
+class NoiseRun:
+    """One rounding-level perturbation of the legacy run (verify's noise floor)."""
+
+    name: str  # folder under the scratch folder, and the side's label
+    env: dict[str, str]  # kernel settings over the main run's
+    nudge_seed: int | None = None  # move each trainable float one step at random (seeded)
+
+
+def noise_runs() -> list[NoiseRun]:
+    """What verify does not pin and a faithful migration changes anyway: the kernels' rounding.
+    Flip oneDNN (TF's default on x86 Linux is on) and, in a second run, compute on one intra-op
+    thread from weights one float step away."""
+    onednn = "1" if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0" else "0"
+    return [
+        NoiseRun(f"noise-onednn{onednn}", {"TF_ENABLE_ONEDNN_OPTS": onednn}),
+        NoiseRun("noise-1thread", {"TF_NUM_INTRAOP_THREADS": "1", "OMP_NUM_THREADS": "1"}, 1),
+    ]
+
+
+def noise_command(plan: RunPlan, run: NoiseRun) -> list[str]:
+    """A perturbed legacy run's command: the first legacy command with its own out folder. It
     reads the mapping/trace files the main runs used and leaves them as they are (the report
     keeps them)."""
     cmd = _commands(plan).legacy
-    cmd[cmd.index("--out") + 1] = str(plan.workdir / "noise" / "out")
-    return [*cmd, "--nudge-initial", str(seed), "--", *plan.script_args]
+    cmd[cmd.index("--out") + 1] = str(plan.workdir / run.name / "out")
+    nudge = ["--nudge-initial", str(run.nudge_seed)] if run.nudge_seed is not None else []
+    return [*cmd, *nudge, "--", *plan.script_args]
 
 
-def run_noise(plan: RunPlan, seed: int = 1) -> SideRun:
-    """The legacy program once more, from weights one float step away from the first run's: how
-    far its own training carries a rounding difference (verify --noise-floor)."""
-    out = plan.workdir / "noise" / "out"
+def run_noise(plan: RunPlan, run: NoiseRun) -> SideRun:
+    """The legacy program once more under ``run``'s perturbation: how far its own training
+    carries a rounding difference (verify's noise floor)."""
+    out = plan.workdir / run.name / "out"
     out.mkdir(parents=True, exist_ok=True)
+    label = ", ".join(f"{k}={v}" for k, v in run.env.items() if k != "OMP_NUM_THREADS")
+    if run.nudge_seed is not None:
+        label += ", nudged"
     return _run_alone(
-        "legacy (nudged)",
-        noise_command(plan, seed),
+        f"legacy ({label})",
+        noise_command(plan, run),
         out,
-        plan.workdir / "noise",
+        plan.workdir / run.name,
         plan,
-        _env(LEGACY_ENV, plan.seed, plan.device),
+        {**_env(LEGACY_ENV, plan.seed, plan.device), **run.env},
     )
 
 

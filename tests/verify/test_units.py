@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -300,7 +301,10 @@ def test_legacy_rev_takes_the_script_folder_from_git(tmp_path):
     assert (taken.parent / "model.py").read_text() == "X = 1\n"
 
 
-def _row(quantity: str, max_abs: float, status: str = cmp.FAIL, step: int | None = 1) -> cmp.Row:
+def _row(quantity: str, error: float, status: str = cmp.FAIL, step: int | None = 1) -> cmp.Row:
+    """A variable row whose update error is ``error`` at every one of 4 steps (failing from
+    ``step`` on)."""
+    bad = [] if step is None else list(range(step, 5))
     return cmp.Row(
         quantity,
         "weight",
@@ -308,10 +312,13 @@ def _row(quantity: str, max_abs: float, status: str = cmp.FAIL, step: int | None
         quantity,
         status,
         steps_compared=4,
-        max_abs=max_abs,
+        max_abs=error,
         first_step=step,
         phase=cmp.VARIABLE_PHASE,
-        note=f"max |diff| {max_abs:.3g}",
+        note=f"update error {error:.3g}",
+        update_error=error,
+        per_step={s: error for s in range(1, 5)},
+        bad_steps=bad,
     )
 
 
@@ -321,29 +328,49 @@ def _judged(rows: list[cmp.Row]) -> cmp.Comparison:
     return result
 
 
+def _floor(**errors: dict[int, float]) -> cmp.Comparison:
+    rows = [_row(q, 0.0, cmp.PASS, None) for q in errors]
+    for row, per_step in zip(rows, errors.values(), strict=True):
+        row.per_step = per_step
+    return cmp.Comparison(verdict=cmp.EQUIVALENT, rows=rows)
+
+
 def test_noise_floor_accepts_only_differences_the_legacy_program_makes_with_itself():
-    result = _judged([_row("a", 2e-6), _row("b", 5e-8, cmp.PASS, None)])
+    result = _judged([_row("a", 0.05, step=3), _row("b", 1e-4, cmp.PASS, None)])
     assert result.verdict == cmp.DIVERGED
-    floor = cmp.Comparison(verdict=cmp.DIVERGED, rows=[_row("a", 1e-6), _row("b", 1e-8)])
-    cmp.apply_noise_floor(result, floor)
+    # two floor runs: the larger drift counts, and a drift seen at step 2 still counts at step 3
+    floors = [_floor(a={1: 1e-4, 2: 0.03, 3: 0.001, 4: 0.02}), _floor(a={1: 1e-4, 2: 0.01, 3: 0.002, 4: 0.025})]
+    cmp.apply_noise_floor(result, floors)
     assert result.verdict == cmp.EQUIVALENT and result.first_divergence is None
     assert [r.status for r in result.rows] == [cmp.NOISE, cmp.PASS]
-    assert "legacy vs itself nudged: 1e-06" in result.rows[0].note
-    assert any("noise floor" in n and "3×" in n for n in result.notes)
+    assert "the legacy program's own under other kernels 0.03" in result.rows[0].note
+    assert any("noise floor" in n and "3×" in n and "2 run(s)" in n for n in result.notes)
 
-    # 4x the drift is a difference of the migration; so is any change where the nudge moved nothing
-    result = _judged([_row("a", 4e-6), _row("c", 1e-9, step=2)])
-    cmp.apply_noise_floor(
-        result, cmp.Comparison(verdict=cmp.DIVERGED, rows=[_row("a", 1e-6), _row("c", 0.0)])
-    )
+    # 4x the drift is a difference of the migration; so is any change where the runs moved nothing
+    result = _judged([_row("a", 0.08, step=2), _row("c", 0.5, step=2)])
+    cmp.apply_noise_floor(result, [_floor(a={1: 0.0, 2: 0.02, 3: 0.02, 4: 0.02}, c={1: 0.0, 2: 0.0})])
     assert result.verdict == cmp.DIVERGED
     assert [r.status for r in result.rows] == [cmp.FAIL, cmp.FAIL]
     assert result.first_divergence["quantity"] == "a"
 
 
-def test_noise_run_leaves_the_main_runs_files_alone(tmp_path, monkeypatch):
-    """--noise-floor's extra legacy run reads the mapping/trace files of the main runs (kept
-    with --report) and writes only into its own folder."""
+def test_noise_floor_runs_only_when_rounding_may_have_grown():
+    """By default the noise floor runs for a divergence after step 1; --noise-floor always,
+    --no-noise-floor never."""
+    from tfmigrate.verify.verifier import VerifyOptions, _wants_noise_floor
+
+    def wants(step: int, flag: bool | None) -> bool:
+        comparison = _judged([_row("a", 0.5, step=step)])
+        return _wants_noise_floor(VerifyOptions(legacy=Path("a"), migrated=Path("b"), noise_floor=flag), comparison)
+
+    assert [wants(1, None), wants(2, None), wants(1, True), wants(2, False)] == [False, True, True, False]
+    assert not _wants_noise_floor(VerifyOptions(legacy=Path("a"), migrated=Path("b"), noise_floor=True),
+                                  _judged([_row("a", 0.0, cmp.PASS, None)]))  # fmt: skip
+
+
+def test_noise_runs_leave_the_main_runs_files_alone(tmp_path, monkeypatch):
+    """The noise floor's extra legacy runs read the mapping/trace files of the main runs (kept
+    with --report) and write only into their own folders, each under its own kernel settings."""
     from tfmigrate.verify import sides
 
     plan = sides.RunPlan(legacy=tmp_path / "train.py", migrated=tmp_path / "new.py",
@@ -353,11 +380,17 @@ def test_noise_run_leaves_the_main_runs_files_alone(tmp_path, monkeypatch):
     for p in files:
         p.write_text(files[p] + " ")  # what the main runs left, to be kept byte for byte
     ran = []
-    monkeypatch.setattr(sides, "_run_alone", lambda side, cmd, out, *rest: ran.append((cmd, out)))
-    sides.run_noise(plan, seed=3)
+    monkeypatch.setattr(sides, "_run_alone", lambda side, cmd, out, folder, plan, env: ran.append((side, cmd, out, env)))
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    for run in sides.noise_runs():
+        sides.run_noise(plan, run)
     assert all(p.read_text() == text + " " for p, text in files.items())
-    [(cmd, out)] = ran
-    assert out == plan.workdir / "noise" / "out" and out.is_dir()
-    assert cmd[cmd.index("--out") + 1] == str(out)
-    assert cmd[cmd.index("--trace") + 1] == main.legacy[main.legacy.index("--trace") + 1]
-    assert cmd[-5:] == ["--nudge-initial", "3", "--", "--x", "1"]
+    [(side1, cmd1, out1, env1), (side2, cmd2, out2, env2)] = ran
+    assert env1["TF_ENABLE_ONEDNN_OPTS"] == "1" and "nudged" not in side1  # flipped from the user's
+    assert env2["TF_NUM_INTRAOP_THREADS"] == "1" and side2.endswith("nudged)")
+    for cmd, out in ((cmd1, out1), (cmd2, out2)):
+        assert out.parent.parent == plan.workdir and out.is_dir() and out != main.legacy_out
+        assert cmd[cmd.index("--out") + 1] == str(out)
+        assert cmd[cmd.index("--trace") + 1] == main.legacy[main.legacy.index("--trace") + 1]
+    assert cmd1[-3:] == ["--", "--x", "1"] and "--nudge-initial" not in cmd1
+    assert cmd2[-5:] == ["--nudge-initial", "1", "--", "--x", "1"]
