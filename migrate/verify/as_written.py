@@ -15,7 +15,8 @@ working directory). verify instruments TensorFlow from outside:
   recorded too (a dict by its keys, a tuple as ``output_0``..., one value as ``output``);
 - variables: found through a variable creator scope and the Keras / distributed variable
   constructors; named by Keras path, else by tf.Variable name without ``:0``; optimizer slots and
-  iteration counters are found through the optimizers and never compared;
+  iteration counters are found through the optimizers, Keras metrics' totals through the
+  metrics, and neither is compared;
 - start: the legacy initial values are assigned when the first step is traced (under
   ``init_scope``, so the assignment runs eagerly before the traced step ever executes) or, for an
   eager program, when its first GradientTape opens;
@@ -189,6 +190,7 @@ class AsWritten:
         self.distributed: list[Any] = []
         self.keras: list[Any] = []
         self.optimizers: list[Any] = []
+        self.metrics: list[Any] = []  # Keras metrics (fit's loss tracker): never compared
         self.step_functions: dict[int, tuple[Any, bool]] = {}  # id -> (Function, is a step)
         self.saw_update = False
         self.calling = 0  # depth of top-level tf.function calls (nested ones are not steps)
@@ -257,6 +259,15 @@ class AsWritten:
                 me.optimizers.append(opt)  # its iteration counter exists before any update
 
             base_optimizer.BaseOptimizer.__init__ = opt_init
+            from keras.src.metrics import metric as keras_metric
+
+            orig_metric = keras_metric.Metric.__init__
+
+            def metric_init(metric: Any, *args: Any, **kwargs: Any) -> None:
+                orig_metric(metric, *args, **kwargs)
+                me.metrics.append(metric)  # its running totals are the program's bookkeeping
+
+            keras_metric.Metric.__init__ = metric_init
             for name in ("apply_gradients", "apply"):
                 setattr(base_optimizer.BaseOptimizer, name,
                         self._update_hook(getattr(base_optimizer.BaseOptimizer, name)))
@@ -538,6 +549,8 @@ class AsWritten:
                 if inner is not None:
                     slots.add(id(inner))
                     slots.update(id(c) for c in getattr(inner, "values", ()) or ())
+        for metric in self.metrics:
+            slots.update(id(v) for v in metric.variables)
         for kv in self.keras:
             inner = kv.value
             hidden.add(id(inner))

@@ -64,6 +64,20 @@ def test_an_eager_step_is_a_step_too(tmp_path, legacy_cache):
 
 
 @pytest.mark.slow
+def test_a_keras_fit_program_is_verified_through_a_mapping_of_its_weight_paths(tmp_path, legacy_cache):
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text(json.dumps({f"{layer}/{tf1}": f"classifier/{layer}/{keras}" for layer in ("hidden", "logits")
+                                   for tf1, keras in (("weights", "kernel"), ("biases", "bias"))}))
+    outcome = verify(TOWERS / "legacy.py", TOWERS / "train_fit.py", steps=STEPS, cache=legacy_cache,
+                     mapping=mapping)
+    comparison = outcome.comparison
+    assert comparison.verdict == cmp.EQUIVALENT, comparison.reason
+    assert _statuses(outcome)["loss (tower 1)"] == _statuses(outcome)["logits/weights"] == cmp.PASS
+    assert any("loss scaling" in n for n in comparison.notes)
+    assert not any("loss/total" in n for n in comparison.notes)  # fit's loss tracker is not a weight
+
+
+@pytest.mark.slow
 def test_learning_rate_ten_percent_higher_diverges(tmp_path, legacy_cache):
     mutant = _copy(tmp_path, TOWERS, "args.lr, decay_steps=3", "args.lr * 1.1, decay_steps=3")
     outcome = verify(TOWERS / "legacy.py", mutant, steps=STEPS, cache=legacy_cache)
