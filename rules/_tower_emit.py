@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import libcst as cst
 
@@ -18,6 +18,8 @@ from tfmigrate.rules._towers import bound_names, free_names, get_arg, walk
 
 if TYPE_CHECKING:
     from tfmigrate.rules._keras_model_plan import KerasPlan
+
+    _Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement  # what a Module holds
 
 # Emitted into the migrated program: it must not import tfmigrate. Lines tagged `[moving]`
 # or `[regularization]` are kept only when the program needs them (see store_source).
@@ -412,17 +414,19 @@ class Emitter:
         if not isinstance(value, cst.Call) or depth > 5:
             return None
         literal = get_arg(value, None, "name")
-        if isinstance(literal, cst.SimpleString):
-            return literal.evaluated_value  # type: ignore[return-value]
+        given = literal.evaluated_value if isinstance(literal, cst.SimpleString) else None
+        if isinstance(given, str):
+            return given
         scope = get_arg(value, None, "scope")
+        scope_name = scope.evaluated_value if isinstance(scope, cst.SimpleString) else None
         if (
-            isinstance(scope, cst.SimpleString)
+            isinstance(scope_name, str)
             and isinstance(value.func, cst.Attribute)
             and isinstance(value.func.value, cst.Attribute)
             and value.func.value.attr.value == "losses"
         ):
             # tf.losses.*(..., scope='xent') returns the tensor `xent/value`.
-            return f"{scope.evaluated_value}/value"
+            return f"{scope_name}/value"
         if (
             scope is None
             and isinstance(value.func, cst.Attribute)
@@ -491,8 +495,10 @@ class Emitter:
         """A generator of what the legacy loop fed (its own feed code), as a dataset."""
         p = self.p
         header = self.code(p.step_loop.target), self.expr(p.step_loop.iter)
+        # fed: each a tf.placeholder, read with its dtype and shape
         specs = "".join(
-            f"\n        tf.TensorSpec({self._spec_shape(ph.shape)}, {self.code(ph.dtype)}),"
+            f"\n        tf.TensorSpec({self._spec_shape(cast(cst.BaseExpression, ph.shape))}, "
+            f"{self.code(cast(cst.BaseExpression, ph.dtype))}),"
             for ph in p.placeholders
         )
         prelude = self.slot(p.session_prelude)
@@ -561,8 +567,11 @@ class Emitter:
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in tower_keys.items())
         extra = "".join(f'\n    "{name}": {name},' for name in loop_needs)
         keras = self.keras
-        body = self.slot([s.visit(_RegularizationReads(keras)) for s in p.tower_body])
-        apply = self.slot([s.visit(_Collections(keras)) for s in p.apply])
+        # both rewrite expressions inside the statements, removing none
+        body = self.slot(
+            [cast(cst.BaseStatement, s.visit(_RegularizationReads(keras))) for s in p.tower_body]
+        )
+        apply = self.slot([cast(cst.BaseStatement, s.visit(_Collections(keras))) for s in p.apply])
         reads = "".join(
             f"\n    fetches[{keys[name]!r}] = {name}() if callable({name}) else {name}"
             for name in setup_fetches
@@ -588,7 +597,9 @@ class Emitter:
         if p.ema is not None:
             name = p.ema[0]
             ema_slot = self.slot([p.ema[1]])
-            averaged = self.code(self.ema_variables().visit(_Collections(keras)))
+            averaged = self.code(
+                cast(cst.BaseExpression, self.ema_variables().visit(_Collections(keras)))
+            )
             ema = (
                 "\n"
                 "with strategy.scope():\n"
@@ -725,7 +736,8 @@ class Emitter:
         )
 
     def uses_regularization(self) -> bool:
-        module = cst.Module(body=list(self.p.tower_body))
+        # a libcst statement is a line or a compound statement; BaseStatement is their base
+        module = cst.Module(body=cast("list[_Statement]", list(self.p.tower_body)))
         return module.visit(_RegularizationReads(self.keras)).code != module.code
 
     def statistics_reason(self) -> str:
@@ -843,7 +855,8 @@ class Emitter:
             if isinstance(small, cst.Import):
                 for alias in small.names:
                     if self.code(alias.name) == "numpy":
-                        return alias.asname.name.value if alias.asname else "numpy"  # type: ignore[union-attr]
+                        # an import's `as` names a Name (libcst's AsName also serves `with`)
+                        return cast(cst.Name, alias.asname.name).value if alias.asname else "numpy"
         raise Blocked(
             self.p.tower_loop,
             "the towers are fed separately and numpy is not imported "
@@ -896,7 +909,8 @@ class Emitter:
             logging_names = {p.logging.writer[0]} if p.logging.writer else set()
             if p.logging.saver is not None:
                 logging_names.add(p.logging.saver[0])
-            left = free_names(statement.visit(_LoopLogging(p, strip=True))) & logging_names
+            stripped = cast(cst.CSTNode, statement.visit(_LoopLogging(p, strip=True)))
+            left = free_names(stripped) & logging_names
             if left:
                 raise Blocked(
                     statement,

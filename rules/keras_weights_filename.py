@@ -78,7 +78,7 @@ class _Swap(cst.CSTTransformer):
         super().__init__()
         self.old, self.new = old, new
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+    def on_leave(self, original_node, updated_node):
         return self.new if original_node is self.old and self.new is not None else updated_node
 
 
@@ -405,7 +405,7 @@ model.save_weights('model.h5')
             return
         literal = _file_literal(arg.value)
         text = _literal_text(literal)
-        if text in saved and text is not None and text.lower().endswith(_H5):
+        if text is not None and text in saved and text.lower().endswith(_H5):
             args = [a for a in call.args if a is not flag]
             args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             renamed = _renamed(literal)

@@ -400,7 +400,9 @@ with strategy.scope():
         returns = [n for n in _walk_own(function) if isinstance(n, cst.Return)]
         if not returns or any(r.value is None for r in returns):
             return False
-        return all(self._scalar(r.value, function, source, depth) for r in returns)  # type: ignore[arg-type]
+        return all(
+            self._scalar(r.value, function, source, depth) for r in returns if r.value is not None
+        )  # (none is None: checked above)
 
     def _scalar_loss(self, name: str, source: _Source, depth: int) -> bool:
         function = source.facts.function(name)

@@ -32,11 +32,16 @@ def device_config(rule: Rule) -> DeviceConfig:
     context = rule.context
     held = weakref.ref(context)  # kept in the context: no cycle that outlives the tree
 
+    # The analysis lives in the context (``shared``): the context is alive while it is used.
     def parent(node: cst.CSTNode) -> cst.CSTNode | None:
-        return held().parent_of(node)  # type: ignore[union-attr]
+        alive = held()
+        assert alive is not None
+        return alive.parent_of(node)
 
     def line(node: cst.CSTNode) -> int:
-        return held().position_of(node).start.line  # type: ignore[union-attr]
+        alive = held()
+        assert alive is not None
+        return alive.position_of(node).start.line
 
     return context.shared(
         "device-config",
