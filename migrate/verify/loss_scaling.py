@@ -31,12 +31,12 @@ def _groups(record: RunRecord, source: str | None) -> dict[str, dict[int, dict[i
 
 
 def _relative(migrated: dict[int, Fetch], legacy: dict[int, Fetch], factor: float) -> float | None:
-    if set(migrated) != set(legacy):
-        return None
+    if not legacy or not set(legacy) <= set(migrated):
+        return None  # a loop may fetch one tower's loss only (the last tower's, often)
     worst = 0.0
-    for tower, f in migrated.items():
-        want = legacy[tower].value
-        worst = max(worst, abs(f.value * factor - want) / max(abs(want), 1e-12))
+    for tower, f in legacy.items():
+        want = f.value
+        worst = max(worst, abs(migrated[tower].value * factor - want) / max(abs(want), 1e-12))
     return worst
 
 
