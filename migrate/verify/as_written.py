@@ -208,6 +208,7 @@ class AsWritten:
         self.replay_steps: list[list[tuple[str, list[np.ndarray]]]] | None = None
         self.eager_step_args: Any = None
         self.problem: str | None = None  # the first Problem's own message
+        self.xla = False  # a jit_compile function was seen (see allow_xla)
         self._write_progress()
 
     # -- patches -------------------------------------------------------------------------------
@@ -320,6 +321,17 @@ class AsWritten:
             self.problem = message
         return Problem(message)
 
+    def allow_xla(self) -> None:
+        """A function compiled with XLA: XLA has no deterministic kernel for some gradients and
+        cannot run a numpy_function, so determinism goes off and its losses are not captured."""
+        from tensorflow.python.framework import config  # no public way back exists
+
+        self.xla = True
+        config.disable_op_determinism()
+        self.record.notes.append(
+            "the program compiles a function with XLA (jit_compile): it ran without TensorFlow's op "
+            "determinism, and the losses its steps differentiate are not recorded (only what they return)")
+
     def step_functions_none(self) -> bool:
         return not any(flag for _, flag in self.step_functions.values())
 
@@ -351,6 +363,8 @@ class AsWritten:
     def call_function(self, orig_call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         known = self.step_functions.get(id(fn))
         self.saw_update = False
+        if getattr(fn, "_jit_compile", False) and not self.xla:
+            self.allow_xla()
         if known is None or not known[1]:
             # trace now (cached for the call): an update seen while tracing makes it a step
             self.calling += 1
@@ -402,6 +416,8 @@ class AsWritten:
                 ordinal = self.eager_counts.get(replica, 0)
                 self.eager_counts[replica] = ordinal + 1
             self._got(ordinal, replica, total.numpy())
+            return
+        if self.xla:
             return
         graph = tf.compat.v1.get_default_graph()
         with self.lock:

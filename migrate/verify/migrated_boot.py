@@ -373,6 +373,7 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
             mapping, ns.wait, ns.replay_inputs,
         )
         record = runner.record
+        record.devices = runner.replicas
         if runner.problem is not None or isinstance(ended, as_written.Problem):
             record.status, record.message = ERROR, runner.problem or str(ended)
         elif isinstance(ended, SystemExit):
