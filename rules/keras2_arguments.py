@@ -20,6 +20,16 @@ _GENERATOR_METHODS = {
 }
 # Keras 2 arguments that Keras 3's fit/evaluate/predict no longer take.
 _DROPPED = ("workers", "use_multiprocessing", "max_queue_size")
+# Keras 2's positional order of the *_generator methods (after the generator)
+_POSITIONAL = {
+    "fit_generator": (
+        "steps_per_epoch", "epochs", "verbose", "callbacks", "validation_data",
+        "validation_steps", "class_weight", "max_queue_size", "workers", "use_multiprocessing",
+        "shuffle", "initial_epoch",
+    ),
+    "evaluate_generator": ("steps", "max_queue_size", "workers", "use_multiprocessing", "verbose"),
+    "predict_generator": ("steps", "max_queue_size", "workers", "use_multiprocessing", "verbose"),
+}  # fmt: skip
 
 
 def _is_noop(arg: cst.Arg) -> bool:
@@ -87,11 +97,15 @@ class Keras2Arguments(Rule):
     `fit(gen, ...)` name the same thing; `decay=0`, `epsilon=None` and `period=1` are Keras 3's
     defaults and go. Unsafe: `decay=d` becomes the `InverseTimeDecay` schedule above (equal to
     tf.keras 2; standalone Keras 2 read the step count in the same graph step as its increment,
-    with no order between them). A `*_generator` call with more than one positional
-    argument (Keras 3's second positional is `y`), or with `workers`/`use_multiprocessing`/
-    `max_queue_size` (Keras 3 moved them to `keras.utils.PyDataset`), `decay=` without a
-    learning rate given, and `period=` other than 1 (an integer `save_freq` counts batches, not
-    epochs), are reported only.
+    with no order between them). A `*_generator` call's arguments after the generator are
+    given by their Keras 2 names (Keras 3's second positional is `y`; `generator=` is `x=`);
+    its `workers`,
+    `use_multiprocessing` and `max_queue_size` (Keras 3 moved them to `keras.utils.PyDataset`'s
+    constructor) go, unsafe: the batches are then loaded in the training thread (a `Sequence`
+    gives the same batches in the same order, more slowly; a plain generator that Keras 2
+    copied into each worker process with `use_multiprocessing` repeated its batches, and no
+    longer does). `decay=` without a learning rate given, and `period=` other than 1 (an
+    integer `save_freq` counts batches, not epochs), are reported only.
     """
 
     code = "TFM112"
@@ -189,11 +203,17 @@ class Keras2Arguments(Rule):
             scores = model.evaluate(val_gen, steps=10)
             """,
         ),
-        # Worker arguments moved to PyDataset: a person decides.
+        # Worker arguments moved to PyDataset: dropped (unsafe); positional ones get names.
         Example(
             """
             import keras
             model.fit_generator(gen, 100, workers=4, use_multiprocessing=True)
+            model.evaluate_generator(generator=val_gen, steps=10, max_queue_size=8)
+            """,
+            fixed="""
+            import keras
+            model.fit(gen, steps_per_epoch=100)
+            model.evaluate(x=val_gen, steps=10)
             """,
             message="PyDataset",
         ),
@@ -348,21 +368,46 @@ class Keras2Arguments(Rule):
     def _generator(self, node: cst.Call, method: str) -> None:
         new = _GENERATOR_METHODS[method]
         message = f"`{method}` is gone in Keras 3: `{new}` takes generators and datasets"
-        dropped = [a.keyword.value for a in node.args if a.keyword and a.keyword.value in _DROPPED]
-        positional = [a for a in node.args if a.keyword is None]
+        names = _POSITIONAL[method]
+        args: list[cst.Arg] = []
+        for index, arg in enumerate(node.args):
+            if arg.star:
+                self.report(node, f"{message} (not fixed: called with *args / **kwargs)")
+                return
+            if arg.keyword is None and index > 0:
+                # Keras 3's second positional is `y`: the rest go by their Keras 2 names
+                if index - 1 >= len(names):
+                    self.report(node, f"{message} (not fixed: too many positional arguments)")
+                    return
+                arg = arg.with_changes(
+                    keyword=cst.Name(names[index - 1]),
+                    equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""),
+                        whitespace_after=cst.SimpleWhitespace(""),
+                    ),
+                )
+            args.append(arg)
+        dropped = [a for a in args if a.keyword is not None and a.keyword.value in _DROPPED]
+        kept = [a for a in args if a not in dropped]
         if dropped:
-            self.report(
-                node,
-                f"{message} (not fixed: Keras 3 has no {', '.join(dropped)}; set them on a "
-                "`keras.utils.PyDataset`)",
-            )
-            return
-        if len(positional) > 1:
-            self.report(node, f"{message} (not fixed: pass the arguments after the data by name)")
-            return
-        fixed = node
-        if keyword(node, "nb_epoch") is not None:
-            fixed = _rename_keyword(node, "nb_epoch", "epochs")
+            kept[-1] = kept[-1].with_changes(comma=args[-1].comma)
+        fixed = node.with_changes(args=kept)
+        if keyword(fixed, "generator") is not None:  # Keras 3 calls the data `x`
+            fixed = _rename_keyword(fixed, "generator", "x")
+        if keyword(fixed, "nb_epoch") is not None:
+            fixed = _rename_keyword(fixed, "nb_epoch", "epochs")
         assert isinstance(fixed.func, cst.Attribute)
         fixed = fixed.with_changes(func=fixed.func.with_changes(attr=cst.Name(new)))
-        self.report(node, message, replacement=fixed)
+        if not dropped:
+            self.report(node, message, replacement=fixed)
+            return
+        shown = ", ".join(f"`{a.keyword.value}`" for a in dropped)  # type: ignore[union-attr]
+        self.report(
+            node,
+            f"{message}; Keras 3 has no {shown} there (they moved to `keras.utils.PyDataset`'s "
+            "constructor): dropped, so the batches are loaded in the training thread -- the "
+            "same batches of a `Sequence` in the same order, more slowly; a generator that "
+            "`use_multiprocessing` copied into each worker process no longer repeats its batches",
+            replacement=fixed,
+            safety=FixSafety.UNSAFE,
+        )
