@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 import libcst as cst
@@ -185,7 +186,7 @@ def _unsynchronized_build(tower: str, model: str) -> str:
 class _FillSlots(cst.CSTTransformer):
     """Replaces each ``__tfmigrate_slot_k__`` statement with the statements of slot k."""
 
-    def __init__(self, slots: dict[str, list[cst.BaseStatement]]) -> None:
+    def __init__(self, slots: dict[str, list[cst.CSTNode]]) -> None:
         super().__init__()
         self.slots = slots
 
@@ -328,7 +329,7 @@ class Emitter:
         self.module = module
         self.p = program
         self.code = module.code_for_node
-        self.slots: dict[str, list[cst.BaseStatement]] = {}
+        self.slots: dict[str, list[cst.CSTNode]] = {}
         self.strategy_count = cst.parse_expression("strategy.num_replicas_in_sync")
         # Set when the model became a Keras model (see _keras_model_plan).
         self.keras: KerasPlan | None = None
@@ -337,7 +338,7 @@ class Emitter:
         # `rewrite --batch-norm sync`: what the synchronized batch norms do with the statistics.
         self.synchronized_statistics = ""
 
-    def slot(self, statements: list[cst.BaseStatement]) -> str:
+    def slot(self, statements: Sequence[cst.CSTNode]) -> str:
         key = SLOT.format(len(self.slots))
         statements = [self._retarget(s) for s in statements]
         if statements and hasattr(statements[0], "leading_lines"):

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import cast
 
 import libcst as cst
 
@@ -39,6 +40,8 @@ from tfmigrate.rules._towers import (
     walk,
 )
 from tfmigrate.rules._variable_names import VariableNames
+
+_Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement  # what a module's body holds
 
 # Names the converted program defines; a module already using them is not converted.
 _RESERVED_TOP = frozenset(
@@ -379,7 +382,9 @@ def _name_main(module: cst.Module) -> cst.If | None:
 def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
     module = rule.context.module
     main = _name_main(module)
-    body = main.body.body if main is not None else []
+    if main is None:
+        return None
+    body = main.body.body
     small = (
         body[0].body[0] if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else None
     )
@@ -393,12 +398,12 @@ def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
         launcher = _launcher(module, run_name, function)
         if launcher is None:
             raise Blocked(
-                main,  # type: ignore[arg-type]
+                main,
                 f"`tf.app.run` does not run the training function `{function.name.value}`, "
                 f"nor a `{run_name or 'main'}(argv)` that only calls `{function.name.value}()`",
             )
     run = launcher if launcher is not None else function
-    if len(run.params.params) != 1 or main.orelse is not None:  # type: ignore[union-attr]
+    if len(run.params.params) != 1 or main.orelse is not None:
         raise Blocked(run, "a function run by tf.app.run that does not take argv alone")
     values = alias = None
     for statement in module.body:
@@ -413,11 +418,11 @@ def _absl_main(rule: TowerRule, function: cst.FunctionDef) -> AbslMain | None:
                 raise Blocked(statement, "tf.app.flags bound to a name other than `flags`")
             alias = statement
     if values is None:
-        raise Blocked(main, "tf.app.run without `FLAGS = tf.app.flags.FLAGS` at module level")  # type: ignore[arg-type]
+        raise Blocked(main, "tf.app.run without `FLAGS = tf.app.flags.FLAGS` at module level")
     used = _names_used(module)
     if "app" in used or (alias is None and "flags" in used):
-        raise Blocked(main, "the module already uses `app` / `flags` (absl's names)")  # type: ignore[arg-type]
-    return AbslMain(main, values, alias, launcher)  # type: ignore[arg-type]
+        raise Blocked(main, "the module already uses `app` / `flags` (absl's names)")
+    return AbslMain(main, values, alias, launcher)
 
 
 def _launcher(
@@ -452,7 +457,7 @@ def _module_function(module: cst.Module, name: str | None) -> cst.FunctionDef | 
     )
 
 
-def _simple_call(statement: cst.BaseStatement) -> cst.Call | None:
+def _simple_call(statement: cst.CSTNode) -> cst.Call | None:
     small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
     value = small.value if isinstance(small, cst.Expr) else None
     return value if isinstance(value, cst.Call) else None
@@ -460,7 +465,7 @@ def _simple_call(statement: cst.BaseStatement) -> cst.Call | None:
 
 def _analyse(
     rule: TowerRule, loop: cst.For
-) -> tuple[Program, cst.If | cst.FunctionDef, cst.Call | None, AbslMain | None]:
+) -> tuple[Program, cst.If | cst.FunctionDef, cst.Call | None, AbslMain | GlobalFlags | None]:
     program = ProgramReader(rule, _aggregations(rule)).read(loop)
     module = rule.context.module
     names = identifiers(module)
@@ -484,7 +489,7 @@ def _analyse(
         return program, absl.main, None, absl
     parsed = _global_flags(rule, program.function) if program.parser is None else None
     if parsed is not None:
-        return program, parsed.main, None, parsed  # type: ignore[return-value]
+        return program, parsed.main, None, parsed
     main, call = _main_block(module, program.function, program.parser is not None)
     return program, main, call, None
 
@@ -524,7 +529,8 @@ def _global_flags(rule: TowerRule, function: cst.FunctionDef) -> GlobalFlags | N
                 and isinstance(value.func.value, cst.Name)
             ):
                 continue
-            parser, values = value.func.value.value, assigned[0][0]  # type: ignore[index]
+            assert assigned is not None  # `value` is its value
+            parser, values = value.func.value.value, assigned[0][0]
             start = position
             while start > 0 and _builds_parser(rule, statements[start - 1], parser):
                 start -= 1
@@ -535,16 +541,23 @@ def _global_flags(rule: TowerRule, function: cst.FunctionDef) -> GlobalFlags | N
                     f"`{values}` parsed from `{parser}`, which is not built by "
                     "`argparse.ArgumentParser()` and `add_argument` calls just before",
                 )
-            if len(assigned[0]) > 1 and value.func.attr.value != "parse_known_args":  # type: ignore[index]
+            if len(assigned[0]) > 1 and value.func.attr.value != "parse_known_args":
                 return None
             uses = _names_used(module)
             if uses.get(parser, 0) != position - start + 1 or "make_parser" in uses:
                 raise Blocked(statement, f"`{parser}` is used besides building and parsing")
-            rest = assigned[0][1:]  # type: ignore[index]
+            rest = assigned[0][1:]
             if at_module_level and any(uses.get(n, 0) > 1 for n in rest):
                 raise Blocked(statement, "the unparsed arguments of a module-level parse are used")
+            # an assignment and the parser-building lines before it (_assign and
+            # _builds_parser read only lines)
             return GlobalFlags(
-                values, parser, statements[start:position], statement, main, at_module_level
+                values,
+                parser,
+                cast("list[cst.BaseStatement]", statements[start:position]),
+                cast(cst.SimpleStatementLine, statement),
+                main,
+                at_module_level,
             )
     return None
 
@@ -555,7 +568,11 @@ def _global_flags_statement(
     """A module statement around a module-level FLAGS: the parser's statements go (into
     make_parser), the parse becomes ``FLAGS = None`` and moves first into the main block,
     reading ``make_parser()``; None: the statement goes."""
-    parse = parsed.parse.visit(_ReplaceName(parsed.parser, cst.parse_expression("make_parser()")))
+    # _ReplaceName renames one name: the line stays a line (so below)
+    parse = cast(
+        cst.SimpleStatementLine,
+        parsed.parse.visit(_ReplaceName(parsed.parser, cst.parse_expression("make_parser()"))),
+    )
     if statement is parsed.main:
         block = list(parsed.main.body.body)
         if parsed.at_module_level:
@@ -570,7 +587,7 @@ def _global_flags_statement(
         none = cst.parse_statement(
             f"{parsed.values} = None  # parsed in the main block (tfmigrate_program: from argv)\n"
         )
-        return none.with_changes(leading_lines=first.leading_lines)
+        return none.with_changes(leading_lines=_leading_lines(first))
     if parsed.at_module_level and any(statement is s for s in parsed.statements):
         return None
     return statement
@@ -580,7 +597,7 @@ def _argparse_call(rule: TowerRule, value: cst.BaseExpression) -> bool:
     return isinstance(value, cst.Call) and rule.qualify(value.func) == "argparse.ArgumentParser"
 
 
-def _builds_parser(rule: TowerRule, statement: cst.BaseStatement, parser: str) -> bool:
+def _builds_parser(rule: TowerRule, statement: cst.CSTNode, parser: str) -> bool:
     """``parser = argparse.ArgumentParser(...)`` or ``parser.add_argument(...)``."""
     assigned = _assign(statement)
     if assigned is not None:
@@ -606,7 +623,7 @@ def _module_level_parser(
     line and what it does)."""
     module = rule.context.module
     parser = launch.parser
-    body = list(module.body)
+    body: list[cst.BaseStatement] = list(module.body)
     start = next(
         (i for i, s in enumerate(body) if parser in bound_names(s) and _assign(s) is not None),
         None,
@@ -642,7 +659,7 @@ def _module_level_parser(
                 f"the main block (line {rule.line(use)}: `{rule.src(held, 40)}`)",
             )
     parse = _launch_body(main)[len(launch.statements) :]
-    if _names_used(cst.Module(body=parse)).get(parser, 0) != 1:
+    if _names_used(*parse).get(parser, 0) != 1:
         raise Blocked(parse[-1], f"`{parser}` is used besides being parsed in the main block")
     return built
 
@@ -760,11 +777,13 @@ def _main_block(
         ):
             return statement, call
         if not own_parser and statement.orelse is None:
-            if _launch(list(body), function) is not None:
-                return statement, call  # type: ignore[return-value]
-            launcher = _argparse_launcher(module, function, call)
-            if launcher is not None:
-                return launcher, call  # type: ignore[return-value]
+            # _launch and _argparse_launcher accept only a call as the last line
+            called = call if isinstance(call, cst.Call) else None
+            if _launch(list(body), function) is not None and called is not None:
+                return statement, called
+            launcher = _argparse_launcher(module, function, called)
+            if launcher is not None and called is not None:
+                return launcher, called
         call_text = "()" if own_parser else "(parser.parse_args())"
         parsed = _module_level_parse(module)
         raise Blocked(
@@ -785,11 +804,12 @@ class Launch:
     """How the flags reach the training function: statements building the parser, then
     ``train(parser.parse_args())`` or ``args = parser.parse_args()`` and ``train(args)``."""
 
-    statements: list[cst.BaseStatement]  # before the parse (they move into make_parser)
+    # before the parse (they move into make_parser); a one-line main block's are small statements
+    statements: list[cst.CSTNode]
     parser: str
 
 
-def _launch(body: list[cst.BaseStatement], function: cst.FunctionDef) -> Launch | None:
+def _launch(body: Sequence[cst.CSTNode], function: cst.FunctionDef) -> Launch | None:
     call = _simple_call(body[-1]) if body else None
     if not (
         call is not None
@@ -804,18 +824,19 @@ def _launch(body: list[cst.BaseStatement], function: cst.FunctionDef) -> Launch 
     value = call.args[0].value
     parser = _parse_call(value)
     if parser is not None:
-        return Launch(body[:-1], parser)
+        return Launch(list(body[:-1]), parser)
     assigned = _assign(body[-2]) if len(body) > 1 else None
     if isinstance(value, cst.Name) and assigned is not None and assigned[0] == [value.value]:
         parser = _parse_call(assigned[1])
         if parser is not None:
-            return Launch(body[:-2], parser)
+            return Launch(list(body[:-2]), parser)
     return None
 
 
-def _launch_body(main: cst.If | cst.FunctionDef) -> list[cst.BaseStatement]:
-    """The main block's statements, or the launcher function's without its docstring."""
-    body = list(main.body.body)
+def _launch_body(main: cst.If | cst.FunctionDef) -> list[cst.CSTNode]:
+    """The main block's statements, or the launcher function's without its docstring (a
+    one-line block's small statements)."""
+    body: list[cst.CSTNode] = list(main.body.body)
     if isinstance(main, cst.FunctionDef) and main.get_docstring(clean=False) is not None:
         body = body[1:]
     return body
@@ -899,7 +920,8 @@ def _renamed(context: RuleContext) -> cst.Module:
 
 
 def _convert(
-    context: RuleContext, analysed: tuple[Program, cst.If | cst.FunctionDef, cst.Call]
+    context: RuleContext,
+    analysed: tuple[Program, cst.If | cst.FunctionDef, cst.Call | None, AbslMain | GlobalFlags | None],
 ) -> tuple[cst.Module, dict[str, object], str]:
     module = _renamed(context)
     inner_context = RuleContext(
@@ -919,11 +941,13 @@ def _convert(
     absl = absl if isinstance(absl, AbslMain) else None
     unit = module.default_indent
     _number_after_variables(program, module, reader_rule)
-    keras = plan_keras_model(program, module, reader_rule.qualify, PurePosixPath(context.path))
+    planned = plan_keras_model(program, module, reader_rule.qualify, PurePosixPath(context.path))
     kept_reason = None
-    if isinstance(keras, str):
-        kept_reason, keras = keras, None
+    keras: KerasPlan | None = None
+    if isinstance(planned, str):
+        kept_reason = planned
     else:
+        keras = planned
         program = dataclasses.replace(
             program, tower_body=keras.tower_body, graph_setup=keras.graph_setup
         )
@@ -950,7 +974,8 @@ def _convert(
         # tf.app.flags are absl's flags: defined at import, parsed by app.run (main) or by
         # tfmigrate_program from its argv; the training code reads them as it did.
         params, param = "", absl.values
-        parser_name, parser_statements, parse_line = "", [], ""
+        parser_statements: list[cst.CSTNode] = []
+        parser_name, parse_line = "", ""
         main_text = f"""
 
 if __name__ == "__main__":
@@ -962,7 +987,7 @@ if __name__ == "__main__":
         # A module-level FLAGS the training code reads: parsed in the main block, as before,
         # or by tfmigrate_program from its argv.
         params, param, parser_name = "", parsed.values, parsed.parser
-        parser_statements, parse_line, main_text = parsed.statements, "", ""
+        parser_statements, parse_line, main_text = list(parsed.statements), "", ""
     elif program.parser is None:
         params = module.code_for_node(function.params)
         param = function.params.params[0].name.value
@@ -987,9 +1012,12 @@ if __name__ == "__main__":
         # `def main():` parsed its own flags: it still does, with the parser made by make_parser.
         params = param = program.parser.flags
         parser_name = program.parser.name
-        parser_statements = program.parser.statements
-        parse = program.parser.parse.visit(
-            _ReplaceName(parser_name, cst.parse_expression("make_parser()"))
+        parser_statements = list(program.parser.statements)
+        parse = cast(
+            cst.SimpleStatementLine,
+            program.parser.parse.visit(
+                _ReplaceName(parser_name, cst.parse_expression("make_parser()"))
+            ),
         )
         parse_line = f"    {module.code_for_node(parse).strip()}\n"
         main_text = ""
@@ -1167,15 +1195,15 @@ def {function.name.value}({signature}):
     if keras is not None and getattr(keras, "imported", None) is None:  # else: in its module
         new_module = _add_imports(new_module, ["import keras"])
     if emitter.saved_path() is not None and "os" not in identifiers(module):
-        body = list(new_module.body)  # the CheckpointManager splits the Saver's path with os
-        _insert_import(body, cst.parse_statement("import os"))
-        new_module = new_module.with_changes(body=body)
+        top = list(new_module.body)  # the CheckpointManager splits the Saver's path with os
+        _insert_import(top, cst.parse_statement("import os"))
+        new_module = new_module.with_changes(body=top)
     manifest, summary = _manifest(emitter, keys, reader_rule, kept_reason)
-    manifest["notes"] = [*manifest["notes"], *multi_worker_notes]  # type: ignore[misc]
+    manifest["notes"] = [*_entries(manifest, "notes"), *multi_worker_notes]
     return new_module, manifest, summary
 
 
-def _keras_classes(keras: KerasPlan, legacy: cst.FunctionDef, unit: str) -> list[cst.BaseStatement]:
+def _keras_classes(keras: KerasPlan, legacy: cst.FunctionDef, unit: str) -> list[_Statement]:
     """The Keras model class where the legacy model function was (TF1BatchNorm before it)."""
     source = keras.model.source
     if keras.model.uses_tf1_batch_norm:
@@ -1335,11 +1363,11 @@ def _number_after_variables(program: Program, module: cst.Module, rule: TowerRul
         program.fetch_names[name] = f"{op}_{seen + trainable}"
 
 
-def _names_used(module: cst.Module) -> dict[str, int]:
+def _names_used(*roots: cst.CSTNode) -> dict[str, int]:
     """How often each variable name occurs (attribute names like `parser.parse_args` aside)."""
     attributes: set[int] = set()
     counts: dict[str, int] = {}
-    for node in walk(module):  # pre-order: an Attribute comes before its `attr` Name
+    for node in (n for root in roots for n in walk(root)):  # pre-order: an Attribute, then its `attr`
         if isinstance(node, cst.Attribute):
             attributes.add(id(node.attr))
         elif isinstance(node, cst.Name) and id(node) not in attributes:
@@ -1446,7 +1474,7 @@ def _queue_function(program: Program, unit: str) -> cst.FunctionDef:
         f"return dataset.repeat().batch({code(queue.batch_size)})\n",
         unit,
     )
-    statements = list(cst.parse_module(body).body)
+    statements: list[cst.CSTNode] = list(cst.parse_module(body).body)
     docstring = queue.function.body.body[0] if queue.function.get_docstring() else None
     if docstring is not None:
         statements.insert(0, docstring)
@@ -1525,7 +1553,8 @@ def _tensorflow_alias(module: cst.Module, small: cst.BaseSmallStatement | None) 
     local = None
     for alias in small.names:
         if module.code_for_node(alias.name) == "tensorflow":
-            local = alias.asname.name.value if alias.asname else "tensorflow"  # type: ignore[union-attr]
+            # an import's `as` names a Name (libcst's AsName also serves `with`)
+            local = cast(cst.Name, alias.asname.name).value if alias.asname else "tensorflow"
     return local
 
 
@@ -1666,7 +1695,26 @@ def _spells_any(module: cst.Module, spellings: Iterable[str], prefix: bool = Fal
     return False
 
 
-def _insert_import(body: list[cst.BaseStatement], statement: cst.BaseStatement) -> None:
+def _entries(manifest: dict[str, object], key: str) -> list[object]:
+    """A list the manifest holds under ``key`` (each one this module writes is a list)."""
+    return cast("list[object]", manifest.get(key, []))
+
+
+def _ema_call(program: Program) -> cst.Call:
+    """The ``tf.train.ExponentialMovingAverage(...)`` call of the program's ``ema = ...`` (the
+    reader took that assignment for the EMA only so)."""
+    assert program.ema is not None
+    assigned = _assign(program.ema[1])
+    assert assigned is not None
+    return cast(cst.Call, assigned[1])
+
+
+def _leading_lines(statement: cst.BaseStatement) -> Sequence[cst.EmptyLine]:
+    # Each kind of statement has leading_lines; libcst's BaseStatement does not declare them.
+    return cast("cst.SimpleStatementLine | cst.BaseCompoundStatement", statement).leading_lines
+
+
+def _insert_import(body: list[_Statement], statement: _Statement) -> None:
     """``import x`` in order among the first plain imports; first of its group, it takes the
     blank line that opened the group."""
     position = _first_import(body)
@@ -1694,7 +1742,7 @@ def _is_stdlib(statement: cst.BaseStatement) -> bool:
     return name.split(".")[0] in sys.stdlib_module_names
 
 
-def _first_import(body: list[cst.BaseStatement]) -> int:
+def _first_import(body: list[_Statement]) -> int:
     """Where ``import importlib`` goes: in order among the module's first plain imports."""
     first = None
     for position, statement in enumerate(body):
@@ -1739,12 +1787,15 @@ def _manifest(
         names = list(keras.variables)
     if names is not None and program.ema is not None:
         # The EMA's shadows of the trainable variables: `<legacy name>/<ema name>`.
-        ema_call = _assign(program.ema[1])[1]  # type: ignore[index]
-        ema_name = get_arg(ema_call, 3, "name")  # type: ignore[arg-type]
-        if ema_name is None or isinstance(ema_name, cst.SimpleString):
-            suffix = (
-                ema_name.evaluated_value if ema_name is not None else "ExponentialMovingAverage"
-            )
+        ema_name = get_arg(_ema_call(program), 3, "name")
+        suffix = (
+            ema_name.evaluated_value
+            if isinstance(ema_name, cst.SimpleString)
+            else "ExponentialMovingAverage"
+            if ema_name is None
+            else None
+        )
+        if isinstance(suffix, str):
             names += [f"{n}/{suffix}" for n in names if n not in reader.non_trainable]
         else:
             names = None
@@ -1874,7 +1925,7 @@ def _manifest(
     announced: list[dict[str, object]] = []
     if program.ema_orderless:
         shadow = "ExponentialMovingAverage"
-        ema_name = get_arg(_assign(program.ema[1])[1], 3, "name")  # type: ignore[index, arg-type]
+        ema_name = get_arg(_ema_call(program), 3, "name")
         if isinstance(ema_name, cst.SimpleString):
             shadow = str(ema_name.evaluated_value)
         notes.append(f"TFM303: {ORDERLESS_EMA}")
@@ -1894,12 +1945,12 @@ def _manifest(
     if emitter.synchronized_statistics:  # the forward pass changed: everything may differ
         notes.append(f"TFM303: {batch_norm_sync.FORWARD}")
         manifest["announced"] = [
-            *manifest.get("announced", []),
+            *_entries(manifest, "announced"),
             {"match": ["*"], "code": "TFM303", "reason": batch_norm_sync.FORWARD},
         ]
     if keras is not None and DROPOUT_NOTE in keras.notes:  # equal runs need the dropout off
         manifest["announced"] = [
-            *manifest.get("announced", []),
+            *_entries(manifest, "announced"),
             {"match": ["*"], "code": "TFM303", "reason": DROPOUT_NOTE},
         ]
     if keras is not None:
@@ -1907,8 +1958,7 @@ def _manifest(
         mapping.update(keras.variables)
         if program.ema is not None:
             suffix = names[-1].rsplit("/", 1)[-1] if names else "ExponentialMovingAverage"
-            ema_call = _assign(program.ema[1])[1]  # type: ignore[index]
-            ema_name = get_arg(ema_call, 3, "name")  # type: ignore[arg-type]
+            ema_name = get_arg(_ema_call(program), 3, "name")
             suffix = (
                 str(ema_name.evaluated_value)
                 if isinstance(ema_name, cst.SimpleString)
