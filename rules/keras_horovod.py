@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
@@ -291,11 +292,12 @@ model.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
                 if method == "compile" and compiled is None:
                     compiled, compile_at = node, index
                 elif method == "fit" and compiled is not None and fit is None:
-                    if dotted(node.func.value) == dotted(compiled.func.value):  # type: ignore[union-attr]
+                    # `<model>.compile(...)`: a method call (its func an Attribute)
+                    if dotted(node.func.value) == dotted(cast(cst.Attribute, compiled.func).value):
                         fit = node
         if compiled is None or fit is None:
             raise _Blocked("no `compile` and `fit` of one model follow `hvd.init()` in its block")
-        model = dotted(compiled.func.value)  # type: ignore[union-attr]
+        model = dotted(cast(cst.Attribute, compiled.func).value)
         if model is None or "." in model:
             raise _Blocked("the compiled model is not a plain name")
         names = {model}
@@ -358,8 +360,8 @@ model.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
             isinstance(append, cst.Call)
             and isinstance(append.func, cst.Attribute)
             and append.func.attr.value == "append"
-            and isinstance(_small(line), cst.Expr)
-            and _small(line).value is append  # type: ignore[union-attr]
+            and isinstance(small := _small(line), cst.Expr)
+            and small.value is append
         ):
             plan.drop.add(id(line))
             plan.warmup |= api == _WARMUP
@@ -403,7 +405,9 @@ model.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
                 if lines is None:
                     raise _Blocked(f"the session's `{setting.field}` has no tf.config equivalent")
                 config_code.extend(lines)
-        config = list(cst.parse_module("\n".join(config_code) + "\n").body) if config_code else []
+        config: list[cst.BaseStatement] = (
+            list(cst.parse_module("\n".join(config_code) + "\n").body) if config_code else []
+        )
         module = self.context.module.visit(_Convert(self, plan, strategy, create, config))
         return _drop_horovod_import(module)
 
@@ -478,7 +482,7 @@ class _Convert(cst.CSTTransformer):
             return cst.parse_expression(f"{self.strategy}.extended.should_checkpoint")
         return updated
 
-    def leave_Element(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Element(self, original, updated):
         value = original.value
         if isinstance(value, cst.Call) and self._api(value.func) in (*_DROPPED_CALLBACKS, _WARMUP):
             return cst.RemoveFromParent()
@@ -497,7 +501,7 @@ class _Convert(cst.CSTTransformer):
                 updated = updated.with_changes(elements=elements)
         return updated
 
-    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_SimpleStatementLine(self, original, updated):
         small = _small(updated)
         if (
             isinstance(small, cst.Assign)
@@ -536,7 +540,7 @@ class _Convert(cst.CSTTransformer):
             return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()], left)])
         return updated.with_changes(body=body, footer=[*left, *updated.footer])
 
-    def _body(self, block, originals, updated):  # type: ignore[no-untyped-def]
+    def _body(self, block, originals, updated):
         """The block's new statements (the scope's among them) and comments left at its end."""
         out: list[tuple[int, cst.BaseStatement]] = []  # (index of the original, statement)
         carried: list[cst.EmptyLine] = []
@@ -570,7 +574,7 @@ class _Convert(cst.CSTTransformer):
             out = self._scoped(out)
         return [s for _, s in out], [line for line in carried if line.comment]
 
-    def _scoped(self, out):  # type: ignore[no-untyped-def]
+    def _scoped(self, out):
         inside = [s for i, s in out if self.plan.first <= i <= self.plan.last]
         if not inside:
             return out
@@ -606,7 +610,8 @@ def _drop_horovod_import(module: cst.Module) -> cst.Module:
         if isinstance(small, cst.Import) and len(small.names) == 1:
             alias = small.names[0]
             name = cst.Module([]).code_for_node(alias.name)
-            bound = alias.asname.name.value if alias.asname else name.split(".")[0]  # type: ignore[union-attr]
+            # an import's `as` names a Name (libcst's AsName also serves `with`)
+            bound = cast(cst.Name, alias.asname.name).value if alias.asname else name.split(".")[0]
             if name.startswith("horovod") and not is_used(module, bound):
                 continue
         body.append(statement)
