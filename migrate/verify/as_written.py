@@ -42,6 +42,7 @@ from tfmigrate.verify.record import (
     FINAL_NPZ,
     INIT_NPZ,
     LEGACY_VARIABLES_JSON,
+    RECORD_JSON,
     TRACE_NPZ,
     TRACED_JSON,
     Fetch,
@@ -508,6 +509,12 @@ class AsWritten:
         tf = self.tf
         if self.replay_steps is None:
             assert self.replay_path is not None
+            # the legacy side writes the batches after its last step, its record just after
+            deadline = time.monotonic() + self.wait
+            while not self.replay_path.exists() and not (self.replay_path.parent / RECORD_JSON).exists():
+                if time.monotonic() > deadline:
+                    raise self.fail("timed out waiting for the legacy run's input batches")
+                time.sleep(0.05)
             if not self.replay_path.exists():
                 raise self.fail("--replay-inputs: the legacy run recorded no input batches (its steps "
                               "fed nothing verify could read, or they were too large to keep)")
@@ -623,7 +630,9 @@ class AsWritten:
         # the pairs a mapping (--mapping, the manifest) gives, then the others by name and shape
         explicit = {} if self.mapping_request == SAME_NAMES else dict(self.mapping_request)
         self._check_explicit(explicit, init, shapes)
-        comparable = {n: (tuple(init[n].shape), init[n].dtype) for n in traced if n in init and n not in explicit}
+        # every legacy variable but the optimizer's (a big model's legacy run traces fewer per step)
+        names = [n for n in init if meta[n].get("kind") != "optimizer"] if meta else traced
+        comparable = {n: (tuple(init[n].shape), init[n].dtype) for n in names if n in init and n not in explicit}
         rest = {n: s for n, s in shapes.items() if n not in explicit.values()}
         by_name, ambiguous = match_by_name(comparable, rest)
         mapping = {**explicit, **by_name}
