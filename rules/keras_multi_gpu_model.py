@@ -813,6 +813,32 @@ def train(x, y):
                 return model
             """,
         ),
+        # Behind a flag, a loss over the whole batch: computed on the global batch.
+        Example(
+            """
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+
+            def main(gpus):
+                model = build_model()
+                if gpus > 1:
+                    model = multi_gpu_model(model, gpus=gpus)
+                model.compile(optimizer='adam', loss=detection_loss)
+                return model
+            """,
+            fixed="import tensorflow as tf\nfrom keras.utils import multi_gpu_model\n\n"
+            + global_batch.source()
+            + """
+
+def main(gpus):
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer='adam', loss=global_batch_loss(detection_loss))
+    return model
+""",
+            message="computed on the global batch",
+        ),
         # Wrapped in one branch of several, the wrapper named apart: `parallel = template`.
         Example(
             """
@@ -994,7 +1020,10 @@ def train(x, y):
             module = replacement if isinstance(replacement, cst.Module) else None
             if module is None:
                 module = self.context.module.visit(_ReplaceNode(plan.block, replacement))
-            target, replacement = self.context.module, self._wrap_losses(module, plan, wrap)
+            target, replacement = (
+                self.context.module,
+                self._wrap_losses(module, {plan.parallel, plan.template}, wrap),
+            )
         if copy is not None and isinstance(node.func, cst.Name):
             module = replacement if isinstance(replacement, cst.Module) else None
             if module is None:
@@ -1212,6 +1241,9 @@ def train(x, y):
 
     def _report_nested(self, node: cst.Call, message: str, plan: _Nested) -> None:
         safety, note = self._loss_safety(plan.compile_call)
+        wrap = self._custom_losses(plan.compile_call) if safety is FixSafety.UNSAFE else None
+        if wrap:
+            safety, note = self._wrapped_safety(wrap)
         notes = [
             "TFM107: multi_gpu_model replaced by MirroredStrategy over every visible GPU; fit "
             "keeps the global batch size",
@@ -1221,7 +1253,7 @@ def train(x, y):
             "keras_multi_gpu_model": {"model": sorted(plan.templates)[0], "notes": notes}
         }
         replacement = self.context.shared(
-            f"tfm107:nested-fix:{id(plan)}", lambda: self._rewrite_nested(plan)
+            f"tfm107:nested-fix:{id(plan)}", lambda: self._rewrite_nested(plan, wrap or [])
         )
         self.report(
             node,
@@ -1233,7 +1265,7 @@ def train(x, y):
             manifest=manifest,
         )
 
-    def _rewrite_nested(self, plan: _Nested) -> cst.Module:
+    def _rewrite_nested(self, plan: _Nested, losses: list[cst.BaseExpression]) -> cst.Module:
         tf = tf_module(self) or "tf"
         strategy = "strategy"
         while strategy in self.context.resolver.bindings or _binds(self.context.module, strategy):
@@ -1274,6 +1306,9 @@ def train(x, y):
             module = block  # type: ignore[assignment]
         for name in sorted(plan.copies):
             module = _drop_unused_copy(module, name)
+        if losses:  # a loss over the whole batch sees the global batch, as the wrapper's did
+            names = plan.templates | {p for p, _ in plan.wrappers.values()}
+            module = self._wrap_losses(module, set(names), losses)
         if tf_module(self) is None:
             module = _with_tf_import(module)
         return module
@@ -1509,10 +1544,10 @@ def train(x, y):
         return FixSafety.SAFE, note
 
     def _wrap_losses(
-        self, module: cst.Module, plan: _Plan, losses: list[cst.BaseExpression]
+        self, module: cst.Module, owners: set[str | None], losses: list[cst.BaseExpression]
     ) -> cst.Module:
-        """``module`` with the compile's custom losses wrapped and the helper defined."""
-        owners = {plan.parallel, plan.template}
+        """``module`` with the custom losses of the compiles of ``owners`` (the model names)
+        wrapped and the helper defined."""
 
         class Wrap(cst.CSTTransformer):
             def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
