@@ -57,28 +57,46 @@ def _unparsable(project: Project, path: Path) -> ProgramReading | None:
 
 def _library_programs(project: Project, covered: set[Path]) -> list[ProgramReading]:
     """Tower cores no entry reaches (driven from notebooks or an outer launcher): read from the
-    modules that reach them and that no other repo module imports."""
+    modules that reach them and that no other repo module imports. Importers are looked for
+    among the files that spell the imported module's name."""
+    files = project.python_files()
+    raw = {f.resolve(): f.read_bytes() for f in files}
     holders = []
-    for file in project.python_files():
-        if file.resolve() in covered:
+    for path, text in raw.items():
+        if path in covered or not any(marker in text for marker in _TOWER_TEXT):
             continue
-        if not any(marker in file.read_bytes() for marker in _TOWER_TEXT):
-            continue
-        source = project.load(file)
+        source = project.load(path)
         if source is not None and may_hold_core(source) and reading(source).towers:
-            holders.append(source.path)
-    if not holders:
-        return []
-    sources = [s for s in (project.load(f) for f in project.python_files()) if s is not None]
-    imported = {t.file for s in sources for t in s.imports.values()}
-    imported |= {f for s in sources for f in s.star_imports}
-    readings = []
-    reached: set[Path] = set()
-    for source in sources:
-        if source.path in imported or source.path in covered:
+            holders.append(path)
+    roots: list[Path] = []
+    seen: set[Path] = set()
+    pending = list(holders)
+    while pending:
+        path = pending.pop()
+        if path in seen:
             continue
-        closure = {s.path for s in project.closure(source)}
-        if closure & set(holders) - reached:
+        seen.add(path)
+        name = _module_name(path).encode()
+        importers = []
+        for other, text in raw.items():
+            if other == path or name not in text:
+                continue
+            source = project.load(other)
+            if source is not None and any(t.file == path for t in source.imports.values()):
+                importers.append(other)
+            elif source is not None and path in source.star_imports:
+                importers.append(other)
+        if importers:
+            pending.extend(importers)
+        elif path not in covered:
+            roots.append(path)
+    readings = []
+    for path in sorted(roots):
+        source = project.load(path)
+        if source is not None and reaches_core(project, source):
             readings.append(read_program(project, source))
-            reached |= closure
     return readings
+
+
+def _module_name(path: Path) -> str:
+    return path.parent.name if path.name == "__init__.py" else path.stem

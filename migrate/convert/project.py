@@ -123,6 +123,53 @@ class SourceFile:
         return False
 
 
+def small_statements(module: cst.Module) -> list[cst.BaseSmallStatement]:
+    """Every simple statement (imports, assignments, expressions), in source order, inside
+    functions and classes too: what imports and aliases are made of, without walking every
+    expression of the file."""
+    found: list[cst.BaseSmallStatement] = []
+    pending: list[cst.CSTNode] = list(reversed(module.body))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, cst.SimpleStatementLine):
+            found.extend(node.body)
+        elif isinstance(node, cst.SimpleStatementSuite):
+            found.extend(node.body)
+        elif isinstance(node, cst.BaseCompoundStatement):
+            blocks: list[cst.CSTNode] = [node.body]
+            for name in ("orelse", "finalbody"):
+                extra = getattr(node, name, None)
+                if extra is not None:
+                    blocks.append(
+                        extra.body if isinstance(extra, cst.Else | cst.Finally) else extra
+                    )
+            blocks.extend(h.body for h in getattr(node, "handlers", ()))
+            if isinstance(node, cst.Match):
+                blocks.extend(case.body for case in node.cases)
+            children: list[cst.CSTNode] = []
+            for block in blocks:
+                if isinstance(block, cst.IndentedBlock):
+                    children.extend(block.body)
+                elif isinstance(block, cst.BaseCompoundStatement | cst.SimpleStatementSuite):
+                    children.append(block)
+            pending.extend(reversed(children))
+    return found
+
+
+def _resolver(small: list[cst.BaseSmallStatement]) -> NameResolver:
+    """``NameResolver.for_module``'s bindings, read from the simple statements only (its
+    visit collects nothing else)."""
+    resolver = NameResolver()
+    for node in small:
+        if isinstance(node, cst.Import):
+            resolver.visit_Import(node)
+        elif isinstance(node, cst.ImportFrom):
+            resolver.visit_ImportFrom(node)
+        elif isinstance(node, cst.Assign):
+            resolver.visit_Assign(node)
+    return resolver
+
+
 def method_of(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     for statement in cls.body.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
@@ -192,9 +239,11 @@ class Project:
             message = check_syntax(text, str(path)) or str(exc).splitlines()[0]
             self.errors[path] = (_error_line(text) or exc.raw_line, message)
             return None
-        resolver = NameResolver.for_module(module)
+        small = small_statements(module)
+        resolver = _resolver(small)
         context = RuleContext(PurePosixPath(self.rel(path)), resolver, module, fixing=False)
         source = SourceFile(path, self.rel(path), module, context, text)
+        source.shared["statements"] = small
         self._files[path] = source
         self._read_imports(source)
         # `from helpers import *` brings the helper module's `tf` binding along.
@@ -240,16 +289,19 @@ class Project:
         return None
 
     def _read_imports(self, source: SourceFile) -> None:
+        small = source.shared["statements"]
+        assert isinstance(small, list)
         # sys.path additions first: they decide where the script's imports are found.
-        for node in tree.walk(source.module):
-            if isinstance(node, cst.Call) and dotted(node.func) in (
+        for node in small:
+            call = node.value if isinstance(node, cst.Expr) else None
+            if isinstance(call, cst.Call) and dotted(call.func) in (
                 "sys.path.append",
                 "sys.path.insert",
             ):
-                folder = _path_argument(node, source.path.parent)
+                folder = _path_argument(call, source.path.parent)
                 if folder is not None and folder.is_dir():
                     source.extra_paths.append(folder.resolve())
-        for node in tree.walk(source.module):
+        for node in small:
             if isinstance(node, cst.Import):
                 for alias in node.names:
                     name = dotted(alias.name)

@@ -3,7 +3,6 @@ tower core spans across functions, methods and modules, and lookups of calls and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
@@ -77,25 +76,51 @@ class Code:
         return f"{self.source.rel}:{self.source.qualname(self.node)}"
 
 
-def body_nodes(code: Code) -> Iterator[cst.CSTNode]:
+def body_nodes(code: Code) -> list[cst.CSTNode]:
     """The nodes of ``code``'s own body (nested functions and classes not entered, except
-    closures defined in a function, which run as part of it)."""
-    if isinstance(code.node, cst.Module):
-        yield from tree.walk(code.node, (cst.FunctionDef, cst.ClassDef))
-        return
-    yield from tree.walk(code.node, (cst.ClassDef, cst.Lambda))
+    closures defined in a function, which run as part of it); computed once per function."""
+    cache = code.source.shared.setdefault("nodes", {})
+    assert isinstance(cache, dict)
+    found = cache.get(id(code.node))
+    if found is None:
+        stop = (
+            (cst.FunctionDef, cst.ClassDef)
+            if isinstance(code.node, cst.Module)
+            else (cst.ClassDef, cst.Lambda)
+        )
+        found = list(tree.walk(code.node, stop))
+        cache[id(code.node)] = found
+    return found
 
 
-def calls_in(code: Code) -> Iterator[cst.Call]:
-    for node in body_nodes(code):
-        if isinstance(node, cst.Call):
-            yield node
+def calls_in(code: Code) -> list[cst.Call]:
+    """The calls of ``code``'s body, in source order (computed once per function)."""
+    cache = code.source.shared.setdefault("calls", {})
+    assert isinstance(cache, dict)
+    found = cache.get(id(code.node))
+    if found is None:
+        found = [node for node in body_nodes(code) if isinstance(node, cst.Call)]
+        cache[id(code.node)] = found
+    return found
 
 
 def callee(project: Project, code: Code, call: cst.Call) -> Code | None:
     """The repo function a call runs: a function of this module or an imported one
     (``helpers.average``), a method of this class (``self._build``), a class (its
-    ``__init__``)."""
+    ``__init__``), a method of an instance of a repo class. Cached per call."""
+    cache = code.source.shared.setdefault("callees", {})
+    assert isinstance(cache, dict)
+    key = (id(code.node), id(call))
+    hit = cache.get(key)
+    # The call is kept with its answer, so its id cannot be reused by another node.
+    if hit is not None and hit[0] is call:
+        return hit[1]
+    found = _callee(project, code, call)
+    cache[key] = (call, found)
+    return found
+
+
+def _callee(project: Project, code: Code, call: cst.Call) -> Code | None:
     source = code.source
     func = call.func
     name = dotted(func)
@@ -128,34 +153,47 @@ def _instance_method(project: Project, code: Code, func: cst.BaseExpression) -> 
     receiver = func.value
     if isinstance(receiver, cst.Name):
         scopes = [code, Code(code.source, code.source.module)]
-        wanted, attribute = receiver.value, False
+        key = receiver.value
     elif isinstance(receiver, cst.Attribute) and dotted(receiver.value) == "self":
         scopes = [code, *class_methods(code)]
-        wanted, attribute = receiver.attr.value, True
+        key = "self." + receiver.attr.value
     else:
         return None
     for scope in scopes:
-        for node in tree.walk(scope.node, (cst.ClassDef,)):
-            if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
-                continue
-            for target in node.targets:
-                bound = target.target
-                hit = (
-                    attribute
-                    and isinstance(bound, cst.Attribute)
-                    and bound.attr.value == wanted
-                    and dotted(bound.value) == "self"
-                ) or (not attribute and isinstance(bound, cst.Name) and bound.value == wanted)
-                if not hit:
-                    continue
-                name = dotted(node.value.func)
-                found = project.definition(scope.source, name) if name else None
-                if found is not None and isinstance(found[1], cst.ClassDef):
-                    method = method_of(found[1], func.attr.value)
-                    if method is not None:
-                        return Code(found[0], method)
-                    return _inherited_method(project, found[0], found[1], func.attr.value)
+        for value in _constructed(scope).get(key, ()):
+            name = dotted(value.func)
+            found = project.definition(scope.source, name) if name else None
+            if found is not None and isinstance(found[1], cst.ClassDef):
+                method = method_of(found[1], func.attr.value)
+                if method is not None:
+                    return Code(found[0], method)
+                return _inherited_method(project, found[0], found[1], func.attr.value)
     return None
+
+
+def _constructed(scope: Code) -> dict[str, list[cst.Call]]:
+    """``x = Call(...)`` / ``self.x = Call(...)`` in ``scope``: "x" / "self.x" -> the calls
+    (computed once per scope)."""
+    cache = scope.source.shared.setdefault("constructed", {})
+    assert isinstance(cache, dict)
+    found = cache.get(id(scope.node))
+    if found is not None:
+        return found
+    found = {}
+    for node in tree.walk(
+        scope.node,
+        (cst.ClassDef, cst.FunctionDef) if isinstance(scope.node, cst.Module) else (cst.ClassDef,),
+    ):
+        if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
+            continue
+        for target in node.targets:
+            bound = target.target
+            if isinstance(bound, cst.Name):
+                found.setdefault(bound.value, []).append(node.value)
+            elif isinstance(bound, cst.Attribute) and dotted(bound.value) == "self":
+                found.setdefault("self." + bound.attr.value, []).append(node.value)
+    cache[id(scope.node)] = found
+    return found
 
 
 def class_hierarchy_methods(project: Project, code: Code) -> list[Code]:

@@ -121,6 +121,16 @@ def _read_site(project: Project, site: TowerSite) -> None:
     site.loss = _loss(site, loop_nodes)
 
 
+def _branch_in(source: SourceFile, node: cst.CSTNode, loop: cst.CSTNode) -> cst.If | None:
+    """The innermost ``if`` holding ``node`` inside ``loop`` (None if it is not in one)."""
+    for ancestor in source.ancestors(node):
+        if ancestor is loop:
+            return None
+        if isinstance(ancestor, cst.If):
+            return ancestor
+    return None
+
+
 def _collected(node: cst.CSTNode) -> tuple[set[str], cst.BaseExpression] | None:
     """``grads.append(x)``, ``grads.extend(x)``, ``grads += [x]``: the list's names and x."""
     if isinstance(node, cst.Call) and method_name(node) in ("append", "extend") and node.args:
@@ -143,13 +153,26 @@ def _loss(site: TowerSite, loop_nodes: list[cst.CSTNode]) -> ir.Loss | None:
         if call.args:
             value = call.args[0].value
             if isinstance(value, cst.Name) and source is site.source:
-                # `loss = model_fn(x) / n` in the loop: the expression says what is scaled.
-                for node in loop_nodes:
-                    if isinstance(node, cst.Assign) and any(
+                # `loss = model_fn(x) / n` in the loop: the expression says what is scaled
+                # (its last binding before the gradient call).
+                bindings = [
+                    node
+                    for node in loop_nodes
+                    if isinstance(node, cst.Assign)
+                    and source.line(node) <= source.line(call)
+                    and any(
                         isinstance(t.target, cst.Name) and t.target.value == value.value
                         for t in node.targets
-                    ):
-                        return ir.Loss(source.where(node), source.src(node.value, 70))
+                    )
+                ]
+                if bindings:
+                    last = bindings[-1]
+                    # `if coef: loss = a + b` / `else: loss = a`: both branches, in order.
+                    branch = _branch_in(source, last, site.loop)
+                    inside = {id(n) for n in tree.walk(branch)} if branch is not None else set()
+                    chosen = [b for b in bindings if id(b) in inside] or [last]
+                    text = " | ".join(source.src(b.value, 70) for b in chosen)
+                    return ir.Loss(source.where(chosen[0]), text)
             return ir.Loss(source.where(call), source.src(value, 70))
     for node in loop_nodes:
         if isinstance(node, cst.Call) and method_name(node) == "append" and node.args:

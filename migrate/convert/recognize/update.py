@@ -163,7 +163,35 @@ def _optimizer_update(
     if built is None:
         return ir.Update(kind, code.source.where(call), code.source.src(receiver, 60))
     source, value = built
-    return ir.Update(kind, code.source.where(call), source.src(value, 80), source.where(value))
+    text = " | ".join(source.src(v, 80) for v in _alternatives(source, value))
+    return ir.Update(kind, code.source.where(call), text, source.where(value))
+
+
+def _alternatives(source: SourceFile, value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``if flag: opt = A(...) else: opt = B(...)``: every branch's optimizer, in order."""
+    assign = source.parent(value)
+    if not isinstance(assign, cst.Assign):
+        return [value]
+    statement = source.parent(assign)
+    branch = next((a for a in source.ancestors(assign) if isinstance(a, cst.If)), None)
+    if branch is None or statement is None:
+        return [value]
+    while isinstance(source.parent(branch), cst.If):  # `elif` chains hang below the first If
+        branch = source.parent(branch)
+    targets = {source.src(t.target) for t in assign.targets}
+    found = [
+        node.value
+        for node in tree.walk(branch, (cst.FunctionDef, cst.ClassDef))
+        if isinstance(node, cst.Assign)
+        and targets & {source.src(t.target) for t in node.targets}
+        and not _wraps(node.value)
+    ]
+    return found or [value]
+
+
+def _wraps(value: cst.BaseExpression) -> bool:
+    """``hvd.DistributedOptimizer(opt)``: a wrapper, not another optimizer."""
+    return isinstance(value, cst.Call) and (dotted(value.func) or "").endswith(_WRAPPERS)
 
 
 def optimizer_construction(
