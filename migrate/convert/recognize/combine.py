@@ -247,7 +247,7 @@ def _by_name(code: Code, call: cst.Call, target: Code) -> Combined | None:
     name = node.name.value
     if "grad" not in name.lower():
         return None
-    if _AVERAGE_NAME.search(name) or keyword_true(call, "average"):
+    if _AVERAGE_NAME.search(name) or _keyword_true(call, "average"):
         kind = ir.CombineKind.AVERAGED
     elif _SUM_NAME.search(name):
         kind = ir.CombineKind.SUMMED
@@ -285,7 +285,7 @@ def _body_spelling(code: Code) -> str:
     return "by its name"
 
 
-def keyword_true(call: cst.Call, name: str) -> bool:
+def _keyword_true(call: cst.Call, name: str) -> bool:
     return is_true(keyword(call, name))
 
 

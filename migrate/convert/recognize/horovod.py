@@ -8,6 +8,7 @@ import re
 
 import libcst as cst
 
+from tfmigrate import tree
 from tfmigrate.convert import ir
 from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.recognize._code import (
@@ -40,14 +41,16 @@ def horovod_cores(
     cores: list[ir.TowerCore] = []
     notes: list[ir.Note] = []
     allreduce_wrappers: set[int] = set()
+    seen: set[int] = set()  # a closure's calls are also its enclosing function's
     for source in files:
-        if "horovod" not in source.resolver.bindings.values() and not any(
-            b.startswith("horovod") for b in source.resolver.bindings.values()
-        ):
+        if not any(b.startswith("horovod") for b in source.resolver.bindings.values()):
             continue
         for node in _functions(source):
             code = Code(source, node)
             for call in calls_in(code):
+                if id(call) in seen:
+                    continue
+                seen.add(id(call))
                 what = _horovod(source, call)
                 if what == "DistributedOptimizer":
                     found = _distributed_optimizer(project, files, code, call)
@@ -107,18 +110,8 @@ def _named_elsewhere(code: Code, files: list[SourceFile]) -> bool:
 
 
 def _functions(source: SourceFile) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = [source.module]
-    for node in _walk_defs(source.module):
-        found.append(node)
-    return found
-
-
-def _walk_defs(node: cst.CSTNode):
-    from tfmigrate import tree
-
-    for current in tree.walk(node):
-        if isinstance(current, cst.FunctionDef):
-            yield current
+    """The module and every function and method of ``source``."""
+    return [source.module] + [n for n in tree.walk(source.module) if isinstance(n, cst.FunctionDef)]
 
 
 def _assigns_variables(code: Code) -> bool:
@@ -138,7 +131,6 @@ def _distributed_optimizer(
     combination = ir.Combination(ir.CombineKind.HOROVOD, spelling, source.where(call))
     names = frozenset(assigned_names(source, call))
     loss = None
-    holder = code
     for candidate in [code, *reachable(project, [code], depth=1)[1:]]:
         for inner in calls_in(candidate):
             if (
@@ -150,7 +142,6 @@ def _distributed_optimizer(
                     loss = ir.Loss(
                         candidate.source.where(inner), candidate.source.src(inner.args[0].value, 60)
                     )
-                holder = candidate
                 if method_name(inner) == "minimize":
                     update = find_update(
                         project, files, candidate, inner, frozenset(), own_call=inner
@@ -166,5 +157,5 @@ def _distributed_optimizer(
                 if isinstance(update, str):
                     return f"{spelling}: {update}"
                 return ir.TowerCore(None, loss, combination, update)
-    del holder
-    return f"{spelling} is built but its minimize/compute_gradients was not found in {enclosing_code(source, call).name}"
+    where = enclosing_code(source, call).name
+    return f"{spelling} is built but its minimize/compute_gradients was not found in {where}"
