@@ -25,6 +25,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check migrate rules tests bench scripts
+	$(BIN)/python scripts/typecheck.py  # mypy on migrate/ and rules/, as tfmigrate.* (pyproject)
 
 # Rewrite fixtures/goldens from the current code; review the diff like code.
 goldens: $(STAMP)

@@ -13,6 +13,7 @@ Options come from [tool.mypy] in pyproject.toml; extra arguments are passed to m
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from mypy import build
@@ -59,30 +60,38 @@ def module_sources(mapping: dict[str, Path]) -> list[BuildSource]:
     return sources
 
 
-def main(argv: list[str]) -> int:
+def typecheck(
+    sources: list[BuildSource], argv: Sequence[str] = (), echo: bool = False
+) -> tuple[list[str], bool]:
+    """mypy's messages on ``sources`` with the project's options (and ``argv``), and whether
+    an error blocked the check (a syntax error); ``echo`` prints them as they come."""
     fscache = FileSystemCache()
     _, options = process_options(
         ["--config-file", str(ROOT / "pyproject.toml"), *argv],
         require_targets=False,
         fscache=fscache,
     )
-    sources = module_sources(package_dirs(ROOT / "pyproject.toml"))
     messages: list[str] = []
 
     def flush_errors(filename: str | None, new_messages: list[str], serious: bool) -> None:
         messages.extend(new_messages)
-        for message in new_messages:
+        for message in new_messages if echo else ():
             print(message, file=sys.stderr if serious else sys.stdout)
 
-    blocking = False
     try:
         build.build(sources, options, flush_errors=flush_errors, fscache=fscache)
     except CompileError as error:
-        blocking = True
-        if not messages:  # a blocking error that was not flushed (e.g. a syntax error)
-            for message in error.messages:
-                print(message, file=sys.stderr)
+        if not messages:  # a blocking error that was not flushed
             messages.extend(error.messages)
+            for message in error.messages if echo else ():
+                print(message, file=sys.stderr)
+        return messages, True
+    return messages, False
+
+
+def main(argv: list[str]) -> int:
+    sources = module_sources(package_dirs(ROOT / "pyproject.toml"))
+    messages, blocking = typecheck(sources, argv, echo=True)
     errors = [m for m in messages if ": error:" in m]
     files = {m.split(":", 1)[0] for m in errors}
     if errors:
