@@ -631,7 +631,7 @@ class AsWritten:
         explicit = {} if self.mapping_request == SAME_NAMES else dict(self.mapping_request)
         self._check_explicit(explicit, init, shapes)
         # every legacy variable but the optimizer's (a big model's legacy run traces fewer per step)
-        names = [n for n in init if meta[n].get("kind") != "optimizer"] if meta else traced
+        names = [n for n in init if meta.get(n, {}).get("kind") != "optimizer"] if meta else traced
         comparable = {n: (tuple(init[n].shape), init[n].dtype) for n in names if n in init and n not in explicit}
         rest = {n: s for n, s in shapes.items() if n not in explicit.values()}
         by_name, ambiguous = match_by_name(comparable, rest)
