@@ -60,10 +60,16 @@ def summary(reading: ProgramReading, root: Path) -> list[str]:
         lines.append(
             f"  session: {program.session.kind.value} ({program.session.where}){steps}{first}"
         )
+        if program.session.loop is not None:
+            loop = program.session.loop
+            lines.append(f"  loop: {loop.header} ({loop.where})")
     else:
         lines.append("  session: not found")
     if program.devices is not None:
         lines.append(f"  device config: {', '.join(program.devices.settings) or '-'}")
+    if program.setup:
+        parts = ", ".join(dict.fromkeys(f"{s.kind.value} ({s.where})" for s in program.setup))
+        lines.append(f"  set-up: {parts}")
     for note in program.notes:
         lines.append(f"  note: {note.where}: {note.text}")
     return lines

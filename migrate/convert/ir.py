@@ -126,12 +126,43 @@ class Fetch:
 
 
 @dataclass(frozen=True)
+class Loop:
+    """The training loop: the ``for``/``while`` around the first step run, as written."""
+
+    where: Where
+    header: str
+
+
+@dataclass(frozen=True)
 class Session:
-    """How the graph is run: the session's construction and the step runs found."""
+    """How the graph is run: the session's construction, the step runs found and the loop
+    that repeats them."""
 
     kind: SessionKind
     where: Where
     steps: tuple[Fetch, ...] = ()
+    loop: Loop | None = None
+
+
+class SetUpKind(Enum):
+    INITIALIZER = "variables initializer"
+    RESTORE = "checkpoint restore"
+    SAVER = "saver"
+    SUMMARIES = "summaries"
+    QUEUE_RUNNERS = "queue runners"
+    ITERATOR_INIT = "iterator initializer"
+    BROADCAST = "Horovod broadcast"
+    HOOKS = "session hooks"
+
+
+@dataclass(frozen=True)
+class SetUp:
+    """A part that runs once around the training loop (initializers, restore, savers,
+    summary writers, queue runners, Horovod's broadcast), as written."""
+
+    kind: SetUpKind
+    where: Where
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -153,13 +184,15 @@ class Note:
 
 @dataclass(frozen=True)
 class Program:
-    """One entry program: its tower cores, input, session and device settings, and notes."""
+    """One entry program: its tower cores, input, session (with its step runs and loop),
+    device settings, the set-up parts found around the loop, and notes."""
 
     entry: str
     cores: tuple[TowerCore, ...]
     inputs: tuple[Input, ...]
     session: Session | None
     devices: DeviceConfig | None
+    setup: tuple[SetUp, ...] = ()
     notes: tuple[Note, ...] = ()
 
 

@@ -42,6 +42,8 @@ def test_class_trainer_graph_in_init_towers_in_a_method_session_in_train():
     assert program.session is not None and program.session.kind is ir.SessionKind.SESSION
     # The step is the run of train_op, in the other method.
     assert [s.where for s in program.session.steps] == [ir.Where("trainer.py", 50)]
+    assert program.session.loop == ir.Loop(ir.Where("trainer.py", 47), "for _ in range(steps)")
+    assert [s.kind for s in program.setup] == [ir.SetUpKind.INITIALIZER]
     assert program.devices is not None
     assert "gpu_options.allow_growth=True" in program.devices.settings
 
@@ -92,6 +94,7 @@ def test_one_loss_summed_over_towers_and_minimize_with_colocate():
     assert core.towers.devices == "tf.DeviceSpec(device_type='GPU', device_index=gpu_id)"
     assert [i.kind for i in program.inputs] == [ir.InputKind.QUEUE]
     assert program.session is not None and len(program.session.steps) == 1
+    assert ir.SetUpKind.QUEUE_RUNNERS in {s.kind for s in program.setup}
 
 
 def test_module_level_script_with_placeholders_per_gpu():
@@ -136,6 +139,10 @@ def test_horovod_distributed_optimizer_with_monitored_training_session():
     assert [i.kind for i in program.inputs] == [ir.InputKind.FEED_DICT]
     assert program.devices is not None
     assert "gpu_options.visible_device_list=str(hvd.local_rank())" in program.devices.settings
+    assert program.session.loop is not None
+    assert program.session.loop.header == "while not sess.should_stop()"
+    kinds = {s.kind for s in program.setup}
+    assert {ir.SetUpKind.BROADCAST, ir.SetUpKind.HOOKS} <= kinds
 
 
 # The tower fixtures and how their towers are combined.

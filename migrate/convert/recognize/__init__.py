@@ -1,5 +1,6 @@
 """Recognizers, one per concern, each filling its part of the IR from the parsed project:
-towers, their combination, the update, Horovod's per-process step, input, session, devices."""
+towers, their combination, the update, Horovod's per-process step, input, session and loop,
+set-up parts, devices."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tfmigrate.convert.recognize.devices import find_device_config
 from tfmigrate.convert.recognize.horovod import horovod_cores
 from tfmigrate.convert.recognize.inputs import find_inputs
 from tfmigrate.convert.recognize.session import find_session
+from tfmigrate.convert.recognize.setup import find_setup
 from tfmigrate.convert.recognize.towers import TowerSite, find_tower_sites
 from tfmigrate.convert.recognize.update import find_update
 from tfmigrate.rules._towers import method_name
@@ -112,6 +114,7 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
         inputs=find_inputs(region, loops),
         session=find_session(region, update_names),
         devices=find_device_config(region),
+        setup=find_setup(region),
         notes=tuple(notes),
     )
     return ProgramReading(entry.path, program, None)

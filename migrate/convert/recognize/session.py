@@ -32,6 +32,7 @@ def find_session(region: list[Code], update_names: set[str]) -> ir.Session | Non
     names = _widened(region, update_names)
     session: tuple[ir.SessionKind, ir.Where] | None = None
     steps: list[ir.Fetch] = []
+    loop: ir.Loop | None = None
     for code in region:
         for node in body_nodes(code):
             if not isinstance(node, cst.Call):
@@ -43,9 +44,25 @@ def find_session(region: list[Code], update_names: set[str]) -> ir.Session | Non
                 fetched = node.args[0].value
                 if identifiers(fetched) & names:
                     steps.append(ir.Fetch(code.source.where(node), code.source.src(fetched, 80)))
+                    loop = loop or _loop_of(code, node)
     if session is None:
         return None
-    return ir.Session(session[0], session[1], tuple(dict.fromkeys(steps)))
+    return ir.Session(session[0], session[1], tuple(dict.fromkeys(steps)), loop)
+
+
+def _loop_of(code: Code, run: cst.Call) -> ir.Loop | None:
+    """The innermost loop around a step run, in its function."""
+    for ancestor in code.source.ancestors(run):
+        if isinstance(ancestor, cst.FunctionDef):
+            return None
+        if isinstance(ancestor, cst.For):
+            header = f"for {code.source.src(ancestor.target, 30)} in {code.source.src(ancestor.iter, 50)}"
+            return ir.Loop(code.source.where(ancestor), header)
+        if isinstance(ancestor, cst.While):
+            return ir.Loop(
+                code.source.where(ancestor), f"while {code.source.src(ancestor.test, 60)}"
+            )
+    return None
 
 
 def _widened(region: list[Code], names: set[str]) -> set[str]:
