@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
@@ -355,7 +356,8 @@ set_session(tf.Session())
         for node in walk(self.context.module):
             if not isinstance(node, cst.Call) or self.call_name(node) not in SET_SESSION:
                 continue
-            line = self.parent(self.parent(node))
+            holder = self.parent(node)
+            line = self.parent(holder) if holder is not None else None
             if not (
                 isinstance(self.parent(node), cst.Expr)
                 and isinstance(line, cst.SimpleStatementLine)
@@ -385,7 +387,9 @@ set_session(tf.Session())
             bound = [s for s in before if (_assigned_call(s) or ("", None))[0] == value.value]
             if len(bound) != 1:
                 raise _NotFollowed
-            _, call = _assigned_call(bound[0])  # type: ignore[misc]
+            assigned = _assigned_call(bound[0])
+            assert assigned is not None  # how bound[0] was picked
+            _, call = assigned
             if self.call_name(call) != SESSION:
                 raise _NotFollowed
             found.drop.add(id(bound[0]))
@@ -410,7 +414,7 @@ set_session(tf.Session())
     def _helper(self, call: cst.Call, found: _Sessions) -> None:
         """`set_session(get_session(0.5))` with `def get_session(fraction=...)` in this module
         building a config and returning `tf.Session(config=config)`."""
-        name = call.func.value  # type: ignore[attr-defined]
+        name = cast(cst.Name, call.func).value  # called for `helper(...)` only
         if name in self.context.resolver.bindings:
             raise _NotFollowed  # imported: not this module's code
         helpers = [
@@ -422,7 +426,7 @@ set_session(tf.Session())
             raise _NotFollowed
         helper = helpers[0]
         params = helper.params
-        if params.star_arg is not None and isinstance(params.star_arg, cst.Param):
+        if isinstance(params.star_arg, cst.Param):
             raise _NotFollowed
         if params.star_kwarg is not None or params.kwonly_params or params.posonly_params:
             raise _NotFollowed
@@ -459,7 +463,9 @@ set_session(tf.Session())
             if len(bound) != 1:
                 raise _NotFollowed
             known.add(id(bound[0]))
-            result = _assigned_call(bound[0])[1]  # type: ignore[index]
+            assigned = _assigned_call(bound[0])
+            assert assigned is not None  # how bound[0] was picked
+            result = assigned[1]
         if not isinstance(result, cst.Call) or self.call_name(result) != SESSION:
             raise _NotFollowed
         inner = _Sessions()
@@ -503,7 +509,9 @@ set_session(tf.Session())
         bound = [s for s in scope if (_assigned_call(s) or ("", None))[0] == name]
         if len(bound) != 1:
             raise _NotFollowed
-        _, call = _assigned_call(bound[0])  # type: ignore[misc]
+        assigned = _assigned_call(bound[0])
+        assert assigned is not None  # how bound[0] was picked
+        _, call = assigned
         if self.call_name(call) != kind:
             raise _NotFollowed
         found.drop.add(id(bound[0]))
@@ -579,7 +587,9 @@ set_session(tf.Session())
                 setting.field, f"`{leaf}` has no tf.config equivalent: set it by hand"
             )
             todos.append(f"# TODO(tfmigrate): TFM108 the session set {leaf}={value}; {why}")
-        new = list(cst.parse_module("\n".join(code) + "\n").body) if code else []
+        new: list[cst.BaseStatement] = (
+            list(cst.parse_module("\n".join(code) + "\n").body) if code else []
+        )
         comments = [cst.EmptyLine(comment=cst.Comment(t)) for t in todos]
         replaced = _Replace(found, new, comments).transform(module)
         for name in sorted(found.helpers):
@@ -626,13 +636,13 @@ set_session(tf.Session())
         if not any(m.startswith(("keras", "tensorflow.keras")) for m in self._imported()):
             return
         params = node.params
-        if params.star_arg is not None and isinstance(params.star_arg, cst.Param):
+        if isinstance(params.star_arg, cst.Param):
             return
         if params.star_kwarg is not None or params.kwonly_params or params.posonly_params:
             return
         given = {p.name.value: p.default or p.name for p in params.params}
         try:
-            self._helper_body(node, given, _Sessions())  # type: ignore[arg-type]
+            self._helper_body(node, given, _Sessions())
         except _NotFollowed:
             return
         if _occurs(module, node.name.value, set()):
@@ -671,7 +681,8 @@ set_session(tf.Session())
         )
         config = device_config(self)
         statement = config.statement(node)
-        line = self.parent(self.parent(node))
+        holder = self.parent(node)
+        line = self.parent(holder) if holder is not None else None
         session = node.args[0].value if len(node.args) == 1 else None
         if (
             statement is None
@@ -688,8 +699,8 @@ set_session(tf.Session())
             self.report(node, message, replacement=replacement, target=target)
             return
         group = next((g for g in config.groups if any(c is session for c in g.consumers)), None)
-        only_config = len(session.args) == 1 and session.args[0].keyword is not None
-        only_config = only_config and session.args[0].keyword.value == "config"
+        keyword = session.args[0].keyword if len(session.args) == 1 else None
+        only_config = keyword is not None and keyword.value == "config"
         reason = "the session is more than its config" if not only_config else None
         if reason is None:
             reason = config.why_not(group) if group else "the config is not one tfmigrate follows"
@@ -697,12 +708,14 @@ set_session(tf.Session())
             if not self._followed(node, message):
                 self.report(node, f"{message} (not fixed: {reason})")
             return
+        assert group is not None  # else a reason above
         target, replacement = config.rewrite(group, remove=(statement,))
         self.report(node, message, replacement=replacement, target=target, imports=tf_imports(self))
 
     def _followed(self, node: cst.Call, message: str) -> bool:
         found = self._sessions()
-        line = self.parent(self.parent(node))
+        holder = self.parent(node)
+        line = self.parent(holder) if holder is not None else None
         if found is None or not any(c is line for c in found.calls):
             return False
         return self._report_followed(node, message, found)
@@ -735,7 +748,7 @@ class _Replace(cst.CSTTransformer):
             return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()], left)])
         return updated.with_changes(body=body, footer=[*left, *updated.footer])
 
-    def _body(self, originals, updated) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:  # type: ignore[no-untyped-def]
+    def _body(self, originals, updated) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
         """The new statements, and the comments left over at the end of the block."""
         body: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []  # comments of statements that went away
