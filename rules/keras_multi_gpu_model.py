@@ -1252,6 +1252,14 @@ def main(gpus):
         manifest: dict[str, object] = {
             "keras_multi_gpu_model": {"model": sorted(plan.templates)[0], "notes": notes}
         }
+        # what verify reads: weights keep their Keras 2 names, the loss is fit's
+        entry = self._verify_entry(plan, safety, note, notes, announce_loss=not wrap)  # type: ignore[arg-type]
+        notes.pop(notes.index(next(n for n in notes if "tfmigrate_program()" in n)))
+        notes.append(
+            "TFM107: weights keep their Keras 2 names (layer/weight), so variables are matched "
+            "by name"
+        )
+        manifest.update(entry)
         replacement = self.context.shared(
             f"tfm107:nested-fix:{id(plan)}", lambda: self._rewrite_nested(plan, wrap or [])
         )

@@ -211,3 +211,34 @@ def test_keras_3_fit_stops_on_two_workers(tmp_path):
     assert all(r.startswith("TFM-FIT ValueError Attempt to convert a value") for r in results), (
         results
     )
+
+
+# fixture -> arguments of a short verify run (both programs get them)
+VERIFIED = {
+    "keras2_session_unet": ["--samples", "32", "--batch-size", "8", "--epochs", "1", "--size", "8"],
+    "keras2_vendored": [
+        "--samples", "32", "--batch-size", "8", "--epochs", "1", "--image-size", "8",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(VERIFIED))
+def test_verify_finds_the_rewrite_equivalent(rewritten, name, tmp_path):
+    """The Keras 2 program (TF1 compat runtime) against its rewrite under a 2-replica
+    MirroredStrategy: every weight within tolerance after 4 steps (the UNet's loss too)."""
+    report = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfmigrate", "verify", "-n", "2", "-k", "4", "--report",
+         str(report), str(FIXTURES / name / "train.py"), str(rewritten[name] / "train.py"),
+         "--", *VERIFIED[name]],
+        capture_output=True, text=True, cwd=REPO, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    result = json.loads((report / "report.json").read_text(encoding="utf-8"))
+    assert result["verdict"] == "equivalent", result.get("reason")
+    rows = result["rows"]
+    weights = [r for r in rows if r["category"] == "weight"]
+    assert weights and all(r["status"] == "pass" for r in weights)
+    if name == "keras2_session_unet":
+        assert any(r["category"] == "loss" and r["status"] == "pass" for r in rows)
