@@ -425,8 +425,9 @@ class KerasMultiGpuModel(Rule):
     """
     ## What it does
     Flags calls to Keras 2's `multi_gpu_model` (`keras.utils`, `keras.utils.training_utils`,
-    `tf.keras.utils`, `tf.contrib.keras`) and converts the program to
-    `tf.distribute.MirroredStrategy`.
+    `tf.keras.utils`, `tf.contrib.keras`) or to a user's copy of it (vendored, or a
+    hand-written `make_parallel`), and converts the program to
+    `tf.distribute.MirroredStrategy`; flags the copy's definition too.
 
     ## Why is this bad?
     `multi_gpu_model` was removed in TensorFlow 2.4 and does not exist in Keras 3. It copied the
@@ -507,9 +508,29 @@ class KerasMultiGpuModel(Rule):
     `tfmigrate verify` (its module-level training code moves under `if __name__ ==
     "__main__":`, defs and classes stay where they were), and its manifest entry tells verify to
     match variables by name, to compare `loss`, and which differences to expect (batch-norm
-    moving statistics; everything, for a loss left per replica). Not fixed (reported only): a
-    wrapper assigned in several places, in a loop or another kind of branch, a template not
-    built in the same block, or no `compile` after the wrapper.
+    moving statistics; everything, for a loss left per replica).
+
+    Real programs spell the wrapper other ways, converted too. A user's own copy of
+    multi_gpu_model -- vendored (`from utils.multi_gpu_model import multi_gpu_model`) or
+    hand-written (`make_parallel`): a function that loops over devices, calls the model it was
+    given under `tf.device` on slices of the inputs (`Lambda`, `tf.slice`, `tf.split`) and
+    concatenates the outputs into a returned `Model` -- is recognized by that shape, in the
+    file or in a project module it imports (looked up from the script's folder and the folders
+    above it); its callers convert as above, its import (or def, in the same file) goes once
+    nothing calls it, and where it is defined it gets a `# TODO(tfmigrate): TFM107` to delete
+    it (the tower rules no longer report its loop as TF1 towers). Wrappers made in branches
+    (`if gpus > 1:` without `else`, `elif method == 'keras':`), in `try` fallbacks or
+    `with` blocks, with the template built in branches under `tf.device` (`create_models`
+    building the model with `batch_size // gpus` per GPU), convert as one
+    `with strategy.scope():` over the statements of the function (or module) from the
+    template's construction to the `compile`: each wrapper line becomes `parallel = template`
+    (or goes when both are one name), `tf.device` blocks that build the template lose their
+    device, a branch left equal to its `else` collapses, and a named loss over the whole batch
+    is computed by `global_batch_loss` as above. Such a program keeps its own entry point
+    (no `tfmigrate_program`), and its manifest entry tells verify to match variables by name.
+    Not fixed (reported only): a wrapper made in a loop or a class body, a template that is a
+    parameter of the function or not built before the wrapper, or no `compile` of the model
+    after it.
 
     The converted `compile` keeps Keras' one training step per `tf.function` call. Several
     steps per call (`steps_per_execution=32`) would make a small model's `fit` faster (verify's
