@@ -461,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     ):
         return run_as_written(tf, ns, script_args)
     try:
+        if ns.replay_inputs is not None:
+            raise SetupProblem(
+                f"--replay-inputs needs a program run as written; {ns.script.name} defines "
+                f"{protocol.ENTRY_POINT}(), whose batches verify takes as they are"
+            )
         runner_class = MigratedRunner
         if ns.strategy == "multi-worker":
             from tfmigrate.verify import multi_worker_runtime
