@@ -366,3 +366,57 @@ def test_tf_compat_v1_aliases_resolve(tmp_path: Path):
     assert core.update.optimizer == "tfv1.train.AdamOptimizer(0.1)"
     assert reading.program.session is not None
     assert [s.where.line for s in reading.program.session.steps] == [17]
+
+
+def test_an_update_returned_and_collected_is_found_in_the_callers_step(tmp_path: Path):
+    # The update is returned by a method, appended to a list, returned again, and run by the
+    # script that called the builder.
+    _write(
+        tmp_path,
+        "model.py",
+        """
+        import tensorflow as tf
+
+        class Net(object):
+            def __init__(self):
+                self.opt = tf.train.MomentumOptimizer(0.1, 0.9)
+
+            def _apply(self, cost):
+                return self.opt.minimize(cost, colocate_gradients_with_ops=True)
+
+            def build_train_ops(self, images):
+                losses, train_ops = [], []
+                for i in range(len(images)):
+                    with tf.device('/gpu:%d' % i):
+                        losses.append(tf.reduce_sum(tf.layers.dense(images[i], 1)))
+                train_ops.append(self._apply(tf.add_n(losses) / len(images)))
+                return train_ops, losses
+        """,
+    )
+    _write(
+        tmp_path,
+        "run.py",
+        """
+        import tensorflow as tf
+        from model import Net
+
+        def main(_):
+            ops, losses = Net().build_train_ops([tf.zeros([2, 3])] * 2)
+            sess = tf.Session()
+            step = 0
+            while step < 10:
+                sess.run([ops, losses])
+                step += 1
+
+        if __name__ == '__main__':
+            tf.app.run()
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    assert reading.program is not None, reading.refusal
+    (core,) = reading.program.cores
+    assert core.combination.kind is Kind.COLOCATED_LOSS
+    assert core.update.optimizer_where == ir.Where("model.py", 6)
+    session = reading.program.session
+    assert session is not None and [s.where for s in session.steps] == [ir.Where("run.py", 10)]
+    assert session.loop is not None and session.loop.header == "while step < 10"

@@ -108,11 +108,15 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
     notes.extend(_collapsed(failures))
     region = _region(project, entry, used)
     loops = [site.loop for site in used]
+    inputs = find_inputs(region, loops)
+    seeds = [call for core in cores for call in _update_calls(project, core.update)]
+    session = find_session(project, region, update_names, seeds)
+    notes.extend(_unknown_parts(cores[0], entry, inputs, session, update_names))
     program = ir.Program(
         entry=entry.rel,
         cores=tuple(cores),
-        inputs=find_inputs(region, loops),
-        session=find_session(region, update_names),
+        inputs=inputs,
+        session=session,
         devices=find_device_config(region),
         setup=find_setup(region),
         notes=tuple(notes),
@@ -121,6 +125,38 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
 
 
 _NOTHING = "the towers compute no gradients"
+
+
+def _unknown_parts(
+    core: ir.TowerCore,
+    entry: SourceFile,
+    inputs: tuple[ir.Input, ...],
+    session: ir.Session | None,
+    update_names: set[str],
+) -> list[ir.Note]:
+    """Where the input, session or step could not be told, and why."""
+    where = core.towers.where if core.towers is not None else core.combination.where
+    notes = []
+    if not inputs:
+        notes.append(
+            ir.Note(
+                where,
+                "input: no placeholder fed per step, queue, py_func split or tf.data iterator "
+                "in the code the towers and the entry script run",
+            )
+        )
+    if session is None:
+        notes.append(
+            ir.Note(
+                ir.Where(entry.rel, 1),
+                "session: no tf.Session, Supervisor or MonitoredTrainingSession in the code "
+                "this entry runs (an outer launcher or notebook may run it)",
+            )
+        )
+    elif not session.steps:
+        names = ", ".join(sorted(update_names)) or "the update"
+        notes.append(ir.Note(session.where, f"step: no run of the session fetches {names}"))
+    return notes
 
 
 def _collapsed(failures: list[ir.Note]) -> list[ir.Note]:
@@ -152,18 +188,31 @@ def _refusal(entry: SourceFile, failures: list[ir.Note]) -> ir.Refusal:
     )
 
 
+def _update_calls(project: Project, update: ir.Update) -> list[cst.Call]:
+    """The calls that run the update (``opt.apply_gradients(...)`` at ``update.where``)."""
+    loaded = project.load(project.root / update.where.file)
+    if loaded is None:
+        return []
+    return [
+        node
+        for node in tree.walk(loaded.module)
+        if isinstance(node, cst.Call)
+        and loaded.line(node) == update.where.line
+        and (
+            method_name(node) in ("apply_gradients", "minimize")
+            or update.kind is ir.UpdateKind.HAND_WRITTEN
+        )
+    ]
+
+
 def _update_names(project: Project, update: ir.Update) -> set[str]:
     """The names the update's result is bound to (``train_op = opt.apply_gradients(...)``)."""
     loaded = project.load(project.root / update.where.file)
     if loaded is None:
         return set()
     names: set[str] = set()
-    for node in tree.walk(loaded.module):
-        if isinstance(node, cst.Call) and loaded.line(node) == update.where.line:
-            if method_name(node) in ("apply_gradients", "minimize") or (
-                update.kind is ir.UpdateKind.HAND_WRITTEN
-            ):
-                names |= assigned_names(loaded, node)
+    for call in _update_calls(project, update):
+        names |= assigned_names(loaded, call)
     return names
 
 

@@ -125,6 +125,15 @@ def _callee(project: Project, code: Code, call: cst.Call) -> Code | None:
     func = call.func
     name = dotted(func)
     if name is None:
+        # `Trainer(args).train()`: a method of the repo class just built.
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            built = dotted(func.value.func)
+            found = project.definition(source, built) if built else None
+            if found is not None and isinstance(found[1], cst.ClassDef):
+                method = method_of(found[1], func.attr.value)
+                if method is not None:
+                    return Code(found[0], method)
+                return _inherited_method(project, found[0], found[1], func.attr.value)
         return None
     if name.startswith("self.") and name.count(".") == 1:
         cls = source.enclosing_class(code.node)

@@ -7,7 +7,15 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import ir
-from tfmigrate.convert.recognize._code import Code, assigned_names, body_nodes, call_name
+from tfmigrate.convert.project import Project
+from tfmigrate.convert.recognize._code import (
+    Code,
+    assigned_names,
+    body_nodes,
+    call_name,
+    callee,
+    calls_in,
+)
 from tfmigrate.rules._towers import identifiers, method_name
 
 _SESSIONS = {
@@ -26,10 +34,12 @@ def _groups(name: str | None) -> bool:
     return name is not None and (name in _GROUPS or name.endswith(".with_dependencies"))
 
 
-def find_session(region: list[Code], update_names: set[str]) -> ir.Session | None:
+def find_session(
+    project: Project, region: list[Code], update_names: set[str], seeds: list[cst.Call]
+) -> ir.Session | None:
     """The first session construction in ``region`` and the ``run`` calls whose fetches hold
     an update (``update_names``, widened through ``tf.group``/``control_dependencies``)."""
-    names = _widened(region, update_names)
+    names = _widened(project, region, update_names, seeds)
     session: tuple[ir.SessionKind, ir.Where] | None = None
     steps: list[ir.Fetch] = []
     loop: ir.Loop | None = None
@@ -42,7 +52,9 @@ def find_session(region: list[Code], update_names: set[str]) -> ir.Session | Non
                 session = (kind, code.source.where(node))
             elif method_name(node) == "run" and node.args:
                 fetched = node.args[0].value
-                if identifiers(fetched) & names:
+                if identifiers(fetched) & names or any(
+                    id(n) in {id(c) for c in seeds} for n in tree.walk(fetched)
+                ):
                     steps.append(ir.Fetch(code.source.where(node), code.source.src(fetched, 80)))
                     loop = loop or _loop_of(code, node)
     if session is None:
@@ -65,27 +77,51 @@ def _loop_of(code: Code, run: cst.Call) -> ir.Loop | None:
     return None
 
 
-def _widened(region: list[Code], names: set[str]) -> set[str]:
-    """``train_op = tf.group(apply_op, ema_op)``, ``with control_dependencies([apply_op]):
-    train_op = tf.no_op()``: names that run the update too."""
+def _widened(
+    project: Project, region: list[Code], names: set[str], seeds: list[cst.Call]
+) -> set[str]:
+    """Names that run the update too: ``train_op = tf.group(apply_op, ema_op)``, ``with
+    control_dependencies([apply_op]): train_op = ...``, ``train_op = apply_op if training
+    else []``, ``train_ops.append(apply_op)``, and what callers call a function's returned
+    update (``train_ops, ... = model.build_train_ops()``). ``seeds`` are the update calls."""
     found = set(names)
-    for _ in range(3):
-        grown = False
+    seed_ids = {id(call) for call in seeds}
+
+    def runs_update(node: cst.CSTNode) -> bool:
+        if identifiers(node) & found:
+            return True
+        return bool(seed_ids) and any(id(n) in seed_ids for n in tree.walk(node))
+
+    returning: list[Code] = []
+    for _ in range(6):
+        before = (len(found), len(seed_ids), len(returning))
         for code in region:
+            source = code.source
             for node in body_nodes(code):
-                if isinstance(node, cst.Call) and _groups(call_name(code.source, node)):
-                    if identifiers(node) & found:
-                        new = assigned_names(code.source, node) - found
-                        if new:
-                            found |= new
-                            grown = True
-                elif isinstance(node, cst.With) and identifiers(node.items[0].item) & found:
+                if isinstance(node, cst.Assign):
+                    if not (isinstance(node.value, cst.Call) and method_name(node.value) == "run"):
+                        if runs_update(node.value):
+                            found |= assigned_names(source, node) - {"self"}
+                elif isinstance(node, cst.With) and runs_update(node.items[0].item):
                     for inner in tree.walk(node.body):
                         if isinstance(inner, cst.Assign):
-                            new = assigned_names(code.source, inner) - found
-                            if new:
-                                found |= new
-                                grown = True
-        if not grown:
+                            found |= assigned_names(source, inner) - {"self"}
+                elif isinstance(node, cst.Call) and method_name(node) in ("append", "extend"):
+                    if node.args and isinstance(node.func, cst.Attribute):
+                        if runs_update(node.args[0].value):
+                            found |= identifiers(node.func.value) - {"self"}
+                elif isinstance(node, cst.Return) and node.value is not None:
+                    if isinstance(code.node, cst.FunctionDef) and runs_update(node.value):
+                        if code not in returning:
+                            returning.append(code)
+        # Callers of a function that returns the update bind it (or append it) in turn.
+        for code in region:
+            for call in calls_in(code):
+                target = callee(project, code, call)
+                if target is None or not any(target.node is r.node for r in returning):
+                    continue
+                found |= assigned_names(code.source, call) - {"self"}
+                seed_ids.add(id(call))
+        if (len(found), len(seed_ids), len(returning)) == before:
             break
     return found
