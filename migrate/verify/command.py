@@ -63,12 +63,11 @@ def verify(
                           "parameters are unchanged (fast iteration on the migrated side)."),
     ] = None,
     noise_floor: Annotated[
-        bool | None,
-        typer.Option("--noise-floor/--no-noise-floor", show_default=False,
+        bool,
+        typer.Option("--noise-floor/--no-noise-floor",
                      help="If something diverges, run the legacy program again under other kernel settings "
-                          "and accept failing steps within 3x its drift from itself (rounding) "
-                          "[default: when the first divergence is after step 1].")
-    ] = None,
+                          "and accept failing steps within 3x its drift from itself (rounding).")
+    ] = True,
     replay_inputs: Annotated[
         bool, typer.Option(help="Feed the migrated replicas the legacy towers' batches of each step instead of "
                                 "what the program's own input pipeline gives (the pipeline is then not compared).")

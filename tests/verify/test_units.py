@@ -354,18 +354,15 @@ def test_noise_floor_accepts_only_differences_the_legacy_program_makes_with_itse
     assert result.first_divergence["quantity"] == "a"
 
 
-def test_noise_floor_runs_only_when_rounding_may_have_grown():
-    """By default the noise floor runs for a divergence after step 1; --noise-floor always,
-    --no-noise-floor never."""
+def test_noise_floor_runs_on_a_divergence_unless_turned_off():
     from tfmigrate.verify.verifier import VerifyOptions, _wants_noise_floor
 
-    def wants(step: int, flag: bool | None) -> bool:
-        comparison = _judged([_row("a", 0.5, step=step)])
-        return _wants_noise_floor(VerifyOptions(legacy=Path("a"), migrated=Path("b"), noise_floor=flag), comparison)
+    def wants(rows: list[cmp.Row], **flag: bool) -> bool:
+        return _wants_noise_floor(VerifyOptions(legacy=Path("a"), migrated=Path("b"), **flag), _judged(rows))
 
-    assert [wants(1, None), wants(2, None), wants(1, True), wants(2, False)] == [False, True, True, False]
-    assert not _wants_noise_floor(VerifyOptions(legacy=Path("a"), migrated=Path("b"), noise_floor=True),
-                                  _judged([_row("a", 0.0, cmp.PASS, None)]))  # fmt: skip
+    assert wants([_row("a", 0.5, step=1)]) and wants([_row("a", 0.5, step=3)])
+    assert not wants([_row("a", 0.5, step=1)], noise_floor=False)
+    assert not wants([_row("a", 0.0, cmp.PASS, None)])
 
 
 def test_noise_runs_leave_the_main_runs_files_alone(tmp_path, monkeypatch):
