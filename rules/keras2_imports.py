@@ -19,6 +19,12 @@ MODULES: dict[str, str | None] = {
     "keras.layers.normalization": "keras.layers",
     "keras.layers.merge": "keras.layers",
     "keras.layers.recurrent": "keras.layers",
+    # Keras 2's engine: its Layer, Input, InputSpec are keras.layers', its Model keras.models'
+    "keras.engine": "keras.layers",
+    "keras.engine.topology": "keras.layers",
+    "keras.engine.base_layer": "keras.layers",
+    "keras.engine.input_layer": "keras.layers",
+    "keras.engine.training": "keras.models",
 }
 # Names that Keras 3 (and `tf.keras` in TF 2.16+) no longer has anywhere.
 GONE = frozenset({"multi_gpu_model", "set_session", "get_session"})
@@ -78,6 +84,21 @@ class Keras2Imports(Rule):
         "import keras\nfrom myproject.keras.utils.np_utils import to_categorical\n",
     )
     invalid = (
+        # Keras 2's engine modules: a custom layer's base class.
+        Example(
+            """
+            from keras.engine.topology import Layer
+            from keras.engine.training import Model
+            class YoloLayer(Layer):
+                pass
+            """,
+            fixed="""
+            from keras.layers import Layer
+            from keras.models import Model
+            class YoloLayer(Layer):
+                pass
+            """,
+        ),
         Example(
             """
             import tensorflow as tf
