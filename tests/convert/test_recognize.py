@@ -420,3 +420,45 @@ def test_an_update_returned_and_collected_is_found_in_the_callers_step(tmp_path:
     session = reading.program.session
     assert session is not None and [s.where for s in session.steps] == [ir.Where("run.py", 10)]
     assert session.loop is not None and session.loop.header == "while step < 10"
+
+
+@pytest.mark.parametrize(
+    ("combine", "kind", "spelling"),
+    [
+        ("summed.append((total / n, pairs[0][1]))", Kind.AVERAGED, "inline: python-sum / N"),
+        ("summed.append((total, pairs[0][1]))", Kind.SUMMED, "inline: python-sum"),
+    ],
+)
+def test_inline_python_sum_over_zip_of_the_towers(
+    tmp_path: Path, combine: str, kind: ir.CombineKind, spelling: str
+):
+    _write(
+        tmp_path,
+        "train.py",
+        f"""
+        import tensorflow as tf
+
+        def main(n, opt):
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    loss = tf.reduce_sum(tf.layers.dense(tf.zeros([4, 2]), 3))
+                    tower_grads.append(opt.compute_gradients(loss))
+            summed = []
+            for pairs in zip(*tower_grads):
+                total = pairs[0][0]
+                for grad, _ in pairs[1:]:
+                    total = total + grad
+                {combine}
+            return opt.apply_gradients(summed)
+
+        if __name__ == '__main__':
+            main(2, tf.train.AdamOptimizer())
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    assert reading.program is not None, reading.refusal
+    (core,) = reading.program.cores
+    assert (core.combination.kind, core.combination.spelling) == (kind, spelling)
+    assert core.combination.where == ir.Where("train.py", 11)
+    assert core.update.where == ir.Where("train.py", 16)

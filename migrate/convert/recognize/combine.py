@@ -174,7 +174,9 @@ def _combination_at(
 ) -> Combined | None:
     target = callee(project, code, call)
     if target is None:
-        return None if need_gradients else _inline(code, call)
+        if need_gradients:
+            return None
+        return _inline(code, call) or _inline_loop(code, call)
     chain = reachable(project, [target], depth=1)
     if need_gradients and not any(
         is_gradient_call(c.source, inner) for c in chain for inner in calls_in(c)
@@ -227,6 +229,41 @@ def _inline(code: Code, call: cst.Call) -> Combined | None:
         _kind(sites), f"inline: {_spelling(_hows(sites), code.node)}", code.source.where(first)
     )
     return Combined(combination, code.source, first, frozenset(results))
+
+
+def _inline_loop(code: Code, call: cst.Call) -> Combined | None:
+    """``for pairs in zip(*tower_grads):`` adding the towers' gradients up in the loop body
+    (``total = total + g``, ``add_n``), divided by the tower count or not: a spelling TFM102
+    does not read."""
+    source = code.source
+    loop = source.parent(call)
+    if not (isinstance(loop, cst.For) and loop.iter is call and _is_zip_star(call)):
+        return None
+    nodes = list(tree.walk(loop.body))
+    names = {call_name(source, n) for n in nodes if isinstance(n, cst.Call)}
+    adds = any(
+        (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add))
+        or (isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
+        for n in nodes
+    ) or bool(names & {"tensorflow.add_n", "tensorflow.accumulate_n", "tensorflow.add"})
+    if not adds:
+        return None
+    divides = any(
+        isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide) for n in nodes
+    ) or bool(names & {"tensorflow.div", "tensorflow.divide", "tensorflow.truediv"})
+    kind = ir.CombineKind.AVERAGED if divides else ir.CombineKind.SUMMED
+    how = "python-sum / N" if divides else "python-sum"
+    combination = ir.Combination(kind, f"inline: {how}", source.where(loop))
+    return Combined(combination, source, loop, frozenset(_appended_or_assigned(source, loop)))
+
+
+def _is_zip_star(call: cst.Call) -> bool:
+    return (
+        isinstance(call.func, cst.Name)
+        and call.func.value == "zip"
+        and len(call.args) == 1
+        and call.args[0].star == "*"
+    )
 
 
 def _appended_or_assigned(source: SourceFile, statement: cst.CSTNode) -> set[str]:
