@@ -61,13 +61,15 @@ def _uses_horovod(source: SourceFile) -> bool:
 
 
 def read_program(project: Project, entry: SourceFile) -> ProgramReading:
+    """``entry`` and the repo modules it imports read into the IR: a core per tower loop and
+    combination (Horovod's per-process step when no tower loop combines), then the input,
+    session, loop, set-up and device settings of the code the program runs."""
     files = [s for s in project.closure(entry) if may_hold_core(s)]
     sites = find_tower_sites(project, files)
     cores: list[ir.TowerCore] = []
     notes: list[ir.Note] = []
     failures: list[ir.Note] = []
     used: list[TowerSite] = []
-    update_names: set[str] = set()
     for site in sites:
         combinations = combine(project, site, files)
         if isinstance(combinations, str):
@@ -95,12 +97,10 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
             cores.append(ir.TowerCore(site.describe(), loss, combined.combination, update))
             if site not in used:
                 used.append(site)
-            update_names |= _update_names(project, update)
-    if not sites:
-        horovod, failures = horovod_cores(project, files)
+    if not cores:
+        horovod, horovod_notes = horovod_cores(project, files)
         cores.extend(horovod)
-        for core in horovod:
-            update_names |= _update_names(project, core.update)
+        failures.extend(horovod_notes)
     if not cores:
         return ProgramReading(entry.path, None, _refusal(entry, failures))
     # A program's other tower loops that combine nothing (layer-wise helpers called by a core's
@@ -109,7 +109,9 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
     region = _region(project, entry, used)
     loops = [site.loop for site in used]
     inputs = find_inputs(region, loops)
-    seeds = [call for core in cores for call in _update_calls(project, core.update)]
+    updates = [found for core in cores for found in _update_calls(project, core.update)]
+    update_names = {name for source, call in updates for name in assigned_names(source, call)}
+    seeds = [call for _, call in updates]
     session = find_session(project, region, update_names, seeds)
     notes.extend(_unknown_parts(cores[0], entry, inputs, session, update_names))
     program = ir.Program(
@@ -188,13 +190,13 @@ def _refusal(entry: SourceFile, failures: list[ir.Note]) -> ir.Refusal:
     )
 
 
-def _update_calls(project: Project, update: ir.Update) -> list[cst.Call]:
+def _update_calls(project: Project, update: ir.Update) -> list[tuple[SourceFile, cst.Call]]:
     """The calls that run the update (``opt.apply_gradients(...)`` at ``update.where``)."""
     loaded = project.load(project.root / update.where.file)
     if loaded is None:
         return []
     return [
-        node
+        (loaded, node)
         for node in tree.walk(loaded.module)
         if isinstance(node, cst.Call)
         and loaded.line(node) == update.where.line
@@ -203,17 +205,6 @@ def _update_calls(project: Project, update: ir.Update) -> list[cst.Call]:
             or update.kind is ir.UpdateKind.HAND_WRITTEN
         )
     ]
-
-
-def _update_names(project: Project, update: ir.Update) -> set[str]:
-    """The names the update's result is bound to (``train_op = opt.apply_gradients(...)``)."""
-    loaded = project.load(project.root / update.where.file)
-    if loaded is None:
-        return set()
-    names: set[str] = set()
-    for call in _update_calls(project, update):
-        names |= assigned_names(loaded, call)
-    return names
 
 
 def _region(project: Project, entry: SourceFile, sites: list[TowerSite]) -> list[Code]:
