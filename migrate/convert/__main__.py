@@ -93,7 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     readings = read_project(args.path)
     root = (args.path if args.path.is_dir() else args.path.parent).resolve()
     if args.json:
-        print(json.dumps([_plain(r) for r in readings], indent=2))
+        shown = [
+            {
+                "entry": _shown(r.entry, root),
+                "program": _plain(r.program),
+                "refusal": _plain(r.refusal),
+            }
+            for r in readings
+        ]
+        print(json.dumps(shown, indent=2))
     else:
         if not readings:
             print(f"{args.path}: no entry program reaches a tower core")

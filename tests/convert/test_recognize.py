@@ -293,7 +293,7 @@ def test_cli_prints_the_summary_and_json(capsys: pytest.CaptureFixture[str]):
     assert "combination: averaged gradients, average_tower_grads(): add_n / len" in text
     assert main([str(SHAPES / "horovod_monitored"), "--json"]) == 0
     (data,) = json.loads(capsys.readouterr().out)
-    assert data["refusal"] is None
+    assert data["entry"] == "train_hvd.py" and data["refusal"] is None
     assert data["program"]["cores"][0]["combination"]["kind"] == "Horovod allreduce"
     assert data["program"]["session"]["kind"] == "MonitoredTrainingSession"
 
