@@ -161,7 +161,9 @@ class _Redirect(cst.CSTTransformer):
         # `parallel.fit(a,\n             b)`: keep continuation lines aligned under the paren.
         func = original_node.func
         if isinstance(func, cst.Attribute) and dotted(func.value) == self.old:
-            return updated_node.visit(_Shift(len(self.new) - len(self.old)))
+            shifted = updated_node.visit(_Shift(len(self.new) - len(self.old)))
+            assert isinstance(shifted, cst.Call)
+            return shifted
         return updated_node
 
 
@@ -178,6 +180,15 @@ class _Shift(cst.CSTTransformer):
             return updated_node
         spaces = spaces + " " * self.delta if self.delta >= 0 else spaces[: self.delta]
         return updated_node.with_changes(last_line=cst.SimpleWhitespace(spaces))
+
+
+_Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
+
+
+def _statements(block: cst.CSTNode) -> list[_Statement]:
+    """The statements of a module or block (every statement is one of the two kinds)."""
+    body = getattr(block, "body", ())
+    return [s for s in body if isinstance(s, cst.SimpleStatementLine | cst.BaseCompoundStatement)]
 
 
 def _small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
@@ -251,7 +262,7 @@ class _ReplaceNode(cst.CSTTransformer):
         super().__init__()
         self.old, self.new = old, new
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+    def on_leave(self, original_node, updated_node):
         return self.new if original_node is self.old else updated_node
 
 
@@ -293,11 +304,7 @@ def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
             continue
         small = _small(statement)
         if isinstance(small, cst.ImportFrom) and isinstance(small.names, list | tuple):
-            kept = [
-                a
-                for a in small.names
-                if (a.asname.name if a.asname else a.name).value != name  # type: ignore[union-attr]
-            ]
+            kept = [a for a in small.names if dotted(a.asname.name if a.asname else a.name) != name]
             if not kept:
                 continue
             if len(kept) != len(small.names):
@@ -348,7 +355,7 @@ class _Unwrap(cst.CSTTransformer):
         self.rule, self.plan = rule, plan
         self.removed: set[int] = set()  # ids of blocks that lost a wrapper line
 
-    def leave_SimpleStatementLine(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_SimpleStatementLine(self, original, updated):
         pair = self.plan.wrappers.get(id(original))
         if pair is None:
             return updated
@@ -360,13 +367,13 @@ class _Unwrap(cst.CSTTransformer):
         )
         return updated.with_changes(body=[assign])
 
-    def leave_IndentedBlock(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_IndentedBlock(self, original, updated):
         if not updated.body:
             self.removed.add(id(original))
             return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
         return updated
 
-    def leave_With(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_With(self, original, updated):
         device = self.rule._device_block(original)
         if device is None or not (bound_names(original.body) & self.plan.templates):
             return updated
@@ -376,7 +383,7 @@ class _Unwrap(cst.CSTTransformer):
         )
         return cst.FlattenSentinel(inner)
 
-    def leave_If(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_If(self, original, updated):
         if id(original.body) in self.removed and updated.orelse is None:
             return cst.RemoveFromParent()  # `if gpus > 1: model = multi_gpu_model(model)`
         other = updated.orelse
@@ -393,7 +400,7 @@ class _Unwrap(cst.CSTTransformer):
             return cst.FlattenSentinel(inner)
         return updated
 
-    def leave_Try(self, original, updated):  # type: ignore[no-untyped-def]
+    def leave_Try(self, original, updated):
         if not self._holds_wrapper(original.body) or original.orelse or original.finalbody:
             return updated
         pairs = [p for i, p in self.plan.wrappers.items() if self._contains(original.body, i)]
@@ -1301,7 +1308,11 @@ def main(gpus):
             strategy = "mirrored_" + strategy
         body = list(plan.block.body)
         holder = cst.IndentedBlock(body=body[plan.first : plan.last + 1])
-        moved = list(holder.visit(_Unwrap(self, plan)).body)
+        unwrapped = holder.visit(_Unwrap(self, plan))
+        assert isinstance(unwrapped, cst.IndentedBlock)
+        # (every statement is one of the two kinds; the filter tells the type checker)
+        kinds = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+        moved = [s for s in unwrapped.body if isinstance(s, kinds)]
         # blank lines moved into the block must not gain its indentation
         moved = [
             s.with_changes(
@@ -1329,10 +1340,10 @@ def main(gpus):
         new_body = [*body[: plan.first], create, scope, *body[plan.last + 1 :]]
         block = plan.block.with_changes(body=new_body)
         module = self.context.module
-        if block is not module:
-            module = module.visit(_ReplaceNode(plan.block, block))
+        if isinstance(block, cst.Module):
+            module = block
         else:
-            module = block  # type: ignore[assignment]
+            module = module.visit(_ReplaceNode(plan.block, block))
         for name in sorted(plan.copies):
             module = _drop_unused_copy(module, name)
         if losses:  # a loss over the whole batch sees the global batch, as the wrapper's did
@@ -1372,7 +1383,7 @@ def main(gpus):
             # `try: p = multi_gpu_model(m) except: p = m` (or `pass`): the same, as a `try`.
             statement, wrappers = fallback
             line, block = statement, self.parent(statement)
-        owner = block if isinstance(block, cst.Module) else self.parent(block)
+        owner = block if isinstance(block, cst.Module) or block is None else self.parent(block)
         if not isinstance(block, cst.Module | cst.IndentedBlock) or not isinstance(
             owner, cst.Module | cst.FunctionDef
         ):
@@ -1465,8 +1476,9 @@ def main(gpus):
         """Index of the last statement binding ``name`` (inside a `tf.device` block counts)."""
         for position in range(len(statements) - 1, -1, -1):
             statement = statements[position]
-            if devices and self._device_block(statement) is not None:
-                if any(self._assigns(s, name) for s in statement.body.body):
+            device = self._device_block(statement) if devices else None
+            if device is not None:
+                if any(self._assigns(s, name) for s in _statements(device.body)):
                     return position
             elif self._assigns(statement, name):
                 return position
@@ -1608,8 +1620,8 @@ def main(gpus):
         strategy = "strategy"
         while strategy in self.context.resolver.bindings or _binds(self.context.module, strategy):
             strategy = "mirrored_" + strategy
-        body = list(plan.block.body)
-        moved: list[cst.BaseStatement] = []
+        body = _statements(plan.block)
+        moved: list[_Statement] = []
         carried: list[cst.EmptyLine] = []  # comments of removed statements
         for statement in body[plan.first : plan.last + 1]:
             if statement is plan.wrapper:
@@ -1623,7 +1635,7 @@ def main(gpus):
                     carried.extend(statement.leading_lines)
                 continue
             device = self._device_block(statement)
-            inner = list(device.body.body) if device is not None else [statement]
+            inner = _statements(device.body) if device is not None else [statement]
             if device is not None:
                 carried.extend(device.leading_lines)
             for item in inner:
@@ -1659,5 +1671,7 @@ def main(gpus):
         new_body = [*body[: plan.first], create, scope, *body[plan.last + 1 :]]
         block = plan.block.with_changes(body=new_body)
         if plan.template is not None and plan.template != plan.parallel:
-            block = block.visit(_Redirect(plan.parallel, plan.template))
+            redirected = block.visit(_Redirect(plan.parallel, plan.template))
+            assert isinstance(redirected, cst.Module | cst.IndentedBlock)
+            block = redirected
         return block
