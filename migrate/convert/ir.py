@@ -115,6 +115,7 @@ class SessionKind(Enum):
     SESSION = "tf.Session"
     SUPERVISOR = "Supervisor"
     MONITORED = "MonitoredTrainingSession"
+    ESTIMATOR = "tf.estimator.Estimator"
 
 
 @dataclass(frozen=True)

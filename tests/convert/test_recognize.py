@@ -462,3 +462,29 @@ def test_inline_python_sum_over_zip_of_the_towers(
     assert (core.combination.kind, core.combination.spelling) == (kind, spelling)
     assert core.combination.where == ir.Where("train.py", 11)
     assert core.update.where == ir.Where("train.py", 16)
+
+
+def test_tower_function_of_a_helper_module_called_per_gpu_in_a_comprehension():
+    program = _program(SHAPES / "tower_helper_module", "train.py")
+    (core,) = program.cores
+    assert core.towers is not None
+    assert core.towers.where == ir.Where("train.py", 23)
+    assert (core.towers.body, core.towers.count) == ("tower_gradients", "range(N_GPUS)")
+    assert core.towers.devices == "assign_to_device('/gpu:%d' % gpu)"
+    assert core.loss is not None and core.loss.where == ir.Where("helpers/towers.py", 20)
+    assert core.combination.spelling == "mean_gradients(): reduce_mean over a list"
+    assert core.combination.where == ir.Where("helpers/towers.py", 23)
+    assert core.update.optimizer == "tf.train.RMSPropOptimizer(1e-3)"
+
+
+def test_towers_inside_an_estimator_model_fn():
+    program = _program(SHAPES / "estimator_towers", "train_estimator.py")
+    (core,) = program.cores
+    assert core.towers is not None and core.towers.function == "model_fn"
+    assert core.combination.kind is Kind.AVERAGED
+    assert core.update.optimizer == "tf.train.AdamOptimizer(1e-3)"
+    session = program.session
+    assert session is not None and session.kind is ir.SessionKind.ESTIMATOR
+    # The step is the train_op the model_fn hands to the Estimator.
+    assert [(s.where.line, s.fetches) for s in session.steps] == [(35, "train_op")]
+    assert [i.kind for i in program.inputs] == [ir.InputKind.DATASET]

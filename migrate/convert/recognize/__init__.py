@@ -51,7 +51,8 @@ def reaches_core(project: Project, entry: SourceFile) -> bool:
     for source in project.closure(entry):
         if not may_hold_core(source):
             continue
-        if reading(source).towers or _uses_horovod(source):
+        found = reading(source)
+        if found.towers or found.keyed or _uses_horovod(source):
             return True
     return False
 
@@ -64,14 +65,15 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
     """``entry`` and the repo modules it imports read into the IR: a core per tower loop and
     combination (Horovod's per-process step when no tower loop combines), then the input,
     session, loop, set-up and device settings of the code the program runs."""
-    files = [s for s in project.closure(entry) if may_hold_core(s)]
-    sites = find_tower_sites(project, files)
+    closure = project.closure(entry)
+    files = [s for s in closure if may_hold_core(s)]
+    sites = find_tower_sites(project, files, closure)
     cores: list[ir.TowerCore] = []
     notes: list[ir.Note] = []
     failures: list[ir.Note] = []
     used: list[TowerSite] = []
     for site in sites:
-        combinations = combine(project, site, files)
+        combinations = combine(project, site, closure)
         if isinstance(combinations, str):
             failures.append(ir.Note(site.where, combinations))
             continue
@@ -79,7 +81,7 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
             holder = enclosing_code(combined.source, combined.statement)
             update = find_update(
                 project,
-                files,
+                closure,
                 holder,
                 combined.statement,
                 combined.results,

@@ -10,7 +10,16 @@ import libcst as cst
 from tfmigrate import tree
 from tfmigrate.convert.project import Project, SourceFile, method_of
 from tfmigrate.names import dotted
-from tfmigrate.rules._towers import TowerRule, Towers, identifiers, method_name, short_tf
+from tfmigrate.rules._towers import (
+    TowerRule,
+    Towers,
+    free_names,
+    identifiers,
+    method_name,
+    short_tf,
+)
+from tfmigrate.rules._towers import _params as parameters  # the tower rules' own reading
+from tfmigrate.rules._towers import _varying as varying
 from tfmigrate.rules.colocated_averaged_loss import ColocatedAveragedLoss
 from tfmigrate.rules.manual_gradient_aggregation import (
     SITES_KEY,
@@ -38,6 +47,9 @@ class FileReading:
     towers: list[Towers]
     sites: dict[int, object]
     colocated: list[cst.Call]
+    # `tf.device` keyed on a parameter of a function no loop of this file calls: a tower
+    # function other modules may call once per device.
+    keyed: list[tuple[cst.Call, cst.FunctionDef]]
 
 
 def reading(source: SourceFile) -> FileReading:
@@ -53,7 +65,16 @@ def reading(source: SourceFile) -> FileReading:
     tree.visit_batched(source.module, [scan, aggregation, colocated])
     sites = context.shared(SITES_KEY, dict)
     calls = [r.node for r in colocated.reports if isinstance(r.node, cst.Call)]
-    result = FileReading(scan.tower_loops(), sites, calls)
+    towers = scan.tower_loops()
+    replicated = {id(t.device) for t in towers}
+    keyed = []
+    for call in scan.device_calls:
+        if id(call) in replicated or not call.args or scan.loops_of(call):
+            continue
+        function = scan.enclosing_def(call)
+        if function is not None and free_names(call.args[0].value) & parameters(function):
+            keyed.append((call, function))
+    result = FileReading(towers, sites, calls, keyed)
     source.shared["reading"] = result
     return result
 
@@ -74,6 +95,19 @@ class Code:
         if isinstance(self.node, cst.Module):
             return f"{self.source.rel}:<module>"
         return f"{self.source.rel}:{self.source.qualname(self.node)}"
+
+
+def replicating(source: SourceFile, call: cst.Call) -> cst.CSTNode | None:
+    """The loop or comprehension around ``call`` (in its function) whose iteration variables
+    the call's arguments read: what calls a tower function once per device."""
+    used = free_names(call)
+    for ancestor in source.ancestors(call):
+        if isinstance(ancestor, cst.FunctionDef | cst.ClassDef | cst.Lambda):
+            return None
+        if isinstance(ancestor, cst.For | cst.While | cst.ListComp | cst.GeneratorExp):
+            if used & varying(ancestor):
+                return ancestor
+    return None
 
 
 def body_nodes(code: Code) -> list[cst.CSTNode]:

@@ -47,6 +47,9 @@ def find_inputs(region: list[Code], tower_loops: list[cst.CSTNode]) -> tuple[ir.
     # Placeholders per GPU supersede the plain feed_dict reading of the same program.
     if ir.InputKind.PER_GPU_PLACEHOLDERS in found:
         found.pop(ir.InputKind.FEED_DICT, None)
+    # A dataset read through a named iterator kind is that kind.
+    if any(kind in found for kind in _ITERATORS.values()):
+        found.pop(ir.InputKind.DATASET, None)
     return tuple(found.values())
 
 
@@ -71,7 +74,7 @@ def _kind(code: Code, call: cst.Call, loops: set[int]) -> ir.InputKind | None:
         return ir.InputKind.FEED_DICT
     if method == "dequeue" or method == "dequeue_many":
         return ir.InputKind.QUEUE
-    if name.startswith("tensorflow.data.") and name.endswith("Dataset"):
+    if name.startswith("tensorflow.data.") and "Dataset" in name:
         return ir.InputKind.DATASET
     return None
 

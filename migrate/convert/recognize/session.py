@@ -15,6 +15,7 @@ from tfmigrate.convert.recognize._code import (
     call_name,
     callee,
     calls_in,
+    keyword,
 )
 from tfmigrate.rules._towers import identifiers, method_name
 
@@ -25,6 +26,8 @@ _SESSIONS = {
     "tensorflow.train.MonitoredTrainingSession": ir.SessionKind.MONITORED,
     "tensorflow.train.MonitoredSession": ir.SessionKind.MONITORED,
     "tensorflow.train.SingularMonitoredSession": ir.SessionKind.MONITORED,
+    "tensorflow.estimator.Estimator": ir.SessionKind.ESTIMATOR,
+    "tensorflow.contrib.tpu.TPUEstimator": ir.SessionKind.ESTIMATOR,
 }
 _GROUPS = frozenset({"tensorflow.group", "tensorflow.tuple", "tensorflow.identity"})
 
@@ -50,6 +53,11 @@ def find_session(
             kind = _SESSIONS.get(call_name(code.source, node) or "")
             if kind is not None and session is None:
                 session = (kind, code.source.where(node))
+            elif (call_name(code.source, node) or "").endswith("EstimatorSpec"):
+                # A model_fn's step is the train_op it hands the Estimator.
+                train_op = keyword(node, "train_op")
+                if train_op is not None and identifiers(train_op) & names:
+                    steps.append(ir.Fetch(code.source.where(node), code.source.src(train_op, 80)))
             elif method_name(node) == "run" and node.args:
                 fetched = node.args[0].value
                 if identifiers(fetched) & names or any(

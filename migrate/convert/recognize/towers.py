@@ -14,11 +14,13 @@ from tfmigrate.convert.recognize._code import (
     Code,
     assigned_names,
     callee,
+    callers_of,
     calls_in,
     enclosing_code,
     is_gradient_call,
     reachable,
     reading,
+    replicating,
 )
 from tfmigrate.rules._towers import GRADISH, LOOP, Towers, identifiers, method_name
 
@@ -37,6 +39,7 @@ class TowerSite:
     gradient_lists: set[str] = field(default_factory=set)
     loss_lists: set[str] = field(default_factory=set)
     loss: ir.Loss | None = None
+    body_source: SourceFile | None = None  # the tower function's file, when not the loop's
 
     @property
     def loop(self) -> cst.CSTNode:
@@ -57,21 +60,38 @@ class TowerSite:
             count = source.src(loop.iter, 60)
         elif isinstance(loop, cst.While):
             count = f"while {source.src(loop.test, 50)}"
+        elif isinstance(loop, cst.ListComp | cst.GeneratorExp | cst.SetComp | cst.DictComp):
+            count = source.src(loop.for_in.iter, 60)
         else:
             count = source.src(loop, 60)
         device = self.towers.device
-        devices = source.src(device.args[0].value, 60) if device.args else ""
+        holder = self.body_source or source
+        devices = holder.src(device.args[0].value, 60) if device.args else ""
         body = self.towers.tower_fn.name.value if self.towers.tower_fn is not None else None
         return ir.Towers(self.where, source.qualname(self.function.node), body, devices, count)
 
 
-def find_tower_sites(project: Project, files: list[SourceFile]) -> list[TowerSite]:
+def find_tower_sites(
+    project: Project, files: list[SourceFile], program: list[SourceFile]
+) -> list[TowerSite]:
+    """Every tower loop of ``files``: the TFM101 reading of each file, and tower functions of
+    one module called once per device from another module of the ``program``."""
     sites = []
     for source in files:
         for towers in reading(source).towers:
             site = TowerSite(source, towers, enclosing_code(source, towers.replicator))
             _read_site(project, site)
             sites.append(site)
+    for source in files:
+        for device, function in reading(source).keyed:
+            for caller, call in callers_of(project, program, Code(source, function)):
+                loop = replicating(caller.source, call)
+                if loop is None or caller.source is source:
+                    continue
+                towers = Towers(loop, device, function)
+                site = TowerSite(caller.source, towers, caller, body_source=source)
+                _read_site(project, site)
+                sites.append(site)
     return sites
 
 
@@ -80,7 +100,7 @@ def _read_site(project: Project, site: TowerSite) -> None:
     loop_nodes = site.loop_nodes()
     direct: list[Code] = []
     if site.towers.tower_fn is not None:
-        direct.append(Code(source, site.towers.tower_fn))
+        direct.append(Code(site.body_source or source, site.towers.tower_fn))
     for node in loop_nodes:
         if isinstance(node, cst.Call):
             target = callee(project, site.function, node)
@@ -118,6 +138,9 @@ def _read_site(project: Project, site: TowerSite) -> None:
             site.gradient_lists |= receiver
         elif any(w in named.lower() for w in _LOSSISH):
             site.loss_lists |= receiver
+    if isinstance(site.loop, cst.ListComp | cst.GeneratorExp) and gradient_bearing:
+        # `tower_grads = [tower(i) for i in range(n)]`: the comprehension is the list.
+        site.gradient_lists |= assigned_names(source, site.loop) - {"self"}
     site.loss = _loss(site, loop_nodes)
 
 
