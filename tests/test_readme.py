@@ -64,3 +64,10 @@ def test_demo_script_runs_the_tour(tmp_path):
         assert step in done.stdout, step
     assert (tmp_path / "out" / "cifar_average" / "tfmigrate.json").is_file()
     assert (tmp_path / "out" / "verify-report" / "loss.png").is_file()
+
+
+def test_realworld_summary_row_is_where_the_readme_points():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "[docs/realworld.md](docs/realworld.md)" in readme and "summary row" in readme
+    realworld = (REPO / "docs" / "realworld.md").read_text(encoding="utf-8")
+    assert re.search(r"^\*\*Summary:\*\* \d+ converted of \d+", realworld, re.M)
