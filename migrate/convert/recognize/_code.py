@@ -4,6 +4,7 @@ tower core spans across functions, methods and modules, and lookups of calls and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import libcst as cst
 
@@ -39,13 +40,21 @@ class _TowerScan(TowerRule):
     summary = "tower reading for the whole-program converter"
 
 
+class AggregationSite(Protocol):
+    """TFM102's reading of one place that combines the towers' gradients."""
+
+    anchor: cst.CSTNode  # the helper's def, or the aggregating statement
+    averages: list[str]  # how it averages, when it does
+    sums: list[str]  # how it sums, when it does
+
+
 @dataclass(eq=False)
 class FileReading:
     """The one-file facts of ``source``: its tower loops, gradient-combination sites (TFM102's
     reading) and one-loss-over-towers calls (TFM307's reading)."""
 
     towers: list[Towers]
-    sites: dict[int, object]
+    sites: dict[int, AggregationSite]
     colocated: list[cst.Call]
     # `tf.device` keyed on a parameter of a function no loop of this file calls: a tower
     # function other modules may call once per device.

@@ -13,6 +13,7 @@ from tfmigrate import tree
 from tfmigrate.convert import ir
 from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.recognize._code import (
+    AggregationSite,
     Code,
     assigned_names,
     call_name,
@@ -62,12 +63,12 @@ def _spelling(hows: list[str], function: cst.CSTNode | None) -> str:
     return text
 
 
-def _sites_in(code: Code) -> list[object]:
+def _sites_in(code: Code) -> list[AggregationSite]:
     """TFM102's sites anchored at ``code``'s def or at a statement inside it."""
     found = []
     start, end = code.source.line(code.node), end_line(code.source, code.node)
     for site in reading(code.source).sites.values():
-        anchor = site.anchor  # type: ignore[attr-defined]
+        anchor = site.anchor
         if anchor is code.node or (
             not isinstance(code.node, cst.Module) and start <= code.source.line(anchor) <= end
         ):
@@ -75,13 +76,13 @@ def _sites_in(code: Code) -> list[object]:
     return found
 
 
-def _kind(sites: list[object]) -> ir.CombineKind:
-    averages = any(s.averages for s in sites)  # type: ignore[attr-defined]
+def _kind(sites: list[AggregationSite]) -> ir.CombineKind:
+    averages = any(s.averages for s in sites)
     return ir.CombineKind.AVERAGED if averages else ir.CombineKind.SUMMED
 
 
-def _hows(sites: list[object]) -> list[str]:
-    return [h for s in sites for h in (*s.averages, *s.sums)]  # type: ignore[attr-defined]
+def _hows(sites: list[AggregationSite]) -> list[str]:
+    return [h for s in sites for h in (*s.averages, *s.sums)]
 
 
 def combine(project: Project, site: TowerSite, files: list[SourceFile]) -> list[Combined] | str:
@@ -216,15 +217,14 @@ def _inline(code: Code, call: cst.Call) -> Combined | None:
     sites = [
         s
         for s in _sites_in(code)
-        if code.source.line(s.anchor) >= code.source.line(call)  # type: ignore[attr-defined]
-        and s.anchor is not code.node  # type: ignore[attr-defined]
+        if code.source.line(s.anchor) >= code.source.line(call) and s.anchor is not code.node
     ]
     if not sites:
         return None
-    first = sites[0].anchor  # type: ignore[attr-defined]
+    first = sites[0].anchor
     results: set[str] = set()
     for s in sites:
-        results |= _appended_or_assigned(code.source, s.anchor)  # type: ignore[attr-defined]
+        results |= _appended_or_assigned(code.source, s.anchor)
     combination = ir.Combination(
         _kind(sites), f"inline: {_spelling(_hows(sites), code.node)}", code.source.where(first)
     )
