@@ -468,8 +468,8 @@ class AsWritten:
         if inputs is not None:
             step.inputs, step.samples = self._fingerprint(inputs)
         self.record.steps.append(step)
-        for name, value in self.read(self.trace_names).items():
-            self.trace.setdefault(name, []).append(value)
+        for name, array in self.read(self.trace_names).items():
+            self.trace.setdefault(name, []).append(array)
         self._write_progress()
         if index >= self.max_steps:
             raise StopProgram()

@@ -198,6 +198,7 @@ def run_verify(opts: VerifyOptions) -> Outcome:
                 outcome.crash = run
             break
     else:
+        assert legacy_run.record is not None and migrated_run.record is not None  # no side_problem
         scaling = loss_scaling.scale_differentiated(legacy_run.record, migrated_run.record)
         outcome.comparison = cmp.compare(side_data(legacy_run), side_data(migrated_run), manifest,
                                          opts.tolerances)
