@@ -394,9 +394,9 @@ class Project:
         for star in source.star_imports:
             module = self.load(star)
             if module is not None:
-                found = self.definition(module, name, depth + 1)
-                if found is not None:
-                    return found
+                starred = self.definition(module, name, depth + 1)
+                if starred is not None:
+                    return starred
         if rest:
             # `Class.method`
             cls = source.top_level(head)

@@ -72,7 +72,7 @@ def reading(source: SourceFile) -> FileReading:
     aggregation = ManualGradientAggregation(context)
     colocated = ColocatedAveragedLoss(context)
     tree.visit_batched(source.module, [scan, aggregation, colocated])
-    sites = context.shared(SITES_KEY, dict)
+    sites: dict[int, AggregationSite] = context.shared(SITES_KEY, dict)
     calls = [r.node for r in colocated.reports if isinstance(r.node, cst.Call)]
     towers = scan.tower_loops()
     replicated = {id(t.device) for t in towers}
@@ -184,8 +184,7 @@ def _callee(project: Project, code: Code, call: cst.Call) -> Code | None:
             return None
         method = method_of(cls, name[5:])
         if method is None:
-            method = _inherited_method(project, source, cls, name[5:])
-            return method
+            return _inherited_method(project, source, cls, name[5:])
         return Code(source, method)
     found = project.definition(source, name)
     if found is None:
@@ -266,7 +265,7 @@ def class_hierarchy_methods(project: Project, code: Code) -> list[Code]:
             name = dotted(base.value)
             target = project.definition(source, name) if name else None
             if target is not None and isinstance(target[1], cst.ClassDef):
-                pending.append(target)
+                pending.append((target[0], target[1]))
     return found
 
 

@@ -82,12 +82,12 @@ def horovod_cores(
                 candidates.append((code, reduced[0], gradients[0]))
     named = [c for c in candidates if _named_elsewhere(c[0], files)] or candidates
     if named:
-        code, reduced, gradient = named[0]
+        code, first_reduce, gradient = named[0]
         source = code.source
         combination = ir.Combination(
             ir.CombineKind.HOROVOD,
-            f"allreduce via {source.src(reduced.func, 40)}",
-            source.where(reduced),
+            f"allreduce via {source.src(first_reduce.func, 40)}",
+            source.where(first_reduce),
         )
         functions = " | ".join(dict.fromkeys(f"{c.source.qualname(c.node)}()" for c, _, _ in named))
         update = ir.Update(

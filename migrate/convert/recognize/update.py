@@ -130,10 +130,10 @@ def _dict_functions(project: Project, code: Code, value: cst.BaseExpression) -> 
     source = code.source
     if "." in name:
         head, _, attr = name.rpartition(".")
-        target = source.imports.get(head)
-        if target is None or target.attr is not None:
+        imported = source.imports.get(head)
+        if imported is None or imported.attr is not None:
             return []
-        loaded = project.load(target.file)
+        loaded = project.load(imported.file)
         if loaded is None:
             return []
         source, name = loaded, attr
@@ -176,8 +176,9 @@ def _alternatives(source: SourceFile, value: cst.BaseExpression) -> list[cst.Bas
     branch = next((a for a in source.ancestors(assign) if isinstance(a, cst.If)), None)
     if branch is None or statement is None:
         return [value]
-    while isinstance(source.parent(branch), cst.If):  # `elif` chains hang below the first If
-        branch = source.parent(branch)
+    outer = source.parent(branch)
+    while isinstance(outer, cst.If):  # `elif` chains hang below the first If
+        branch, outer = outer, source.parent(outer)
     targets = {source.src(t.target) for t in assign.targets}
     found = [
         node.value
