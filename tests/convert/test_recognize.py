@@ -488,3 +488,53 @@ def test_towers_inside_an_estimator_model_fn():
     # The step is the train_op the model_fn hands to the Estimator.
     assert [(s.where.line, s.fetches) for s in session.steps] == [(35, "train_op")]
     assert [i.kind for i in program.inputs] == [ir.InputKind.DATASET]
+
+
+def test_iterator_kinds_and_a_supervisor(tmp_path: Path):
+    _write(
+        tmp_path,
+        "train.py",
+        """
+        import tensorflow as tf
+
+        def main(n):
+            train = tf.data.Dataset.range(100).batch(8)
+            valid = tf.data.Dataset.range(10).batch(8)
+            handle = tf.placeholder(tf.string, shape=[])
+            iterator = tf.data.Iterator.from_string_handle(handle, train.output_types)
+            train_it = train.make_one_shot_iterator()
+            switchable = tf.data.Iterator.from_structure(train.output_types)
+            batch = tf.cast(iterator.get_next(), tf.float32)
+            opt = tf.train.GradientDescentOptimizer(0.1)
+            grads = []
+            for i, part in enumerate(tf.split(batch, n)):
+                with tf.device('/gpu:%d' % i):
+                    loss = tf.reduce_sum(tf.layers.dense(part[:, None], 1))
+                    grads.append(opt.compute_gradients(loss))
+            train_op = opt.apply_gradients(
+                [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*grads)])
+            sv = tf.train.Supervisor(logdir='/tmp/sv')
+            with sv.managed_session() as sess:
+                train_handle = sess.run(train_it.string_handle())
+                while not sv.should_stop():
+                    sess.run(train_op, feed_dict={handle: train_handle})
+
+        if __name__ == '__main__':
+            main(2)
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    program = reading.program
+    assert program is not None, reading.refusal
+    assert program.cores[0].combination.spelling == "inline: add_n / len"
+    kinds = [i.kind for i in program.inputs]
+    assert kinds[:3] == [
+        ir.InputKind.STRING_HANDLE,
+        ir.InputKind.ONE_SHOT,
+        ir.InputKind.REINITIALIZABLE,
+    ]
+    assert ir.InputKind.DATASET not in kinds
+    assert program.session is not None and program.session.kind is ir.SessionKind.SUPERVISOR
+    assert [s.where.line for s in program.session.steps] == [24]
+    assert program.session.loop is not None
+    assert program.session.loop.header == "while not sv.should_stop()"

@@ -237,24 +237,44 @@ def _inline_loop(code: Code, call: cst.Call) -> Combined | None:
     does not read."""
     source = code.source
     loop = source.parent(call)
-    if not (isinstance(loop, cst.For) and loop.iter is call and _is_zip_star(call)):
+    if not _is_zip_star(call):
         return None
-    nodes = list(tree.walk(loop.body))
+    if isinstance(loop, cst.For) and loop.iter is call:
+        body: cst.CSTNode = loop.body
+    elif isinstance(loop, cst.CompFor) and loop.iter is call:
+        # `[(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]`
+        comprehension = source.parent(loop)
+        if not isinstance(comprehension, cst.ListComp | cst.GeneratorExp):
+            return None
+        loop, body = comprehension, comprehension.elt
+    else:
+        return None
+    nodes = list(tree.walk(body))
     names = {call_name(source, n) for n in nodes if isinstance(n, cst.Call)}
-    adds = any(
-        (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add))
-        or (isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
-        for n in nodes
-    ) or bool(names & {"tensorflow.add_n", "tensorflow.accumulate_n", "tensorflow.add"})
-    if not adds:
+    python_sum = (
+        any(
+            (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add))
+            or (isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
+            for n in nodes
+        )
+        or "tensorflow.add" in names
+    )
+    add_n = bool(names & {"tensorflow.add_n", "tensorflow.accumulate_n"})
+    if not (python_sum or add_n):
         return None
     divides = any(
         isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide) for n in nodes
     ) or bool(names & {"tensorflow.div", "tensorflow.divide", "tensorflow.truediv"})
     kind = ir.CombineKind.AVERAGED if divides else ir.CombineKind.SUMMED
-    how = "python-sum / N" if divides else "python-sum"
+    if add_n and not python_sum:
+        how = "add_n / len" if divides else "add_n"
+    else:
+        how = "python-sum / N" if divides else "python-sum"
     combination = ir.Combination(kind, f"inline: {how}", source.where(loop))
-    return Combined(combination, source, loop, frozenset(_appended_or_assigned(source, loop)))
+    # Handed straight to apply_gradients, the comprehension has no name of its own.
+    passed = isinstance(source.parent(loop), cst.Arg)
+    results = frozenset() if passed else frozenset(_appended_or_assigned(source, loop))
+    return Combined(combination, source, loop, results)
 
 
 def _is_zip_star(call: cst.Call) -> bool:

@@ -21,6 +21,7 @@ from tfmigrate.convert.recognize._code import (
     mentions,
     reachable,
     returns_any,
+    statement_of,
 )
 from tfmigrate.names import dotted
 from tfmigrate.rules._towers import method_name
@@ -51,7 +52,7 @@ def find_update(
     returns are followed into its callers."""
     if own_call is not None and method_name(own_call) == "minimize":
         return _optimizer_update(project, holder, own_call, ir.UpdateKind.MINIMIZE)
-    start = holder.source.line(after)
+    start = holder.source.line(statement_of(holder.source, after))
     roots = [holder, *class_methods(holder)]
     fallback: tuple[Code, cst.Call] | None = None
     for code in roots:
