@@ -215,10 +215,14 @@ def _instance_method(project: Project, code: Code, func: cst.BaseExpression) -> 
             name = dotted(value.func)
             found = project.definition(scope.source, name) if name else None
             if found is not None and isinstance(found[1], cst.ClassDef):
+                # Bound to several classes (`if flag: r = A() else: r = B()`): the one that
+                # has the method.
                 method = method_of(found[1], func.attr.value)
                 if method is not None:
                     return Code(found[0], method)
-                return _inherited_method(project, found[0], found[1], func.attr.value)
+                inherited = _inherited_method(project, found[0], found[1], func.attr.value)
+                if inherited is not None:
+                    return inherited
     return None
 
 
