@@ -538,3 +538,51 @@ def test_iterator_kinds_and_a_supervisor(tmp_path: Path):
     assert [s.where.line for s in program.session.steps] == [24]
     assert program.session.loop is not None
     assert program.session.loop.header == "while not sv.should_stop()"
+
+
+def test_a_reader_chosen_by_a_flag_is_read_through_the_class_that_has_the_method(tmp_path: Path):
+    _write(
+        tmp_path,
+        "readers.py",
+        """
+        import tensorflow as tf
+
+        class QueueReader(object):
+            def batch(self, n):
+                return tf.train.shuffle_batch([tf.zeros([3])], n, 64, 16)
+
+        class DatasetReader(object):
+            def iterator(self, n):
+                return tf.data.Dataset.range(64).batch(n).make_initializable_iterator()
+        """,
+    )
+    _write(
+        tmp_path,
+        "train.py",
+        """
+        import tensorflow as tf
+        import readers
+
+        def main(use_queue, n):
+            if use_queue:
+                reader = readers.QueueReader()
+            else:
+                reader = readers.DatasetReader()
+            batch = tf.cast(reader.iterator(8 * n).get_next(), tf.float32)
+            opt = tf.train.AdamOptimizer()
+            grads = []
+            for i, part in enumerate(tf.split(batch, n)):
+                with tf.device('/gpu:%d' % i):
+                    loss = tf.reduce_sum(tf.layers.dense(part[:, None], 1))
+                    grads.append(opt.compute_gradients(loss))
+            averaged = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*grads)]
+            train_op = opt.apply_gradients(averaged)
+
+        if __name__ == '__main__':
+            main(False, 2)
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    assert reading.program is not None, reading.refusal
+    inputs = [(i.kind, i.where) for i in reading.program.inputs]
+    assert (ir.InputKind.INITIALIZABLE, ir.Where("readers.py", 10)) in inputs
