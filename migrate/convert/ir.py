@@ -61,6 +61,9 @@ class Combination:
 
 
 class UpdateKind(Enum):
+    """How the weights change: an optimizer's apply_gradients or minimize, or assignments the
+    program writes itself."""
+
     APPLY_GRADIENTS = "apply_gradients"
     MINIMIZE = "minimize"
     HAND_WRITTEN = "hand-written update"
@@ -90,6 +93,8 @@ class TowerCore:
 
 
 class InputKind(Enum):
+    """How the towers get their batches."""
+
     FEED_DICT = "feed_dict/placeholders"
     PER_GPU_PLACEHOLDERS = "per-GPU placeholders"
     QUEUE = "queue"
@@ -112,6 +117,8 @@ class Input:
 
 
 class SessionKind(Enum):
+    """What runs the graph."""
+
     SESSION = "tf.Session"
     SUPERVISOR = "Supervisor"
     MONITORED = "MonitoredTrainingSession"
@@ -146,6 +153,8 @@ class Session:
 
 
 class SetUpKind(Enum):
+    """The kinds of parts that run once around the loop."""
+
     INITIALIZER = "variables initializer"
     RESTORE = "checkpoint restore"
     SAVER = "saver"
