@@ -586,3 +586,47 @@ def test_a_reader_chosen_by_a_flag_is_read_through_the_class_that_has_the_method
     assert reading.program is not None, reading.refusal
     inputs = [(i.kind, i.where) for i in reading.program.inputs]
     assert (ir.InputKind.INITIALIZABLE, ir.Where("readers.py", 10)) in inputs
+
+
+def test_towers_no_main_block_reaches_are_read_from_the_module_nobody_imports(tmp_path: Path):
+    # A script without a main block (run as `python run_experiment.py`) drives a model module;
+    # the core is read from the script, the one module no other module imports.
+    (tmp_path / "lib").mkdir()
+    _write(tmp_path / "lib", "__init__.py", "")
+    _write(
+        tmp_path / "lib",
+        "model.py",
+        """
+        import tensorflow as tf
+
+        class Model(object):
+            def __init__(self, n):
+                opt = tf.train.AdamOptimizer()
+                losses = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        losses.append(tf.reduce_sum(tf.layers.dense(tf.zeros([2, 2]), 1)))
+                self.train_op = opt.minimize(
+                    tf.add_n(losses) / n, colocate_gradients_with_ops=True)
+        """,
+    )
+    _write(
+        tmp_path,
+        "run_experiment.py",
+        """
+        import tensorflow as tf
+        from lib.model import Model
+
+        model = Model(2)
+        with tf.Session() as sess:
+            for _ in range(3):
+                sess.run(model.train_op)
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    assert reading.entry.name == "run_experiment.py"
+    assert reading.program is not None, reading.refusal
+    assert reading.program.cores[0].towers is not None
+    assert reading.program.cores[0].towers.where == ir.Where("lib/model.py", 8)
+    session = reading.program.session
+    assert session is not None and [s.where.line for s in session.steps] == [8]
