@@ -307,7 +307,10 @@ model.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
         if isinstance(optimizer, cst.Name):
             names.add(optimizer.value)
         built = [i for i in range(compile_at) if names & bound_names(body[i])]
-        if not built or min(built) <= at and any(model in bound_names(body[i]) for i in range(at)):
+        models = [i for i in built if model in bound_names(body[i])]
+        if not models:
+            raise _Blocked(f"`{model}` is not built in the block of `hvd.init()`")
+        if models[0] < at:
             raise _Blocked("the model is built before `hvd.init()`")
         first = min(i for i in built if i > at)
         plan = _Plan(block, line, first, compile_at, fit, None)
@@ -338,9 +341,9 @@ model.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
             if api in _DROPPED_CALLBACKS or api == _WARMUP:
                 self._callback(call, api, plan)
             elif api == "DistributedOptimizer":
-                if len(call.args) != 1 or call.args[0].keyword not in (None,):
-                    if not (call.args and call.args[0].keyword is None and len(call.args) == 1):
-                        raise _Blocked("`DistributedOptimizer` is given more than the optimizer")
+                given = call.args[0] if len(call.args) == 1 else None
+                if given is None or (given.keyword and given.keyword.value != "optimizer"):
+                    raise _Blocked("`DistributedOptimizer` is given more than the optimizer")
             elif api == "local_rank":
                 if not self._pins_gpu(call):
                     raise _Blocked("`hvd.local_rank()` is used beyond pinning the GPU")
