@@ -40,6 +40,10 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "keras2_functional": ("--unsafe-fixes",),
     "keras2_multi_gpu": ("--unsafe-fixes",),
     "keras2_tabular": ("--unsafe-fixes",),
+    "keras2_vendored": ("--unsafe-fixes",),
+    "keras2_make_parallel": ("--unsafe-fixes",),
+    "keras2_session_unet": ("--unsafe-fixes",),
+    "keras2_horovod": ("--unsafe-fixes",),
 }  # fmt: skip
 
 
