@@ -19,7 +19,7 @@ from tfmigrate.convert.recognize import (
 
 __all__ = ["ProgramReading", "Project", "ir", "read_project"]
 
-_TOWER_TEXT = (b"tf.device(", b"horovod", b".device(")
+_TOWER_TEXT = (b"tf.device(", b"horovod", b".device(", b"multi_gpu_model")
 
 
 def read_project(path: Path) -> list[ProgramReading]:

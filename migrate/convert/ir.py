@@ -47,6 +47,7 @@ class CombineKind(Enum):
     SUMMED = "summed gradients"
     COLOCATED_LOSS = "one loss over the towers (colocate_gradients_with_ops)"
     HOROVOD = "Horovod allreduce"
+    MERGED_OUTPUTS = "one loss over the merged outputs (Keras multi_gpu_model)"
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class UpdateKind(Enum):
     APPLY_GRADIENTS = "apply_gradients"
     MINIMIZE = "minimize"
     HAND_WRITTEN = "hand-written update"
+    KERAS_COMPILE = "compile/fit"
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class InputKind(Enum):
     REINITIALIZABLE = "tf.data reinitializable"
     STRING_HANDLE = "tf.data string_handle"
     DATASET = "tf.data (other)"
+    KERAS_FIT = "arrays or a generator given to fit"
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class SessionKind(Enum):
     SUPERVISOR = "Supervisor"
     MONITORED = "MonitoredTrainingSession"
     ESTIMATOR = "tf.estimator.Estimator"
+    KERAS = "Keras fit"
 
 
 @dataclass(frozen=True)

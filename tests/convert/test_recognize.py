@@ -157,6 +157,7 @@ FIXTURES = {
     "towers/slim_clones": Kind.SUMMED,
     "towers/sum_ema_decay": Kind.SUMMED,
     "towers/tutorial_flags": Kind.AVERAGED,
+    "towers/keras2_fit": Kind.MERGED_OUTPUTS,
     "cifar_towers": Kind.AVERAGED,
     "addn_towers": Kind.AVERAGED,
     "slim_towers": Kind.SUMMED,
@@ -174,9 +175,17 @@ def test_every_tower_fixture_has_its_core_found(name: str):
     assert program.session is not None and program.inputs
 
 
-def test_keras_multi_gpu_model_is_not_a_tower_core():
-    # Keras 2's multi_gpu_model builds its towers inside Keras: another front end.
-    assert read_project(REPO / "fixtures" / "towers" / "keras2_fit") == []
+def test_keras_multi_gpu_model_is_a_front_end_to_the_same_ir():
+    program = _program(REPO / "fixtures" / "towers" / "keras2_fit", "train.py")
+    (core,) = program.cores
+    assert core.towers is not None
+    assert (core.towers.where, core.towers.body) == (ir.Where("train.py", 56), "model")
+    assert core.combination.kind is Kind.MERGED_OUTPUTS
+    assert core.loss is not None and core.loss.expression == "'categorical_crossentropy'"
+    assert core.update.kind is ir.UpdateKind.KERAS_COMPILE
+    assert core.update.optimizer == "SGD(lr=args.lr, momentum=0.9)"
+    assert program.session is not None and program.session.kind is ir.SessionKind.KERAS
+    assert [i.kind for i in program.inputs] == [ir.InputKind.KERAS_FIT]
 
 
 def _write(folder: Path, name: str, text: str) -> Path:

@@ -24,13 +24,14 @@ from tfmigrate.convert.recognize.combine import combine
 from tfmigrate.convert.recognize.devices import find_device_config
 from tfmigrate.convert.recognize.horovod import horovod_cores
 from tfmigrate.convert.recognize.inputs import find_inputs
+from tfmigrate.convert.recognize.keras import keras_cores
 from tfmigrate.convert.recognize.session import find_session
 from tfmigrate.convert.recognize.setup import find_setup
 from tfmigrate.convert.recognize.towers import TowerSite, find_tower_sites
 from tfmigrate.convert.recognize.update import find_update
 from tfmigrate.rules._towers import method_name
 
-_TOWER_BYTES = (b"device", b"horovod")
+_TOWER_BYTES = (b"device", b"horovod", b"multi_gpu_model")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def reaches_core(project: Project, entry: SourceFile) -> bool:
         if not may_hold_core(source):
             continue
         found = reading(source)
-        if found.towers or found.keyed or _uses_horovod(source):
+        if found.towers or found.keyed or _uses_horovod(source) or b"multi_gpu_model" in source.raw:
             return True
     return False
 
@@ -103,6 +104,12 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
         horovod, horovod_notes = horovod_cores(project, files)
         cores.extend(horovod)
         failures.extend(horovod_notes)
+    keras_sessions: list[ir.Session] = []
+    keras_inputs: list[ir.Input] = []
+    if not cores:
+        keras, keras_notes, keras_sessions, keras_inputs = keras_cores(project, closure)
+        cores.extend(keras)
+        failures.extend(keras_notes)
     if not cores:
         return ProgramReading(entry.path, None, _refusal(entry, failures))
     # A program's other tower loops that combine nothing (layer-wise helpers called by a core's
@@ -110,11 +117,13 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
     notes.extend(_collapsed(failures))
     region = _region(project, entry, used)
     loops = [site.loop for site in used]
-    inputs = find_inputs(region, loops)
+    inputs = tuple(keras_inputs) + find_inputs(region, loops)
     updates = [found for core in cores for found in _update_calls(project, core.update)]
     update_names = {name for source, call in updates for name in assigned_names(source, call)}
     seeds = [call for _, call in updates]
-    session = find_session(project, region, update_names, seeds)
+    session = (
+        keras_sessions[0] if keras_sessions else find_session(project, region, update_names, seeds)
+    )
     notes.extend(_unknown_parts(cores[0], entry, inputs, session, update_names))
     program = ir.Program(
         entry=entry.rel,
