@@ -14,6 +14,7 @@ from tfmigrate.syntax import walk
 
 # Horovod's TensorFlow front ends; the Keras ones share the API this rule looks at.
 _HOROVOD = ("horovod.tensorflow.", "horovod.keras.", "horovod.tensorflow.keras.", "horovod._keras.")
+_KERAS_HOROVOD_INIT = ("horovod.keras.init", "horovod.tensorflow.keras.init")
 _SAVING = re.compile(r"checkpoint|saver|save|model_dir|train_dir", re.I)
 _DEVICE = re.compile(r"visible_device|set_visible_devices|device|gpu", re.I)
 
@@ -36,7 +37,8 @@ class HorovodTraining(Rule):
     `hvd.init()`, `hvd.DistributedOptimizer(...)` (or `DistributedGradientTape`), the initial
     broadcast (`hvd.broadcast_global_variables(0)`, `BroadcastGlobalVariablesHook`,
     `BroadcastGlobalVariablesCallback`), checkpoints written only `if hvd.rank() == 0`, GPUs
-    pinned with `hvd.local_rank()`, and learning rates scaled by `hvd.size()`.
+    pinned with `hvd.local_rank()`, and learning rates scaled by `hvd.size()`. A Keras script's
+    `hvd.init()` is TFM402's, which converts Keras `fit` programs.
 
     With `--unsafe-fixes` it converts the common Horovod TF1 training script -- `hvd.init()` in a
     module-level training function, a `tf.data` input sharded by `hvd.rank()` and read through a
@@ -254,8 +256,8 @@ if hvd.rank() == 0:
 
     def leave_Module(self, original_node: cst.Module) -> None:
         init = self._init
-        if init is None:
-            return
+        if init is None or (self.call_name(init) or "").startswith(_KERAS_HOROVOD_INIT):
+            return  # Keras Horovod: TFM402 converts the fit program
         start = (
             "Horovod: `hvd.init()` starts one process per GPU under horovodrun/MPI. TF2: "
             "`tf.distribute.MultiWorkerMirroredStrategy()`, one process per machine, the "
