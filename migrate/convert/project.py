@@ -1,7 +1,7 @@
 """Read a project: find its entry programs and the repo-local modules they import.
 
-Each file is parsed once (libcst, through the engine's parse helper) and resolved once
-(``NameResolver``: ``tf``, ``tfv1``, ``slim`` aliases). Imports are resolved against the file's
+Each file is parsed once (libcst, through the engine's parse helper); its ``tf``, ``tfv1``,
+``slim`` aliases are the bindings ``NameResolver`` makes, read from its simple statements. Imports are resolved against the file's
 package (relative imports), the file's folder and its parents up to the project root, and the
 folders a script adds with ``sys.path.append``/``insert`` -- the ways tower scripts reach their
 model and helper modules.

@@ -639,3 +639,57 @@ def test_towers_no_main_block_reaches_are_read_from_the_module_nobody_imports(tm
     assert reading.program.cores[0].towers.where == ir.Where("lib/model.py", 8)
     session = reading.program.session
     assert session is not None and [s.where.line for s in session.steps] == [8]
+
+
+def test_imports_through_sys_path_append_and_relative_imports(tmp_path: Path):
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "libs").mkdir()
+    _write(tmp_path / "libs", "__init__.py", "")
+    _write(
+        tmp_path / "libs",
+        "grads.py",
+        """
+        import tensorflow.compat.v1 as tf
+
+        def sum_gradients(tower_grads):
+            return [(tf.add_n([g for g, _ in gv]), gv[0][1]) for gv in zip(*tower_grads)]
+        """,
+    )
+    _write(
+        tmp_path / "libs",
+        "net.py",
+        """
+        from .grads import sum_gradients  # re-exported for the scripts
+
+        def build(x):
+            return x
+        """,
+    )
+    _write(
+        tmp_path / "tools",
+        "train.py",
+        """
+        import sys
+        sys.path.append('../')
+        import tensorflow as tf
+        from libs import net
+
+        def train(n):
+            opt = tf.train.MomentumOptimizer(0.1, 0.9)
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    loss = tf.reduce_sum(net.build(tf.layers.dense(tf.zeros([2, 2]), 1))) / n
+                    tower_grads.append(opt.compute_gradients(loss))
+            train_op = opt.apply_gradients(net.sum_gradients(tower_grads))
+
+        if __name__ == '__main__':
+            train(2)
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    assert reading.program is not None, reading.refusal
+    (core,) = reading.program.cores
+    assert core.combination.kind is Kind.SUMMED
+    assert core.combination.where == ir.Where("libs/grads.py", 4)
+    assert core.update.optimizer_where == ir.Where("tools/train.py", 8)
