@@ -642,11 +642,13 @@ def test_towers_no_main_block_reaches_are_read_from_the_module_nobody_imports(tm
 
 
 def test_imports_through_sys_path_append_and_relative_imports(tmp_path: Path):
+    # libs/ is under src/, which is no parent of the script: only sys.path finds it.
     (tmp_path / "tools").mkdir()
-    (tmp_path / "libs").mkdir()
-    _write(tmp_path / "libs", "__init__.py", "")
+    (tmp_path / "src" / "libs").mkdir(parents=True)
+    libs = tmp_path / "src" / "libs"
+    _write(libs, "__init__.py", "")
     _write(
-        tmp_path / "libs",
+        libs,
         "grads.py",
         """
         import tensorflow.compat.v1 as tf
@@ -656,7 +658,7 @@ def test_imports_through_sys_path_append_and_relative_imports(tmp_path: Path):
         """,
     )
     _write(
-        tmp_path / "libs",
+        libs,
         "net.py",
         """
         from .grads import sum_gradients  # re-exported for the scripts
@@ -670,7 +672,7 @@ def test_imports_through_sys_path_append_and_relative_imports(tmp_path: Path):
         "train.py",
         """
         import sys
-        sys.path.append('../')
+        sys.path.append('../src')
         import tensorflow as tf
         from libs import net
 
@@ -691,5 +693,5 @@ def test_imports_through_sys_path_append_and_relative_imports(tmp_path: Path):
     assert reading.program is not None, reading.refusal
     (core,) = reading.program.cores
     assert core.combination.kind is Kind.SUMMED
-    assert core.combination.where == ir.Where("libs/grads.py", 4)
+    assert core.combination.where == ir.Where("src/libs/grads.py", 4)
     assert core.update.optimizer_where == ir.Where("tools/train.py", 8)
