@@ -12,7 +12,8 @@ working directory). verify instruments TensorFlow from outside:
 - losses: every ``tf.GradientTape.gradient`` target is recorded per replica (a
   ``numpy_function`` in the traced step, the replica from the replica context) as the fetch
   ``loss`` (``loss_1``, ... for a step's later gradients); what the step function returns is
-  recorded too (a dict by its keys, a tuple as ``output_0``..., one value as ``output``);
+  recorded too (a dict by its keys, a tuple as ``output_0``..., one value as ``output``), and
+  every scalar the step writes with ``tf.summary`` (``scalar``, ``write``: by its tag);
 - variables: found through a variable creator scope and the Keras / distributed variable
   constructors; named by Keras path, else by tf.Variable name without ``:0``; optimizer slots and
   iteration counters are found through the optimizers, Keras metrics' totals through the
@@ -26,6 +27,7 @@ working directory). verify instruments TensorFlow from outside:
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import sys
 import threading
@@ -54,9 +56,10 @@ from tfmigrate.verify.record import (
     write_json_atomic,
 )
 
+_REPLICA_SCOPE = re.compile(r"^replica_\d+/")
 PROGRESS_JSON = "progress.json"  # steps done so far: a timed-out run still tells how far it got
 TARGET = "loss"  # the fetch name of what a step differentiates (see docs/verify.md)
-SOURCE_TARGET, SOURCE_RETURNED = "differentiated", "returned"
+SOURCE_TARGET, SOURCE_RETURNED, SOURCE_SUMMARY = "differentiated", "returned", "summary"
 
 
 class StopProgram(BaseException):
@@ -200,6 +203,7 @@ class AsWritten:
         self.trace_counts: dict[tuple[int, int], int] = {}
         self.eager_counts: dict[int, int] = {}
         self.targets: dict[tuple[int, int], float] = {}
+        self.summaries: dict[tuple[str, int | None], float] = {}
         self.lock = threading.Lock()
         self.variables: dict[str, Any] = {}  # migrated name -> variable (what is compared)
         self.kinds: dict[str, str] = {}
@@ -288,6 +292,16 @@ class AsWritten:
             return orig_run(strategy, fn, args=args, kwargs=kwargs, options=options)
 
         distribute_lib.StrategyBase.run = strategy_run
+
+        # tf.summary.write is what tf.summary.scalar (TensorBoard's) writes through
+        orig_write = tf.summary.write
+
+        def write(tag: Any, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if me.calling or not tf.executing_eagerly():
+                me.capture_summary(str(tag), tensor)
+            return orig_write(tag, tensor, *args, **kwargs)
+
+        tf.summary.write = write
 
         orig_gradient = backprop.GradientTape.gradient
 
@@ -390,6 +404,7 @@ class AsWritten:
         if self.replay_path is not None:
             args, kwargs, replayed = self.replay(args, kwargs)
         self.targets.clear()
+        self.summaries.clear()
         self.eager_counts.clear()
         self.calling += 1
         start = time.perf_counter()
@@ -428,6 +443,28 @@ class AsWritten:
         # stateful: a tf.function runs it in every call although nothing consumes its output
         tf.numpy_function(partial(self._got, ordinal, replica), [total], tf.int64, stateful=True)
 
+    def capture_summary(self, name: str, data: Any) -> None:
+        """A scalar the step writes with tf.summary: a fetch of that name, per replica when it is
+        written in a replica's part of the step."""
+        tf = self.tf
+        try:
+            value = tf.cast(tf.reshape(tf.convert_to_tensor(data), []), tf.float64)
+        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+            return  # not a scalar
+        ctx = tf.distribute.get_replica_context()
+        in_replica = tf.distribute.has_strategy() and ctx is not None
+        replica = int(getattr(ctx, "_replica_id_in_sync_group", 0) or 0) if in_replica else None
+        name = _REPLICA_SCOPE.sub("", name)  # the name scope a replica's part of the step opens
+        if tf.executing_eagerly():
+            self._got_summary(name, replica, value.numpy())
+            return
+        tf.numpy_function(partial(self._got_summary, name, replica), [value], tf.int64, stateful=True)
+
+    def _got_summary(self, name: str, replica: int | None, value: Any) -> np.int64:
+        with self.lock:
+            self.summaries[(name, replica)] = float(np.asarray(value))
+        return np.int64(0)
+
     def _got(self, ordinal: int, replica: int, value: Any) -> np.int64:
         with self.lock:
             self.targets[(ordinal, replica)] = float(np.asarray(value))
@@ -462,6 +499,12 @@ class AsWritten:
             fetches.append(Fetch(f"{name}[{replica}]", name, replica, value, source=SOURCE_TARGET))
         taken = {f.base for f in fetches}
         fetches += [f for f in returned or [] if f.base not in taken]
+        taken = {f.base for f in fetches}
+        for (name, replica), value in sorted(self.summaries.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            if name not in taken:
+                label = name if replica is None else f"{name}[{replica}]"
+                fetches.append(Fetch(label, name, replica, value, source=SOURCE_SUMMARY))
+        self.summaries.clear()
         self.targets.clear()
         self.eager_counts.clear()
         step = Step(step=index, seconds=seconds, fetches=fetches)

@@ -49,6 +49,8 @@ def test_hand_written_program_is_equivalent_without_manifest_or_mapping(legacy_c
     assert statuses["loss (tower 0)"] == statuses["loss (tower 1)"] == cmp.PASS
     assert any("loss scaling" in n and "divided by 2" in n for n in comparison.notes)
     assert any("matched by name and shape" in n for n in comparison.notes)
+    # the learning rate the legacy loop fetched is the one the step writes with tf.summary
+    assert statuses["learning_rate (reduced)"] == cmp.PASS
     assert comparison.steps_compared == STEPS
     assert not any("could not be fingerprinted" in n for n in comparison.notes)  # inputs compared
 
