@@ -12,6 +12,7 @@ No TensorFlow import here (the rewrite path must not need it).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
@@ -23,6 +24,8 @@ from tfmigrate.syntax import walk
 
 Qualify = Callable[[cst.BaseExpression], str | None]
 
+# libraries, not the project: no file of theirs is looked for
+_LIBRARIES = frozenset({"tensorflow", "keras", "tf_keras", "numpy", "horovod", "tf_slim"})
 _SLICES = ("tensorflow.slice", "tensorflow.split", "tensorflow.strided_slice", "tensorflow.gather")
 _MERGES = ("concatenate", "Concatenate", "tensorflow.concat")
 
@@ -64,11 +67,12 @@ def is_parallel_copy(function: cst.FunctionDef, qualify: Qualify) -> bool:
     return calls_model and slices and merges and returns_model
 
 
-def _module_file(script: Path, dotted: str) -> Path | None:
-    """The project file of module ``dotted`` as the script at ``script`` imports it: looked up
-    from the script's folder and each folder above it (a package imported from its root)."""
+@lru_cache(maxsize=1024)
+def _module_file(folder_of_script: Path, dotted: str) -> Path | None:
+    """The project file of module ``dotted`` as a script in ``folder_of_script`` imports it:
+    looked up from that folder and each folder above it (a package imported from its root)."""
     relative = Path(*dotted.split("."))
-    for folder in [script.parent, *script.parent.parents]:
+    for folder in [folder_of_script, *folder_of_script.parents]:
         for candidate in (folder / relative.with_suffix(".py"), folder / relative / "__init__.py"):
             if candidate.is_file():
                 return candidate
@@ -97,10 +101,11 @@ def imported_copy(path: PurePosixPath | None, qualified: str | None) -> str | No
     if path is None or not qualified or "." not in qualified:
         return None
     module, _, name = qualified.rpartition(".")
-    if module.split(".", 1)[0] in ("tensorflow", "keras", "tf_keras", "numpy"):
+    root = module.split(".", 1)[0]
+    if root in _LIBRARIES or root in sys.stdlib_module_names:
         return None
     script = Path(path)
-    file = _module_file(script, module)
+    file = _module_file(script.parent, module)
     if file is None:
         return None
     try:
