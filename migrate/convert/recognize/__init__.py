@@ -121,8 +121,11 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
     updates = [found for core in cores for found in _update_calls(project, core.update)]
     update_names = {name for source, call in updates for name in assigned_names(source, call)}
     seeds = [call for _, call in updates]
+    updaters = [u for core in cores for u in _update_function(project, core.update, updates)]
     session = (
-        keras_sessions[0] if keras_sessions else find_session(project, region, update_names, seeds)
+        keras_sessions[0]
+        if keras_sessions
+        else find_session(project, region, update_names, seeds, updaters)
     )
     notes.extend(_unknown_parts(cores[0], entry, inputs, session, update_names))
     program = ir.Program(
@@ -199,6 +202,25 @@ def _refusal(entry: SourceFile, failures: list[ir.Note]) -> ir.Refusal:
         "no tower core: no tower loop (tf.device per GPU building a model) and no Horovod "
         "optimizer or allreduce is reachable from this program",
     )
+
+
+def _update_function(
+    project: Project, update: ir.Update, calls: list[tuple[SourceFile, cst.Call]]
+) -> list[Code]:
+    """A hand-written update read at its ``def`` (Horovod's allreduce path): the function, whose
+    result the step runs."""
+    if update.kind is not ir.UpdateKind.HAND_WRITTEN or update.optimizer_where is None:
+        return []
+    loaded = project.load(project.root / update.optimizer_where.file)
+    if loaded is None or any(
+        source is loaded and loaded.line(c) == update.where.line for source, c in calls
+    ):
+        return []
+    return [
+        Code(loaded, node)
+        for node in tree.walk(loaded.module)
+        if isinstance(node, cst.FunctionDef) and loaded.line(node) == update.optimizer_where.line
+    ]
 
 
 def _update_calls(project: Project, update: ir.Update) -> list[tuple[SourceFile, cst.Call]]:

@@ -188,7 +188,7 @@ def _callee(project: Project, code: Code, call: cst.Call) -> Code | None:
         return Code(source, method)
     found = project.definition(source, name)
     if found is None:
-        return _instance_method(project, code, func)
+        return _instance_method(project, code, func) or _chosen_function(project, code, func)
     where, node = found
     if isinstance(node, cst.ClassDef):
         init = method_of(node, "__init__")
@@ -223,6 +223,28 @@ def _instance_method(project: Project, code: Code, func: cst.BaseExpression) -> 
                 inherited = _inherited_method(project, found[0], found[1], func.attr.value)
                 if inherited is not None:
                     return inherited
+    return None
+
+
+def _chosen_function(project: Project, code: Code, func: cst.BaseExpression) -> Code | None:
+    """``update = {'adam': optim.adam, 'sgd': optim.sgd}[flag]`` then ``update(...)``: the
+    first of the functions the flag chooses from."""
+    if not isinstance(func, cst.Name):
+        return None
+    for node in body_nodes(code):
+        if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Subscript)):
+            continue
+        if not any(
+            isinstance(t.target, cst.Name) and t.target.value == func.value for t in node.targets
+        ):
+            continue
+        table = node.value.value
+        if isinstance(table, cst.Dict):
+            for element in table.elements:
+                name = dotted(element.value) if isinstance(element, cst.DictElement) else None
+                found = project.definition(code.source, name) if name else None
+                if found is not None and isinstance(found[1], cst.FunctionDef):
+                    return Code(found[0], found[1])
     return None
 
 

@@ -3,6 +3,8 @@ the ``run`` calls that fetch the update (the step)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from tfmigrate import tree
@@ -32,17 +34,24 @@ _SESSIONS = {
 _GROUPS = frozenset({"tensorflow.group", "tensorflow.tuple", "tensorflow.identity"})
 
 
+_CARRIERS = (cst.Name, cst.Attribute, cst.IfExp, cst.List, cst.Tuple, cst.Dict, cst.BinaryOperation)
+
+
 def _groups(name: str | None) -> bool:
     """Calls whose result runs their inputs: ``tf.group``, ``with_dependencies``."""
     return name is not None and (name in _GROUPS or name.endswith(".with_dependencies"))
 
 
 def find_session(
-    project: Project, region: list[Code], update_names: set[str], seeds: list[cst.Call]
+    project: Project,
+    region: list[Code],
+    update_names: set[str],
+    seeds: list[cst.Call],
+    updaters: Sequence[Code] = (),
 ) -> ir.Session | None:
     """The first session construction in ``region`` and the ``run`` calls whose fetches hold
     an update (``update_names``, widened through ``tf.group``/``control_dependencies``)."""
-    names = _widened(project, region, update_names, seeds)
+    names = _widened(project, region, update_names, seeds, list(updaters))
     session: tuple[ir.SessionKind, ir.Where] | None = None
     steps: list[ir.Fetch] = []
     loop: ir.Loop | None = None
@@ -86,12 +95,17 @@ def _loop_of(code: Code, run: cst.Call) -> ir.Loop | None:
 
 
 def _widened(
-    project: Project, region: list[Code], names: set[str], seeds: list[cst.Call]
+    project: Project,
+    region: list[Code],
+    names: set[str],
+    seeds: list[cst.Call],
+    updaters: list[Code],
 ) -> set[str]:
     """Names that run the update too: ``train_op = tf.group(apply_op, ema_op)``, ``with
     control_dependencies([apply_op]): train_op = ...``, ``train_op = apply_op if training
     else []``, ``train_ops.append(apply_op)``, and what callers call a function's returned
-    update (``train_ops, ... = model.build_train_ops()``). ``seeds`` are the update calls."""
+    update (``train_ops, ... = model.build_train_ops()``). ``seeds`` are the update calls,
+    ``updaters`` hand-written update functions whose result is the update."""
     found = set(names)
     seed_ids = {id(call) for call in seeds}
 
@@ -100,16 +114,21 @@ def _widened(
             return True
         return bool(seed_ids) and any(id(n) in seed_ids for n in tree.walk(node))
 
-    returning: list[Code] = []
+    returning: list[Code] = list(updaters)
     for _ in range(6):
         before = (len(found), len(seed_ids), len(returning))
         for code in region:
             source = code.source
             for node in body_nodes(code):
                 if isinstance(node, cst.Assign):
-                    if not (isinstance(node.value, cst.Call) and method_name(node.value) == "run"):
-                        if runs_update(node.value):
-                            found |= assigned_names(source, node) - {"self"}
+                    # Renamed or selected (`op = apply_op if training else []`), or grouped;
+                    # other calls on the update (`sess.run(op)`, `f(op)`) compute something else.
+                    value = node.value
+                    carried = isinstance(value, _CARRIERS) or (
+                        isinstance(value, cst.Call) and _groups(call_name(source, value))
+                    )
+                    if carried and runs_update(value):
+                        found |= assigned_names(source, node) - {"self"}
                 elif isinstance(node, cst.With) and runs_update(node.items[0].item):
                     for inner in tree.walk(node.body):
                         if isinstance(inner, cst.Assign):
