@@ -11,6 +11,7 @@ from tfmigrate.rules._towers import bound_names
 from tfmigrate.rules.keras_session_handling import KerasSessionHandling, _Sessions
 from tfmigrate.rules.session_device_config import device_config, tf_imports, tf_module
 from tfmigrate.syntax import walk
+from tfmigrate.verify.manifest import SAME_NAMES
 
 # Horovod's Keras front ends (standalone Keras 2 and tf.keras)
 _KERAS_HOROVOD = ("horovod.keras.", "horovod.tensorflow.keras.")
@@ -255,6 +256,20 @@ model.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
             )
             return
         replacement = self._rewrite(plan)
+        notes = [
+            "TFM402: Horovod replaced by MultiWorkerMirroredStrategy; fit takes the global batch "
+            "(Horovod's per-process batch times num_replicas_in_sync)",
+            "TFM402: an epoch is one pass over the data by all workers together (each Horovod "
+            "process made its own)",
+            "TFM402: weights keep their Keras names (layer/weight), so variables are matched by "
+            "name",
+        ]
+        manifest = {
+            "keras_horovod": {"notes": notes},
+            "variables": dict(SAME_NAMES),
+            "fetches": {"loss": "loss"},
+            "notes": notes,
+        }
         self.report(
             node,
             "Keras Horovod: `hvd.init()` starts one process per GPU, `DistributedOptimizer` "
@@ -266,6 +281,7 @@ model.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
             target=self.context.module,
             safety=FixSafety.UNSAFE,
             imports=tf_imports(self),
+            manifest=manifest,
         )
 
     # -- analysis -----------------------------------------------------------------------------
