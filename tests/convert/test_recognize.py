@@ -695,3 +695,67 @@ def test_imports_through_sys_path_append_and_relative_imports(tmp_path: Path):
     assert core.combination.kind is Kind.SUMMED
     assert core.combination.where == ir.Where("src/libs/grads.py", 4)
     assert core.update.optimizer_where == ir.Where("tools/train.py", 8)
+
+
+def test_horovod_allreduce_inside_hand_written_updates_chosen_by_a_flag(tmp_path: Path):
+    _write(
+        tmp_path,
+        "ops.py",
+        """
+        import horovod.tensorflow as hvd
+
+        def allreduce_mean(x):
+            return hvd.allreduce(x, average=False) / hvd.size()
+        """,
+    )
+    _write(
+        tmp_path,
+        "optim.py",
+        """
+        import tensorflow as tf
+        from ops import allreduce_mean
+
+        def sgd(params, cost, lr):
+            grads = [allreduce_mean(g) for g in tf.gradients(cost, params)]
+            return tf.group(*[p.assign_sub(lr * g) for p, g in zip(params, grads)])
+
+        def signed(params, cost, lr):
+            grads = [allreduce_mean(g) for g in tf.gradients(cost, params)]
+            return tf.group(*[p.assign_sub(lr * tf.sign(g)) for p, g in zip(params, grads)])
+        """,
+    )
+    _write(
+        tmp_path,
+        "train.py",
+        """
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+        import optim
+
+        def main(name='sgd'):
+            hvd.init()
+            w = tf.get_variable('w', [3])
+            cost = tf.reduce_sum(tf.square(w - 1.0))
+            update = {'sgd': optim.sgd, 'signed': optim.signed}[name]
+            train_op = update([w], cost, 0.1)
+            with tf.Session() as sess:
+                sess.run(hvd.broadcast_global_variables(0))
+                for _ in range(5):
+                    sess.run(train_op)
+
+        if __name__ == '__main__':
+            main()
+        """,
+    )
+    (reading,) = read_project(tmp_path)
+    program = reading.program
+    assert program is not None, reading.refusal
+    (core,) = program.cores
+    assert core.towers is None
+    assert core.combination.kind is Kind.HOROVOD
+    assert core.combination.spelling == "allreduce via allreduce_mean"
+    assert core.update.kind is ir.UpdateKind.HAND_WRITTEN
+    assert core.update.optimizer == "sgd() | signed()"
+    assert program.session is not None
+    assert [s.where for s in program.session.steps] == [ir.Where("train.py", 15)]
+    assert ir.SetUpKind.BROADCAST in {s.kind for s in program.setup}

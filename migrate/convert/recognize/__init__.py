@@ -101,7 +101,7 @@ def read_program(project: Project, entry: SourceFile) -> ProgramReading:
             if site not in used:
                 used.append(site)
     if not cores:
-        horovod, horovod_notes = horovod_cores(project, files)
+        horovod, horovod_notes = horovod_cores(project, closure)
         cores.extend(horovod)
         failures.extend(horovod_notes)
     keras_sessions: list[ir.Session] = []
