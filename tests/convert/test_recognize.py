@@ -759,3 +759,18 @@ def test_horovod_allreduce_inside_hand_written_updates_chosen_by_a_flag(tmp_path
     assert program.session is not None
     assert [s.where for s in program.session.steps] == [ir.Where("train.py", 15)]
     assert ir.SetUpKind.BROADCAST in {s.kind for s in program.setup}
+
+
+def test_python_dash_m_runs_the_reader():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfmigrate.convert", str(SHAPES / "colocated_sum"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (data,) = json.loads(proc.stdout)
+    assert data["program"]["cores"][0]["update"]["kind"] == "minimize"
