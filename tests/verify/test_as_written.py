@@ -85,9 +85,13 @@ def test_learning_rate_ten_percent_higher_diverges(tmp_path, legacy_cache):
     outcome = verify(TOWERS / "legacy.py", mutant, steps=STEPS, cache=legacy_cache)
     assert outcome.comparison.verdict == cmp.DIVERGED
     assert outcome.comparison.exit_code == 1
-    # the losses of step 1 come before any update: the first divergence is in the weights
-    assert outcome.comparison.first_divergence["step"] == 1
-    assert outcome.comparison.first_divergence["phase"] == "after the update of step"
+    # the learning rate the step writes differs from step 1 on, before any update; the weights
+    # after that first update differ too
+    first = outcome.comparison.first_divergence
+    assert (first["step"], first["quantity"]) == (1, "learning_rate (reduced)")
+    assert first["phase"] == "fetched before the update of step"
+    statuses = _statuses(outcome)
+    assert statuses["loss (tower 0)"] == cmp.FAIL and statuses["hidden/weights"] == cmp.FAIL
 
 
 @pytest.mark.slow
