@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from tfmigrate.verify.criterion import UPDATE_RTOL, percent, update_error, within_update
+from tfmigrate.verify.criterion import (
+    SCALAR_RESOLUTION,
+    UPDATE_RTOL,
+    percent,
+    update_error,
+    within_update,
+)
 from tfmigrate.verify.manifest import ScriptManifest, parse_fetch_target
 from tfmigrate.verify.record import OK, Fetch, RunRecord
 
@@ -47,12 +53,15 @@ class Tolerances:
         diff = abs(legacy - migrated)
         if not np.isfinite(diff):
             return bool(np.isnan(legacy) and np.isnan(migrated))
-        if step <= self.early_steps:
-            return diff <= self.atol
+        if step <= self.early_steps:  # never finer than float32 resolves the value
+            return diff <= max(self.atol, SCALAR_RESOLUTION * abs(legacy))
         return diff <= max(self.atol, self.rtol * abs(legacy))
 
     def scalar_text(self) -> str:
-        return f"atol {self.atol:g} (steps 1-{self.early_steps}), then rtol {self.rtol:g}"
+        return (
+            f"atol {self.atol:g} or {SCALAR_RESOLUTION:.2g}·|legacy| (steps 1-{self.early_steps}), "
+            f"then rtol {self.rtol:g}"
+        )
 
     def array_ok(self, legacy: np.ndarray, migrated: np.ndarray) -> bool:
         return bool(

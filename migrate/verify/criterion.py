@@ -29,6 +29,11 @@ import numpy as np
 # UNet under Adam); a 10% learning-rate error is 0.1 by construction. 1e-2 sits 24x above the one
 # and 10x below the other.
 UPDATE_RTOL = 1e-2
+# A fetched scalar this many float32 steps from the legacy one is the same number rounded
+# differently: addn_towers' loss of 42.45 came out 3 steps (1.1e-5) apart between one and two
+# intra-op threads, over the early steps' atol 1e-5.
+SCALAR_ULPS = 8
+SCALAR_RESOLUTION = SCALAR_ULPS * float(np.finfo(np.float32).eps)
 
 
 def _f64(a: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmigrate.verify import compare as cmp
-from tfmigrate.verify.criterion import percent
+from tfmigrate.verify.criterion import SCALAR_RESOLUTION, percent
 from tfmigrate.verify.verifier import Outcome
 
 EXACT_FLOOR = 1e-10  # where a zero difference is drawn on the log axis
@@ -194,7 +194,7 @@ def plot(outcome: Outcome, path: Path) -> bool:
         bottom.plot(s.steps, [max(d, EXACT_FLOOR) for d in diff], "o-", color=c, ms=3, lw=1, label=s.label)
     t = outcome.options.tolerances
     ref = chosen[0]
-    tolerance = [t.atol if step <= t.early_steps else max(t.atol, t.rtol * abs(v))
+    tolerance = [max(t.atol, (SCALAR_RESOLUTION if step <= t.early_steps else t.rtol) * abs(v))
                  for step, v in zip(ref.steps, ref.legacy, strict=True)]
     bottom.step(ref.steps, tolerance, where="mid", color="grey", ls=":", lw=1.2, label="tolerance")
     bottom.set_yscale("log")

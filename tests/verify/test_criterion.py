@@ -170,6 +170,16 @@ def test_without_per_step_values_the_whole_run_is_one_update(kernel):
     assert "the run's update 10% off" in _row(wrong, "k").note
 
 
+def test_a_fetched_scalar_is_never_judged_finer_than_float32_resolves_it():
+    tol = cmp.Tolerances()
+    loss = np.float32(42.45253)
+    three_steps = float(np.nextafter(np.nextafter(np.nextafter(loss, 100), 100), 100))
+    assert three_steps - float(loss) > tol.atol  # 1.1e-5: over atol, yet the same number rounded
+    assert tol.scalar_ok(1, float(loss), three_steps)
+    assert not tol.scalar_ok(1, 2.3804255, 2.348244)  # the regularization loss dropped
+    assert not tol.scalar_ok(1, float(loss), float(loss) * (1 + 1e-5))
+
+
 def test_update_error():
     a = np.array([1.0, 2.0, 3.0])
     assert update_error(a, a + 1, a, a + 1) == 0.0
