@@ -323,7 +323,7 @@ def test_verify_finds_the_rewritten_dice_program_equivalent(tmp_path):
     equal and every weight the same training; only the announced batch-norm moving statistics
     differ.
 
-    Several kernels end 4e-6 to 3e-5 apart after step 1 (depending on the CPU's kernels), over
+    Several kernels end 4e-6 to 3e-5 apart within 2 steps (depending on the CPU's kernels), over
     the elementwise atol 1e-6: Adam's first update is lr * g / (|g| + 1e-7 / sqrt(1 - 0.999)) =
     lr * g / (|g| + 3.16e-6), whose slope near 0, lr / 3.16e-6 = 316, turns the float
     differences of near-zero gradient entries into 1e-5 on near-zero weights. Each step's update
