@@ -482,7 +482,13 @@ def _compare_variables(
                 max_abs, max_rel = max(max_abs, a), max(max_rel, r)
             # With every step traced the steps judged the final values; else the whole run
             # counts as one update from the start.
-            traced = compared == n_steps and _same(lt[n_steps - 1], lf) and _same(mt[n_steps - 1], mf)
+            traced = (
+                lt is not None
+                and mt is not None
+                and compared == n_steps
+                and _same(lt[n_steps - 1], lf)
+                and _same(mt[n_steps - 1], mf)
+            )
             if traced:
                 final_ok = True
             else:
