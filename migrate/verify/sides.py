@@ -300,16 +300,18 @@ def noise_command(plan: RunPlan, run: NoiseRun) -> list[str]:
     return [*cmd, *nudge, "--", *plan.script_args]
 
 
+def noise_label(run: NoiseRun) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in run.env.items() if k != "OMP_NUM_THREADS")
+    return f"legacy ({settings}{', nudged' if run.nudge_seed is not None else ''})"
+
+
 def run_noise(plan: RunPlan, run: NoiseRun) -> SideRun:
     """The legacy program once more under ``run``'s perturbation: how far its own training
     carries a rounding difference (verify's noise floor)."""
     out = plan.workdir / run.name / "out"
     out.mkdir(parents=True, exist_ok=True)
-    label = ", ".join(f"{k}={v}" for k, v in run.env.items() if k != "OMP_NUM_THREADS")
-    if run.nudge_seed is not None:
-        label += ", nudged"
     return _run_alone(
-        f"legacy ({label})",
+        noise_label(run),
         noise_command(plan, run),
         out,
         plan.workdir / run.name,

@@ -35,7 +35,15 @@ from tfmigrate.verify.record import (
     RunRecord,
     load_arrays,
 )
-from tfmigrate.verify.sides import RunPlan, SideRun, noise_runs, run_noise, run_roundtrip, run_sides
+from tfmigrate.verify.sides import (
+    RunPlan,
+    SideRun,
+    noise_label,
+    noise_runs,
+    run_noise,
+    run_roundtrip,
+    run_sides,
+)
 
 
 @dataclass
@@ -183,12 +191,7 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     if resolved.exists():  # what the migrated side matched: by name, or a mapping plus names
         manifest.variables = json.loads(resolved.read_text())
     if cache_dir is not None and plan.legacy_done is None and _cached_legacy(legacy_run.out):
-        tmp = cache_dir.with_name(cache_dir.name + f".{workdir.name}")
-        shutil.copytree(legacy_run.out, tmp, dirs_exist_ok=True)
-        try:
-            tmp.rename(cache_dir)  # atomic publish; a concurrent run may have won the race
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _publish(legacy_run.out, cache_dir)
     outcome = Outcome(cmp.could_not_run(""), opts, legacy_run, migrated_run, manifest, workers=worker_runs)
     for run in _problem_first([legacy_run, migrated_run, *worker_runs]):
         problem = side_problem(run, opts.timeout)
@@ -209,7 +212,7 @@ def run_verify(opts: VerifyOptions) -> Outcome:
                 "--replay-inputs trains the migrated replicas on the legacy towers' batches, so the "
                 "training step is compared whatever the input pipelines do")
         if _wants_noise_floor(opts, outcome.comparison):
-            _noise_floor(plan, outcome, side_data(legacy_run))
+            _noise_floor(plan, outcome, side_data(legacy_run), cache_dir)
         if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
             _roundtrip(plan, outcome)
         if worker_runs and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
@@ -236,11 +239,29 @@ def _wants_noise_floor(opts: VerifyOptions, comparison: cmp.Comparison) -> bool:
     return opts.noise_floor and comparison.verdict == cmp.DIVERGED
 
 
-def _noise_floor(plan: RunPlan, outcome: Outcome, legacy: cmp.SideData) -> None:
+def _publish(out: Path, cache: Path) -> None:
+    """Copy a finished legacy run into the cache (atomic rename: a reader never sees half of it)."""
+    tmp = cache.with_name(f"{cache.name}.{out.parent.parent.name}.{out.parent.name}")
+    shutil.copytree(out, tmp, dirs_exist_ok=True)
+    try:
+        tmp.rename(cache)
+    except OSError:  # a concurrent run may have won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _noise_floor(plan: RunPlan, outcome: Outcome, legacy: cmp.SideData, cache_dir: Path | None) -> None:
+    """The noise floor's legacy runs (kept in the legacy cache beside the legacy run: they are as
+    deterministic as it is) compared with the legacy run, then the failing rows re-judged."""
     assert outcome.manifest is not None
     floors = []
     for spec in noise_runs():
-        run = run_noise(plan, spec)
+        cached = _cached_legacy(cache_dir.with_name(f"{cache_dir.name}.{spec.name}") if cache_dir else None)
+        if cached is not None:
+            run = SideRun(noise_label(spec), cached, 0, "", "", False, RunRecord.load(cached))
+        else:
+            run = run_noise(plan, spec)
+            if cache_dir is not None and _cached_legacy(run.out):
+                _publish(run.out, cache_dir.with_name(f"{cache_dir.name}.{spec.name}"))
         outcome.noise.append(run)
         problem = side_problem(run, plan.timeout)
         if problem:

@@ -391,3 +391,35 @@ def test_noise_runs_leave_the_main_runs_files_alone(tmp_path, monkeypatch):
         assert cmd[cmd.index("--trace") + 1] == main.legacy[main.legacy.index("--trace") + 1]
     assert cmd1[-3:] == ["--", "--x", "1"] and "--nudge-initial" not in cmd1
     assert cmd2[-5:] == ["--nudge-initial", "1", "--", "--x", "1"]
+
+
+def test_noise_runs_are_kept_in_the_legacy_cache(tmp_path, monkeypatch):
+    """Like the legacy run, the noise floor's runs are deterministic: a second verify with the
+    same --legacy-cache reuses them instead of running the legacy program twice more."""
+    from tfmigrate.verify import sides, verifier
+    from tfmigrate.verify.record import RECORD_JSON
+
+    plan = sides.RunPlan(legacy=tmp_path / "train.py", migrated=tmp_path / "new.py", workdir=tmp_path / "work")
+    ran = []
+
+    def fake_run(plan, spec):
+        out = plan.workdir / spec.name / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        RunRecord(side="legacy").save(out)
+        ran.append(spec.name)
+        return sides.SideRun(sides.noise_label(spec), out, 0, "", "", False, RunRecord.load(out))
+
+    monkeypatch.setattr(verifier, "run_noise", fake_run)
+    monkeypatch.setattr(cmp, "apply_noise_floor", lambda result, floors: None)
+    monkeypatch.setattr(cmp, "compare", lambda *args: cmp.Comparison(verdict=cmp.EQUIVALENT))
+    cache = tmp_path / "cache" / "key"
+    cache.parent.mkdir()
+    legacy = cmp.SideData(RunRecord(side="legacy"), {}, {}, {})
+    for _ in range(2):
+        outcome = verifier.Outcome(cmp.Comparison(verdict=cmp.DIVERGED),
+                                   verifier.VerifyOptions(legacy=Path("a"), migrated=Path("b")),
+                                   manifest=ScriptManifest(variables={"w": "w"}))  # fmt: skip
+        verifier._noise_floor(plan, outcome, legacy, cache)
+        assert [r.side for r in outcome.noise] == [sides.noise_label(s) for s in sides.noise_runs()]
+    assert ran == [s.name for s in sides.noise_runs()]  # the second verify ran nothing
+    assert all((cache.with_name(f"key.{s.name}") / RECORD_JSON).exists() for s in sides.noise_runs())
