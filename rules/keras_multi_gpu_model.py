@@ -10,10 +10,10 @@ from tfmigrate.names import dotted
 from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules import _global_batch_loss as global_batch
-from tfmigrate.rules import _keras_fit_protocol as protocol
 from tfmigrate.rules import _keras_parallel as parallel_copy
 from tfmigrate.rules._distribution import keyword
 from tfmigrate.rules._keras2 import RMSPROP_NOTE, is_used, plain_rmsprop
+from tfmigrate.rules._keras_fit import FIT_METHODS, calls_fit
 from tfmigrate.rules._towers import bound_names
 from tfmigrate.rules.session_device_config import tf_imports, tf_module
 from tfmigrate.syntax import walk
@@ -510,12 +510,11 @@ class KerasMultiGpuModel(Rule):
     uses every visible GPU: batch statistics per slice stay the same only with as many GPUs
     as `gpus=` said. `if gpus > 1: p = multi_gpu_model(m) else: p = m` becomes the one
     strategy (on one device it is one replica, the else branch); so does Keras 2's fallback
-    `try: p = multi_gpu_model(m) except: p = m` (or `pass`; `print` lines in it go too). A script
-    that trains with `fit` also gains `tfmigrate_program(strategy, argv)`, the entry point of
-    `tfmigrate verify` (its module-level training code moves under `if __name__ ==
-    "__main__":`, defs and classes stay where they were), and its manifest entry tells verify to
-    match variables by name, to compare `loss`, and which differences to expect (batch-norm
-    moving statistics; everything, for a loss left per replica).
+    `try: p = multi_gpu_model(m) except: p = m` (or `pass`; `print` lines in it go too). The
+    script keeps its own entry point (`tfmigrate verify` runs it as written), and the manifest
+    entry of a script that trains with `fit` tells verify to match variables by name, to compare
+    `loss`, and which differences to expect (batch-norm moving statistics; everything, for a
+    loss left per replica).
 
     Real programs spell the wrapper other ways, converted too. A user's own copy of
     multi_gpu_model -- vendored (`from utils.multi_gpu_model import multi_gpu_model`) or
@@ -533,8 +532,7 @@ class KerasMultiGpuModel(Rule):
     template's construction to the `compile`: each wrapper line becomes `parallel = template`
     (or goes when both are one name), `tf.device` blocks that build the template lose their
     device, a branch left equal to its `else` collapses, and a named loss over the whole batch
-    is computed by `global_batch_loss` as above. Such a program keeps its own entry point
-    (no `tfmigrate_program`), and its manifest entry tells verify to match variables by name.
+    is computed by `global_batch_loss` as above, with the same manifest entry.
     Not fixed (reported only): a wrapper made in a loop or a class body, a template that is a
     parameter of the function or not built before the wrapper, or no `compile` of the model
     after it.
@@ -550,10 +548,7 @@ class KerasMultiGpuModel(Rule):
     unless the program's `fit` calls allow it: a `steps_per_epoch` that is not a multiple of N
     runs whole executions past it (6 steps an epoch became 8 with N=4), and per-batch callbacks
     (`TerminateOnNaN`, an integer `save_freq` or `update_freq`, a custom `Callback`) run once
-    per N steps. verify trains a `fit` program in a loop of its own, as many steps to a call as
-    the model's `steps_per_execution`; its entry point first runs `fit`'s own function once
-    (then restores every variable), so a `steps_per_execution` that `fit` cannot run is
-    reported as could not run, not verified.
+    per N steps.
     """
 
     code = "TFM107"
@@ -599,20 +594,19 @@ parallel = multi_gpu_model(keras.models.Sequential(), gpus=2)
             parallel_model.fit(x, y, batch_size=256, callbacks=[checkpoint])
             model.save('model.keras')
             """,
-            # A script: its training code goes under a main guard and it gains verify's entry.
-            fixed="import tensorflow as tf\nfrom keras.utils import multi_gpu_model\n\n"
-            + protocol.PROTOCOL
-            + """
+            # A script: the wrapper goes, the template trains under the strategy.
+            fixed="""
+import tensorflow as tf
+from keras.utils import multi_gpu_model
 
-if __name__ == "__main__":
-    x, y = load_data()
-    strategy = tf.distribute.MirroredStrategy()
-    with strategy.scope():
-        # Weights on the CPU, one replica per GPU.
-        model = build_model()
-        model.compile(optimizer='adam', loss='binary_crossentropy')
-    model.fit(x, y, batch_size=256, callbacks=[checkpoint])
-    model.save('model.keras')
+x, y = load_data()
+strategy = tf.distribute.MirroredStrategy()
+with strategy.scope():
+    # Weights on the CPU, one replica per GPU.
+    model = build_model()
+    model.compile(optimizer='adam', loss='binary_crossentropy')
+model.fit(x, y, batch_size=256, callbacks=[checkpoint])
+model.save('model.keras')
 """,
             message="MirroredStrategy",
         ),
@@ -1040,9 +1034,7 @@ def main(gpus):
         }
         target: cst.CSTNode = plan.block
         replacement: cst.CSTNode = self._rewrite(plan)
-        program = self._with_protocol(plan, replacement)
-        if program is not None:
-            target, replacement = self.context.module, program
+        if calls_fit(self.context.module):  # verify runs the script as written: its fit
             manifest.update(self._verify_entry(plan, safety, note, notes, announce_loss=not wrap))
         if wrap:
             module = replacement if isinstance(replacement, cst.Module) else None
@@ -1058,8 +1050,7 @@ def main(gpus):
                 module = self.context.module.visit(_ReplaceNode(target, replacement))
             target, replacement = self.context.module, _drop_unused_copy(module, node.func.value)
         if isinstance(replacement, cst.Module) and tf_module(self) is None:
-            # the protocol's own `import tensorflow as tf` (inside a function) would hide the
-            # missing module-level import from the engine's import adder
+            # a whole-module replacement: the engine's import adder does not see it
             replacement = _with_tf_import(replacement)
         self.report(
             node,
@@ -1071,21 +1062,6 @@ def main(gpus):
             manifest=manifest,
         )
 
-    # -- verify protocol ----------------------------------------------------------------------
-    def _with_protocol(self, plan: _Plan, block: cst.CSTNode) -> cst.Module | None:
-        """The whole module with the rewritten block and `tfmigrate_program`, when the program
-        trains with `fit` and runs as a script; else None (the block alone is rewritten)."""
-        module = self.context.module
-        if protocol.defines(module, protocol.ENTRY_POINT) or not protocol.calls_fit(module):
-            return None  # the fit may be in another function (`main` calls `build`)
-        if isinstance(block, cst.Module):
-            guarded = protocol.guard_module_code(block)
-            return protocol.add_protocol(guarded) if guarded is not None else None
-        if protocol.main_guard(module) is None:
-            return None  # a library function: nothing to run it
-        assert isinstance(block, cst.BaseSuite)
-        return protocol.add_protocol(module.visit(_ReplaceNode(plan.block, block)))
-
     def _verify_entry(
         self,
         plan: _Plan,
@@ -1096,9 +1072,8 @@ def main(gpus):
     ) -> dict[str, object]:
         """What verify reads from the manifest for the converted program."""
         notes.append(
-            "TFM107: tfmigrate_program() runs the script up to its fit under verify's strategy and "
-            "steps fit's own train function; weights keep their Keras 2 names (layer/weight), "
-            "so variables are matched by name"
+            "TFM107: weights keep their Keras 2 names (layer/weight), so verify matches the "
+            "variables by name"
         )
         announced = [
             {
@@ -1282,7 +1257,6 @@ def main(gpus):
         }
         # what verify reads: weights keep their Keras 2 names, the loss is fit's
         entry = self._verify_entry(plan, safety, note, notes, announce_loss=not wrap)  # type: ignore[arg-type]
-        notes.pop(notes.index(next(n for n in notes if "tfmigrate_program()" in n)))
         notes.append(
             "TFM107: weights keep their Keras 2 names (layer/weight), so variables are matched "
             "by name"
@@ -1574,7 +1548,7 @@ def main(gpus):
         weighted = any(
             keyword(c, k) is not None
             for c in _calls(self.context.module)
-            if isinstance(c.func, cst.Attribute) and c.func.attr.value in protocol.FIT_METHODS
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value in FIT_METHODS
             for k in ("sample_weight", "class_weight")
         )
         if weighted:

@@ -7,7 +7,9 @@ one that reproduces summed gradients differentiates it unscaled. A program run a
 the value it differentiates ``loss`` (as_written.py); here it is matched, on step 1, against every
 per-tower legacy fetch times each candidate factor {1, N}: the pair that agrees (relative
 difference below MATCH_RTOL) renames the migrated fetch after the legacy one and multiplies every
-step's value by the factor, and the report says so. Step 1 is computed before any update, so a
+step's value by the factor, and the report says so. A legacy loop that fetched a reduction of
+the towers' losses instead (tower None: their mean or sum) is matched the same way against the
+replicas' mean or sum, which becomes the migrated fetch. Step 1 is computed before any update, so a
 bug in the update cannot hide the match; a bug in the loss leaves it unmatched, and the weights
 (the ground truth) still show the divergence.
 """
@@ -40,6 +42,53 @@ def _relative(migrated: dict[int, Fetch], legacy: dict[int, Fetch], factor: floa
     return worst
 
 
+def _reduced(record: RunRecord) -> dict[str, dict[int, Fetch]]:
+    """Legacy fetches not tied to a tower, by base name and step."""
+    table: dict[str, dict[int, Fetch]] = {}
+    for step in record.steps:
+        for f in step.fetches:
+            if f.tower is None:
+                table.setdefault(f.base, {})[step.step] = f
+    return table
+
+
+def _combine(parts: dict[int, Fetch], how: str) -> float:
+    total = sum(f.value for f in parts.values())
+    return total / len(parts) if how == "mean" else total
+
+
+def _match_reduced(
+    legacy: RunRecord, migrated: RunRecord, base: str, steps: dict[int, dict[int, Fetch]],
+    factors: list[float], taken: set[str],
+) -> str | None:
+    """Match the differentiated loss against a reduced legacy fetch; replace it by its reduction."""
+    first = min(steps)
+    found = []
+    for lbase, lsteps in _reduced(legacy).items():
+        if first not in lsteps or lbase in taken or not steps[first]:
+            continue
+        want = lsteps[first].value
+        for how in ("mean", "sum"):
+            for factor in factors:
+                rel = abs(_combine(steps[first], how) * factor - want) / max(abs(want), 1e-12)
+                if rel <= MATCH_RTOL:
+                    found.append((rel, "loss" not in lbase.lower(), len(lbase), lbase, how, factor))
+    if not found:
+        return None
+    _, _, _, lbase, how, factor = min(found)
+    taken.add(lbase)
+    for step in migrated.steps:
+        parts = {f.tower: f for f in step.fetches if f.source == SOURCE and f.base == base}
+        kept = [f for f in step.fetches if f not in parts.values() and f.base != lbase]
+        if parts:
+            value = _combine(parts, how) * factor
+            kept.append(Fetch(lbase, lbase, None, value, SOURCE, factor))
+        step.fetches = kept
+    scaled = f" x {factor:g}" if factor != 1.0 else ""
+    return (f"the migrated step differentiates the legacy {lbase}: the {how} of the replicas' "
+            f"{base}{scaled} is compared with it")
+
+
 def scale_differentiated(legacy: RunRecord, migrated: RunRecord) -> list[str]:
     """Rename and scale the migrated differentiated losses in place; the report's notes."""
     replicas = max(migrated.devices, 1)
@@ -59,6 +108,10 @@ def scale_differentiated(legacy: RunRecord, migrated: RunRecord) -> list[str]:
                 if rel is not None and rel <= MATCH_RTOL:
                     found.append((rel, "loss" not in lbase.lower(), len(lbase), lbase, factor))
         if not found:
+            note = _match_reduced(legacy, migrated, base, steps, factors, taken)
+            if note is not None:
+                notes.append(note)
+                continue
             notes.append(
                 f"the loss the migrated step differentiates ({base}) matches no per-tower legacy fetch at "
                 f"step {first} (as is or times {replicas}): it is not compared; the weights are")
