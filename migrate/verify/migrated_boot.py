@@ -183,6 +183,7 @@ class MigratedRunner:
         """``one_step`` several to a call, recording each step (watched_steps.WatchedSteps)."""
         from tfmigrate.verify.watched_steps import WatchedSteps
 
+        assert self.one_step is not None  # run() takes this way only with one_step
         return WatchedSteps(self.strategy, self.one_step, watch)
 
     def run_several(self, steps: int, trace_names: list[str]) -> None:
@@ -308,7 +309,7 @@ def roundtrip_parts(program: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
             f"--roundtrip needs {protocol.ENTRY_POINT}() to return {missing} as well "
             "(see docs/verify.md)"
         )
-    return tuple(program[k] for k in protocol.ROUNDTRIP_KEYS)  # type: ignore[return-value]
+    return tuple(program[k] for k in protocol.ROUNDTRIP_KEYS)
 
 
 def save_for_roundtrip(program: dict[str, Any], folder: Path) -> None:
@@ -406,11 +407,7 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
     except Exception as exc:  # noqa: BLE001
         record.status, record.message = ERROR, f"verify's migrated runner failed: {exc!r}"
         record.traceback = traceback.format_exc()
-    record.peak_memory_bytes, record.memory_source = _peak_memory(tf, devices)
-    record.save(ns.out)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _finish(record, tf, devices, ns.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -530,8 +527,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             record.status, record.message = ERROR, f"verify's migrated runner failed: {exc!r}"
             record.traceback = traceback.format_exc()
+    _finish(record, tf, devices, ns.out)
+
+
+def _finish(record: RunRecord, tf: Any, devices: list[str], out: Path) -> None:
+    """Write the record and leave at once: TF's threads and the program's own need no shutdown."""
     record.peak_memory_bytes, record.memory_source = _peak_memory(tf, devices)
-    record.save(ns.out)
+    record.save(out)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
