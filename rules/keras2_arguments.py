@@ -401,7 +401,7 @@ class Keras2Arguments(Rule):
         if not dropped:
             self.report(node, message, replacement=fixed)
             return
-        shown = ", ".join(f"`{a.keyword.value}`" for a in dropped)  # type: ignore[union-attr]
+        shown = ", ".join(f"`{a.keyword.value}`" for a in dropped if a.keyword is not None)
         self.report(
             node,
             f"{message}; Keras 3 has no {shown} there (they moved to `keras.utils.PyDataset`'s "

@@ -1064,7 +1064,7 @@ def main(gpus):
 
     def _verify_entry(
         self,
-        plan: _Plan,
+        plan: _Plan | _Nested,
         safety: FixSafety,
         note: str,
         notes: list[str],
@@ -1113,7 +1113,7 @@ def main(gpus):
                     return True
         return False
 
-    def _plain_rmsprop(self, plan: _Plan) -> bool:
+    def _plain_rmsprop(self, plan: _Plan | _Nested) -> bool:
         """Whether the compile's optimizer is a Keras 2 RMSprop without momentum (given in the
         call, or a name bound to one in the same block)."""
         optimizer = keyword(plan.compile_call, "optimizer", 0)
@@ -1256,7 +1256,7 @@ def main(gpus):
             "keras_multi_gpu_model": {"model": sorted(plan.templates)[0], "notes": notes}
         }
         # what verify reads: weights keep their Keras 2 names, the loss is fit's
-        entry = self._verify_entry(plan, safety, note, notes, announce_loss=not wrap)  # type: ignore[arg-type]
+        entry = self._verify_entry(plan, safety, note, notes, announce_loss=not wrap)
         notes.append(
             "TFM107: weights keep their Keras 2 names (layer/weight), so variables are matched "
             "by name"

@@ -500,10 +500,10 @@ class AsWritten:
         taken = {f.base for f in fetches}
         fetches += [f for f in returned or [] if f.base not in taken]
         taken = {f.base for f in fetches}
-        for (name, replica), value in sorted(self.summaries.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        for (name, at), value in sorted(self.summaries.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
             if name not in taken:
-                label = name if replica is None else f"{name}[{replica}]"
-                fetches.append(Fetch(label, name, replica, value, source=SOURCE_SUMMARY))
+                label = name if at is None else f"{name}[{at}]"
+                fetches.append(Fetch(label, name, at, value, source=SOURCE_SUMMARY))
         self.summaries.clear()
         self.targets.clear()
         self.eager_counts.clear()

@@ -119,9 +119,9 @@ def _argument_problem(opts: VerifyOptions) -> str | None:
     for label, path in (("legacy", opts.legacy), ("migrated", opts.migrated)):
         if not path.is_file() and not (label == "legacy" and opts.legacy_rev):
             return f"{label} script {path} does not exist"
-    for label, path in (("--manifest", opts.manifest), ("--mapping", opts.mapping)):
-        if path is not None and not path.is_file():
-            return f"{label} {path} does not exist"
+    for label, given in (("--manifest", opts.manifest), ("--mapping", opts.mapping)):
+        if given is not None and not given.is_file():
+            return f"{label} {given} does not exist"
     return None
 
 

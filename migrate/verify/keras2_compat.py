@@ -61,8 +61,8 @@ def multi_gpu_model(model: Any, gpus: Any = None, cpu_merge: bool = True, cpu_re
 
 def install(utils_module: types.ModuleType) -> None:
     """``keras.utils.multi_gpu_model`` and the Keras 2 module paths it lived in."""
-    utils_module.multi_gpu_model = multi_gpu_model  # type: ignore[attr-defined]
+    utils_module.__dict__["multi_gpu_model"] = multi_gpu_model
     for name in ("keras.utils.multi_gpu_utils", "keras.utils.training_utils"):
         mod = types.ModuleType(name)
-        mod.multi_gpu_model = multi_gpu_model  # type: ignore[attr-defined]
+        mod.__dict__["multi_gpu_model"] = multi_gpu_model
         sys.modules[name] = mod

@@ -568,6 +568,7 @@ class LegacyRecorder:
         from tensorflow.python.eager import context
         from tensorflow.python.ops import gen_io_ops
 
+        assert self.save_to is not None  # called only when asked to save
         prefix = os.path.abspath(self.save_to)
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
         names = sorted(values)
@@ -696,7 +697,8 @@ def _raised_by_us(exc: BaseException) -> bool:
 
 
 def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
-    out, cur = [], te
+    out: list[traceback.TracebackException] = []
+    cur: traceback.TracebackException | None = te
     while cur is not None and cur not in out:
         out.append(cur)
         cur = cur.__cause__ or cur.__context__

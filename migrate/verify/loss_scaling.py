@@ -16,6 +16,8 @@ bug in the update cannot hide the match; a bug in the loss leaves it unmatched, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tfmigrate.verify.record import Fetch, RunRecord
 
 SOURCE = "differentiated"
@@ -52,7 +54,7 @@ def _reduced(record: RunRecord) -> dict[str, dict[int, Fetch]]:
     return table
 
 
-def _combine(parts: dict[int, Fetch], how: str) -> float:
+def _combine(parts: Mapping[int, Fetch] | Mapping[int | None, Fetch], how: str) -> float:
     total = sum(f.value for f in parts.values())
     return total / len(parts) if how == "mean" else total
 

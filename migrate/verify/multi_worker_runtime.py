@@ -54,9 +54,9 @@ class WorkerRunner(MigratedRunner):
         # tensors, not PerReplica values: treat every value as this worker's replica's.
         return self.local_replicas == 1 or is_distributed(self.tf, value)
 
-    def fetches(self, out: Any) -> list[Fetch]:
-        if not hasattr(out, "items"):
-            return super().fetches(out)
+    def fetches(self, out: Any, per_replica: list[str] | None = None) -> list[Fetch]:
+        if not hasattr(out, "items") or per_replica is not None:  # verify's loop: numpy parts
+            return super().fetches(out, per_replica)
         result = []
         for (
             key,

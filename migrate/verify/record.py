@@ -126,7 +126,7 @@ def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     payload = {f"a{i}": np.asarray(arrays[n]) for i, n in enumerate(names)}
     payload["__names__"] = np.array(names, dtype=str)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **payload)
+    np.savez(tmp, allow_pickle=True, **payload)  # numpy's default, named: no array takes it
     os.replace(tmp, path)
 
 

@@ -103,7 +103,7 @@ def _start(
         stdin=subprocess.DEVNULL,
         start_new_session=new_session,
     )  # new_session: killable as a process group
-    proc._tfmigrate_logs = (stdout, stderr)  # type: ignore[attr-defined]
+    vars(proc)["_tfmigrate_logs"] = (stdout, stderr)  # the log files ride with the process
     return proc
 
 
@@ -116,7 +116,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def _finish(
     side: str, proc: subprocess.Popen, out: Path, log_prefix: Path, timed_out: bool
 ) -> SideRun:
-    for f in proc._tfmigrate_logs:  # type: ignore[attr-defined]
+    for f in vars(proc)["_tfmigrate_logs"]:
         f.close()
     record = RunRecord.load(out) if (out / RECORD_JSON).exists() else None
     return SideRun(

@@ -131,8 +131,7 @@ def _tf0_argument_orders(namespace: types.ModuleType, v1: Any) -> None:
             return v1.split(args[2], args[1], args[0], *args[3:], **kwargs)
         return v1.split(*args, **kwargs)
 
-    namespace.concat = concat  # type: ignore[attr-defined]
-    namespace.split = split  # type: ignore[attr-defined]
+    namespace.__dict__.update(concat=concat, split=split)
 
 
 class _MergedModule(types.ModuleType):
@@ -181,11 +180,13 @@ def _memory_stats(v1: Any) -> types.ModuleType:
         return make
 
     mod = types.ModuleType("tensorflow.contrib.memory_stats")
-    mod.MaxBytesInUse = op("MaxBytesInUse", peak_rss_bytes)  # type: ignore[attr-defined]
-    mod.BytesInUse = op("BytesInUse", current_rss_bytes)  # type: ignore[attr-defined]
-    mod.BytesLimit = op(
-        "BytesLimit", lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    )  # type: ignore[attr-defined]
+    mod.__dict__.update(
+        MaxBytesInUse=op("MaxBytesInUse", peak_rss_bytes),
+        BytesInUse=op("BytesInUse", current_rss_bytes),
+        BytesLimit=op(
+            "BytesLimit", lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ),
+    )
     mod.BytesInUse.__doc__ = "CPU stand-in: process resident memory."
     return mod
 
@@ -230,7 +231,7 @@ def _keras_aliases() -> None:
 
     # Keras 2's backend had get_session/set_session; tf_keras keeps them out of its public API
     backend = _MergedModule("keras.backend", [public_backend, full_backend])
-    backend.tensorflow_backend = backend  # Keras 2's `import keras` made this an attribute too
+    backend.__dict__["tensorflow_backend"] = backend  # Keras 2's `import keras` made this an attribute too
 
     # Keras 2's optimizers (`SGD(lr=..., decay=...)`, updates built in the graph) are tf_keras's
     # legacy OptimizerV2 family; tf_keras's default ones cannot be converted in graph mode
