@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     _finish(record, tf, devices, ns.out)
 
 
-def _finish(record: RunRecord, tf: Any, devices: list[str], out: Path) -> None:
+def _finish(record: RunRecord, tf: Any, devices: list[str], out: Path) -> NoReturn:
     """Write the record and leave at once: TF's threads and the program's own need no shutdown."""
     record.peak_memory_bytes, record.memory_source = _peak_memory(tf, devices)
     record.save(out)
