@@ -132,6 +132,8 @@ class Row:
     banned_outside_todo: list[str] = dataclasses.field(default_factory=list)
     # Training the converted program for 3 steps on fake data: "not run" until the bench runs it.
     trains: str = "not run"
+    # the staged converter's reading stage (tfmigrate.convert): the entry's tower cores, or why not
+    core: str = "?"
     seconds: float = 0.0
 
     @property
@@ -623,9 +625,32 @@ def measure_folder(
                 src, Path(tmp) / "out-one-file", ["--ignore", ",".join(WHOLE_PROGRAM)]
             )
             rows = [_classified(p, run, one_file_run) for p in programs]
+        cores = read_cores(src)
+        for row, program in zip(rows, programs, strict=True):
+            row.core = cores.get(program.entry, "no entry program read")
         if keep is not None and out.exists():
             shutil.copytree(out, keep / folder, dirs_exist_ok=True)
         return rows
+
+
+def read_cores(src: Path) -> dict[str, str]:
+    """Entry script (relative to ``src``) -> what the converter's reading stage found there."""
+    from tfmigrate.convert import read_project
+
+    found: dict[str, str] = {}
+    try:
+        readings = read_project(src)
+    except Exception as exc:  # noqa: BLE001  a crash of the reader is a row, not the bench's
+        return {"*": f"reader failed: {type(exc).__name__}: {exc}"}
+    for reading in readings:
+        entry = Path(reading.entry)
+        rel = (entry.relative_to(src) if entry.is_absolute() else entry).as_posix()
+        if reading.program is not None:
+            cores = reading.program.cores
+            found[rel] = f"{len(cores)} core{'s' if len(cores) != 1 else ''}"
+        elif reading.refusal is not None:
+            found[rel] = f"refused: {reading.refusal.reason}"
+    return found
 
 
 def measure_corpus(
@@ -659,6 +684,7 @@ COLUMNS = (
     "code lines",
     "banned",
     "trains",
+    "core (reader)",
     "counts",
     "detail",
 )
@@ -696,6 +722,7 @@ def cells(row: Row) -> list[str]:
         "?" if ratio is None else f"{ratio:.2f}x",
         ",".join(row.banned_outside_todo) or "-",
         row.trains,
+        row.core,
         _yes(row.counts_as_converted),
         detail,
     ]
@@ -713,6 +740,7 @@ def summarize(rows: list[Row]) -> dict[str, int]:
         "tower_horovod_python3": len(core),
         "tower_horovod_converted": sum(r.counts_as_converted for r in core),
         "python2": sum(r.outcome == "refused: Python 2" for r in rows),
+        "tower_horovod_cores": sum(r.core.endswith(("core", "cores")) for r in core),
         "errors": sum(r.outcome == "error" for r in rows),
     }
 
@@ -721,7 +749,8 @@ def summary_line(s: dict[str, int]) -> str:
     return (
         f"{s['converted']} converted of {s['programs']} "
         f"({s['tower_horovod_converted']} of the {s['tower_horovod_python3']} Python 3 tower and "
-        f"Horovod programs); {s['converted_no_todo']} with no TODO; whole-program conversion "
+        f"Horovod programs; their tower core read by the staged converter in "
+        f"{s['tower_horovod_cores']}); {s['converted_no_todo']} with no TODO; whole-program conversion "
         f"applied to {s['whole_program_applied']}; {s['compile']} compile; "
         f"{s['no_undefined_names']} with no undefined names; {s['python2']} Python 2; "
         f"{s['errors']} tool errors"
