@@ -19,6 +19,7 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.names import NameResolver
+from tfmigrate.syntax import carried_lines
 
 CONFIG_PROTO = "tensorflow.ConfigProto"
 GPU_OPTIONS = "tensorflow.GPUOptions"
@@ -90,7 +91,7 @@ def drop_kwarg(call: cst.Call, name: str) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _attr_path(node: cst.BaseExpression) -> tuple[cst.Name, str] | None:
+def attribute_path(node: cst.BaseExpression) -> tuple[cst.Name, str] | None:
     """`config.gpu_options.allow_growth` -> (Name config, "gpu_options.allow_growth")."""
     parts: list[str] = []
     while isinstance(node, cst.Attribute):
@@ -337,7 +338,7 @@ class DeviceConfig:
         if node is name or not isinstance(target, cst.AssignTarget):
             return False
         assign = self.parent(target)
-        path = _attr_path(node)
+        path = attribute_path(node)
         if not isinstance(assign, cst.Assign) or path is None:
             return False
         line = self.parent(assign)
@@ -559,10 +560,8 @@ class _Rewrite(cst.CSTTransformer):
             else:
                 new = [stmt]
             if carried:
-                own = list(_statement_lines(new[0]))
-                if own:  # it keeps its own spacing; only comments move to it
-                    carried = [line for line in carried if line.comment]
-                new[0] = new[0].with_changes(leading_lines=[*carried, *own])
+                lines = carried_lines(carried, list(_statement_lines(new[0])))
+                new[0] = new[0].with_changes(leading_lines=lines)
                 carried = []
             body.extend(new)
         return body

@@ -10,7 +10,7 @@ from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules._towers import bound_names
 from tfmigrate.rules.keras_session_handling import KerasSessionHandling, _Sessions
 from tfmigrate.rules.session_device_config import device_config, tf_imports, tf_module
-from tfmigrate.syntax import walk
+from tfmigrate.syntax import carried_lines, unindented, walk
 from tfmigrate.verify.manifest import SAME_NAMES
 
 # Horovod's Keras front ends (standalone Keras 2 and tf.keras)
@@ -583,10 +583,7 @@ class _Convert(cst.CSTTransformer):
                 out.extend((index, r) for r in rest)
                 continue
             if carried:
-                own = list(new.leading_lines)
-                if own:  # it keeps its own spacing; only comments move to it
-                    carried = [line for line in carried if line.comment]
-                new = new.with_changes(leading_lines=[*carried, *own])
+                new = new.with_changes(leading_lines=carried_lines(carried, new.leading_lines))
                 carried = []
             out.append((index, new))
         if block is self.plan.block:
@@ -599,16 +596,7 @@ class _Convert(cst.CSTTransformer):
             return out
         at = next(k for k, (i, _) in enumerate(out) if self.plan.first <= i <= self.plan.last)
         head = inside[0]
-        # blank lines moved into the block must not gain its indentation
-        inside = [
-            s.with_changes(
-                leading_lines=[
-                    line.with_changes(indent=False) if line.comment is None else line
-                    for line in s.leading_lines
-                ]
-            )
-            for s in inside
-        ]
+        inside = [s.with_changes(leading_lines=unindented(s.leading_lines)) for s in inside]
         inside[0] = inside[0].with_changes(leading_lines=[])
         scope = cst.With(
             items=[cst.WithItem(cst.parse_expression(f"{self.strategy}.scope()"))],

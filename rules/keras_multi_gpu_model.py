@@ -16,7 +16,7 @@ from tfmigrate.rules._keras2 import RMSPROP_NOTE, is_used, plain_rmsprop
 from tfmigrate.rules._keras_fit import FIT_METHODS, calls_fit
 from tfmigrate.rules._towers import bound_names
 from tfmigrate.rules.session_device_config import tf_imports, tf_module
-from tfmigrate.syntax import walk
+from tfmigrate.syntax import unindented, walk
 from tfmigrate.verify.manifest import SAME_NAMES
 
 # Where Keras 2 / tf.keras 1.x kept it (canonical spellings; `tensorflow.python.keras` and
@@ -1287,16 +1287,7 @@ def main(gpus):
         # (every statement is one of the two kinds; the filter tells the type checker)
         kinds = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
         moved = [s for s in unwrapped.body if isinstance(s, kinds)]
-        # blank lines moved into the block must not gain its indentation
-        moved = [
-            s.with_changes(
-                leading_lines=[
-                    line.with_changes(indent=False) if line.comment is None else line
-                    for line in s.leading_lines
-                ]
-            )
-            for s in moved
-        ]
+        moved = [s.with_changes(leading_lines=unindented(s.leading_lines)) for s in moved]
         # Blank lines before the block stay before it; comments move in with the statements.
         opening = list(moved[0].leading_lines)
         blank = []
@@ -1614,12 +1605,8 @@ def main(gpus):
                 carried.extend(device.leading_lines)
             for item in inner:
                 if carried:
-                    # a blank line moved into the block must not gain the block's indentation
-                    blank = [
-                        line.with_changes(indent=False) if line.comment is None else line
-                        for line in carried
-                    ]
-                    item = item.with_changes(leading_lines=[*blank, *item.leading_lines])
+                    lines = [*unindented(carried), *item.leading_lines]
+                    item = item.with_changes(leading_lines=lines)
                     carried = []
                 moved.append(item)
         if carried and plan.last + 1 < len(body):

@@ -11,11 +11,12 @@ from tfmigrate.rules._device_config import (
     EXPLAIN,
     GPU_OPTIONS,
     Setting,
+    attribute_path,
     remove_statement,
 )
 from tfmigrate.rules._towers import bound_names
 from tfmigrate.rules.session_device_config import device_config, tf_imports
-from tfmigrate.syntax import walk
+from tfmigrate.syntax import carried_lines, walk
 
 # Canonical spellings: the name resolver folds `keras.backend.tensorflow_backend`,
 # `tensorflow.python.keras` and `tensorflow.compat.v1` into these.
@@ -79,17 +80,6 @@ def _occurs(node: cst.CSTNode, name: str, skip: set[int], root: bool = True) -> 
     if isinstance(node, cst.Arg):
         return _occurs(node.value, name, skip, False)
     return sum(_occurs(child, name, skip, False) for child in node.children)
-
-
-def _field_path(node: cst.BaseExpression) -> tuple[str, str] | None:
-    """`config.gpu_options.allow_growth` -> ("config", "gpu_options.allow_growth")."""
-    parts: list[str] = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if not isinstance(node, cst.Name) or not parts:
-        return None
-    return node.value, ".".join(reversed(parts))
 
 
 class KerasSessionHandling(Rule):
@@ -519,8 +509,8 @@ set_session(tf.Session())
             small = _small(statement)
             if not isinstance(small, cst.Assign) or len(small.targets) != 1:
                 continue
-            path = _field_path(small.targets[0].target)
-            if path is None or path[0] != name:
+            path = attribute_path(small.targets[0].target)
+            if path is None or path[0].value != name:
                 continue
             found.drop.add(id(statement))
             found.settings.append(Setting(prefix + path[1], self._given(small.value, given)))
@@ -769,10 +759,8 @@ class _Replace(cst.CSTTransformer):
                 body.extend(new)
                 continue
             if carried:
-                own = list(statement.leading_lines)
-                if own:  # it keeps its own spacing; only comments move to it
-                    carried = [line for line in carried if line.comment]
-                statement = statement.with_changes(leading_lines=[*carried, *own])
+                lines = carried_lines(carried, statement.leading_lines)
+                statement = statement.with_changes(leading_lines=lines)
                 carried = []
             body.append(statement)
         return body, [line for line in carried if line.comment]
