@@ -20,6 +20,7 @@ from rich.console import Console
 
 from tfmigrate.checkpoint.plan import EMA_SUFFIX
 from tfmigrate.verify.manifest import (
+    SAME_NAMES,
     ManifestError,
     ScriptManifest,
     find_manifest,
@@ -39,7 +40,11 @@ def convert_checkpoint(
     ],
     script: Annotated[
         Path,
-        typer.Option("--script", help="The migrated script (verify protocol).", show_default=False),
+        typer.Option(
+            "--script",
+            help="The migrated script (run as written up to its first training step).",
+            show_default=False,
+        ),
     ],
     out: Annotated[
         Path, typer.Option("--out", help="Folder for the converted checkpoint.", show_default=False)
@@ -108,10 +113,16 @@ def convert_checkpoint(
         fail(f"--device must be cpu or gpu, not {device!r}")
     if check is not None and not check.is_file():
         fail(f"--check {check} does not exist")
+    as_written = not _defines_protocol(script)
+    if check is not None and as_written:
+        fail(
+            f"--check needs a program that defines tfmigrate_program(); {script} runs as written "
+            "(restore it with its own restore code and compare, see docs/checkpoints.md)"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         fail(f"--out {out} exists and is not empty (use --force to replace it)")
     try:
-        script_manifest = _manifest(script, manifest, mapping)
+        script_manifest = _manifest(script, manifest, mapping, as_written)
     except ManifestError as exc:
         fail(str(exc))
     if not script_manifest.variables:
@@ -129,7 +140,8 @@ def convert_checkpoint(
     scratch = Path(tempfile.mkdtemp(prefix="tfmigrate-convert-"))
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        with console.status("converting (building the migrated program)..."):
+        doing = "running the migrated program to its first step" if as_written else "building it"
+        with console.status(f"converting ({doing})..."):
             result = _run_boot(
                 legacy_checkpoint,
                 script,
@@ -170,10 +182,21 @@ def convert_checkpoint(
         )
 
 
-def _manifest(script: Path, manifest: Path | None, mapping: Path | None) -> ScriptManifest:
+def _defines_protocol(script: Path) -> bool:
+    from tfmigrate.verify.as_written import defines_protocol
+    from tfmigrate.verify.protocol import ENTRY_POINT
+
+    return defines_protocol(script, ENTRY_POINT)
+
+
+def _manifest(
+    script: Path, manifest: Path | None, mapping: Path | None, as_written: bool
+) -> ScriptManifest:
     if mapping is not None:
         return load_mapping_file(mapping)
     path = manifest or find_manifest(script)
+    if path is None and as_written:  # its variables are matched by name and shape, as verify does
+        return ScriptManifest(variables=dict(SAME_NAMES), source="matched by name and shape")
     if path is None:
         raise ManifestError(
             f"no tfmigrate.json next to {script} or in its parents, and no --mapping"

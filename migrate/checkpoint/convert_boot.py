@@ -1,10 +1,11 @@
 """The conversion, in its own process: ``python -m tfmigrate.checkpoint.convert_boot ...``.
 
-Reads the legacy checkpoint with ``tf.train.load_checkpoint`` (the legacy graph never runs),
-builds the migrated program through the verify protocol under a MirroredStrategy (as verify's
-migrated side does), assigns each variable its legacy value by the manifest's mapping, and saves
-into ``--out`` (a scratch folder the command renames into place). Writes ``--result`` (JSON) in
-every case, problems listed by name.
+Reads the legacy checkpoint with ``tf.train.load_checkpoint`` (the legacy graph never runs). A
+script that defines ``tfmigrate_program`` is built through the verify protocol under a
+MirroredStrategy (as verify's migrated side does), each variable gets its legacy value by the
+manifest's mapping, and the result is saved into ``--out`` (a scratch folder the command renames
+into place). Any other script runs as written, up to its first training step
+(as_written_convert.py). Writes ``--result`` (JSON) in every case, problems listed by name.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from tfmigrate.checkpoint.layout import CHECKPOINT_NAME, checkpoint_for
 from tfmigrate.checkpoint.plan import EMA_SUFFIX, Plan, Spec, plan_conversion
 from tfmigrate.checkpoint.slots import find_optimizer, is_v1_optimizer, spec_of, v1_optimizer_state
 from tfmigrate.verify import protocol
-from tfmigrate.verify.migrated_boot import configure_devices, load_program_module, user_traceback
+from tfmigrate.verify.as_written import defines_protocol
+from tfmigrate.verify.migrated_boot import (
+    SetupProblem,
+    configure_devices,
+    load_program_module,
+    user_traceback,
+)
 
 WEIGHTS_FILE = "model.weights.h5"
 REPORT_FILE = "conversion.json"
@@ -67,7 +74,26 @@ def step_number(prefix: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def read_values(reader: Any, plan: Plan, prefix: str) -> dict[str, Any]:
+    """Every value the plan assigns, read from the checkpoint; each unreadable one named."""
+    values, unreadable = {}, []
+    for a in plan.assignments:
+        try:
+            values[a.source] = reader.get_tensor(a.source)
+        except Exception as exc:  # noqa: BLE001  a damaged data file shows here
+            unreadable.append(
+                f"cannot read {a.source!r} from the checkpoint: {type(exc).__name__}: {exc}"
+            )
+    if unreadable:
+        raise ConversionError(f"checkpoint {prefix} is damaged", unreadable)
+    return values
+
+
 def convert(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> dict[str, Any]:
+    if not defines_protocol(ns.script, protocol.ENTRY_POINT):
+        from tfmigrate.checkpoint import as_written_convert
+
+        return as_written_convert.convert(tf, ns, script_args)
     prefix = resolve_prefix(tf, ns.checkpoint)
     reader, specs = read_specs(tf, prefix)
     mapping: dict[str, str] = json.loads(ns.mapping.read_text())
@@ -114,16 +140,7 @@ def convert(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> dict[str
         raise ConversionError("the checkpoint does not fit the program", plan.problems)
 
     targets = {**variables, **{label: var for label, var in state.values()}}
-    values, unreadable = {}, []
-    for a in plan.assignments:
-        try:
-            values[a.source] = reader.get_tensor(a.source)
-        except Exception as exc:  # noqa: BLE001  a damaged data file shows here
-            unreadable.append(
-                f"cannot read {a.source!r} from the checkpoint: {type(exc).__name__}: {exc}"
-            )
-    if unreadable:
-        raise ConversionError(f"checkpoint {prefix} is damaged", unreadable)
+    values = read_values(reader, plan, prefix)
     with strategy.scope():
         for a in plan.assignments:
             targets[a.target].assign(values[a.source])  # cross-replica: every replica gets it
@@ -138,10 +155,10 @@ def convert(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> dict[str
     if model is not None and hasattr(model, "save_weights"):
         model.save_weights(str(ns.out / WEIGHTS_FILE))
         files.append(WEIGHTS_FILE)
-    return _report(prefix, ns, plan, layout, Path(saved).name, files)
+    return report(prefix, ns, plan, layout, Path(saved).name, files)
 
 
-def _report(
+def report(
     prefix: str, ns: argparse.Namespace, plan: Plan, layout: str, saved: str, files: list[str]
 ) -> dict[str, Any]:
     return {
@@ -183,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         (ns.out / REPORT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     except ConversionError as exc:
         result = {"status": "error", "message": str(exc), "problems": exc.problems}
+    except SetupProblem as exc:  # e.g. fewer GPUs than replicas
+        result = {"status": "error", "message": str(exc), "problems": []}
     except Exception as exc:  # noqa: BLE001  the user's program failed to build
         result = {
             "status": "crashed",

@@ -75,9 +75,11 @@ def plan_conversion(
     slots: dict[str, tuple[str, Spec]] | None = None,
     use_ema: bool = False,
     ema_suffix: str = EMA_SUFFIX,
+    program_source: str = "tfmigrate_program() returns",
 ) -> Plan:
     """``slots``: legacy optimizer-state name -> (migrated slot label, its spec), for an optimizer
-    whose state maps exactly (the same tf.compat.v1.train class on both sides)."""
+    whose state maps exactly (the same tf.compat.v1.train class on both sides).
+    ``program_source`` says where the program's variables came from, for the problems."""
     plan = Plan()
     slots = slots or {}
     used: set[str] = set()
@@ -90,7 +92,7 @@ def plan_conversion(
         if target not in program:
             plan.problems.append(
                 f"missing in the program: {target!r} (mapped from {legacy!r}) is not "
-                "among the variables tfmigrate_program() returns"
+                f"among the variables {program_source}"
             )
             continue
         source, kind = legacy, "variable"

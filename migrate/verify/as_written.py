@@ -154,6 +154,27 @@ def match_by_name(
     return mapping, ambiguous
 
 
+def unmatched(mapping: dict[str, str], ambiguous: dict[str, list[str]],
+              legacy: dict[str, tuple[tuple[int, ...], np.dtype]],
+              migrated: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[list[str], list[str], list[str]]:
+    """What match_by_name left: the lines that list it by name and shape on both sides ("legacy
+    only: ...", "migrated only: ...", "ambiguous: ..."), the legacy names and the migrated names."""
+    def shape(s: tuple[int, ...]) -> str:
+        return "[" + ", ".join(map(str, s)) + "]"
+
+    legacy_left = [n for n in legacy if n not in mapping and n not in ambiguous]
+    used = set(mapping.values())
+    migrated_left = [n for n in migrated if n not in used]
+    lines = []
+    if legacy_left:
+        lines.append("legacy only: " + ", ".join(f"{n} {shape(legacy[n][0])}" for n in legacy_left))
+    if migrated_left:
+        lines.append("migrated only: " + ", ".join(f"{n} {shape(migrated[n][0])}" for n in migrated_left))
+    for n, found in ambiguous.items():
+        lines.append(f"ambiguous: legacy {n} {shape(legacy[n][0])} could be migrated {', '.join(found)}")
+    return lines, legacy_left, migrated_left
+
+
 def _shared_tail(a: str, b: str) -> int:
     pa, pb = _norm(a).split("_"), _norm(b).split("_")
     count = 0
@@ -183,6 +204,10 @@ def _flat_names(value: Any, tf: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 class AsWritten:
+    # convert-checkpoint: stop (StopProgram) where the first step is about to execute, once start()
+    # has run; nothing trains
+    stop_before_training = False
+
     def __init__(self, tf: Any, devices: list[str], out: Path, steps: int, init: Path,
                  mapping: dict[str, str], wait: float, replay: Path | None) -> None:
         self.tf, self.devices, self.out, self.max_steps = tf, devices, out, steps
@@ -214,6 +239,7 @@ class AsWritten:
         self.eager_step_args: Any = None
         self.problem: str | None = None  # the first Problem's own message
         self.xla = False  # a jit_compile function was seen (see allow_xla)
+        self.trained_before_stop = False  # stop_before_training came one step late (see call_function)
         self._write_progress()
 
     # -- patches -------------------------------------------------------------------------------
@@ -316,6 +342,8 @@ class AsWritten:
         def enter(tape: Any) -> Any:
             if tf.executing_eagerly() and not me.calling and not me.started and me.step_functions_none():
                 me.start()  # an eager program: its first step begins with this tape
+                if me.stop_before_training:
+                    raise StopProgram()
             return orig_enter(tape)
 
         backprop.GradientTape.__enter__ = enter
@@ -362,6 +390,10 @@ class AsWritten:
             if not tf.executing_eagerly() and not me.started:
                 with tf.init_scope():  # eagerly, before the traced step first executes
                     me.start()
+            if eager_step and me.stop_before_training:
+                if not me.started:
+                    me.start()
+                raise StopProgram()  # before the eager update runs
             me.updating += 1
             try:
                 result = orig(opt, *args, **kwargs)
@@ -395,11 +427,17 @@ class AsWritten:
         if not is_step:
             self.calling += 1
             try:
-                return orig_call(fn, *args, **kwargs)
+                result = orig_call(fn, *args, **kwargs)
             finally:
                 self.calling -= 1
                 if self.saw_update:  # traced in the call itself
                     self.step_functions[id(fn)] = (fn, True)
+            if self.saw_update and self.stop_before_training and self.started:
+                self.trained_before_stop = True  # the step ran before it could be stopped
+                raise StopProgram()
+            return result
+        if self.stop_before_training and self.started:
+            raise StopProgram()  # traced, not yet executed
         replayed = None
         if self.replay_path is not None:
             args, kwargs, replayed = self.replay(args, kwargs)
@@ -715,19 +753,7 @@ class AsWritten:
     def _check_matched(self, mapping: dict[str, str], ambiguous: dict[str, list[str]],
                        legacy: dict[str, tuple[tuple[int, ...], np.dtype]],
                        migrated: dict[str, tuple[tuple[int, ...], np.dtype]], meta: dict[str, Any]) -> None:
-        def shape(s: tuple[int, ...]) -> str:
-            return "[" + ", ".join(map(str, s)) + "]"
-
-        legacy_left = [n for n in legacy if n not in mapping and n not in ambiguous]
-        used = set(mapping.values())
-        migrated_left = [n for n in migrated if n not in used]
-        lines = []
-        if legacy_left:
-            lines.append("legacy only: " + ", ".join(f"{n} {shape(legacy[n][0])}" for n in legacy_left))
-        if migrated_left:
-            lines.append("migrated only: " + ", ".join(f"{n} {shape(migrated[n][0])}" for n in migrated_left))
-        for n, found in ambiguous.items():
-            lines.append(f"ambiguous: legacy {n} {shape(legacy[n][0])} could be migrated {', '.join(found)}")
+        lines, legacy_left, migrated_left = unmatched(mapping, ambiguous, legacy, migrated)
         if not lines:
             return
         trainable_legacy = [n for n in [*legacy_left, *ambiguous] if meta.get(n, {}).get("trainable", True)]
@@ -788,11 +814,17 @@ def run(tf: Any, script: Path, script_args: list[str], devices: list[str], out: 
     """Run the script's main block instrumented; returns the runner and what ended the program
     (None: it ended by itself or after step K)."""
     runner = AsWritten(tf, devices, out, steps, init, mapping, wait, replay)
-    runner.install()
     if replay is not None:
         runner.record.notes.append(
             "--replay-inputs: the migrated replicas trained on the legacy towers' batches; the input "
             "pipeline itself was not compared")
+    return runner, run_program(tf, runner, script, script_args)
+
+
+def run_program(tf: Any, runner: AsWritten, script: Path, script_args: list[str]) -> BaseException | None:
+    """Install ``runner``'s patches and run the script's main block under them; returns what ended
+    the program (None: it ended by itself or by StopProgram)."""
+    runner.install()
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.parent))
     ended: BaseException | None = None
@@ -808,7 +840,7 @@ def run(tf: Any, script: Path, script_args: list[str], devices: list[str], out: 
         ended = exc
     if isinstance(ended, Exception) and isinstance(_cause(ended), Problem):
         ended = _cause(ended)
-    return runner, ended
+    return ended
 
 
 def _cause(exc: BaseException) -> BaseException:

@@ -1,0 +1,198 @@
+"""convert-checkpoint on hand-written TF2 programs as they are written (no tfmigrate_program, no
+manifest): the program runs to its first training step, its own tf.train.CheckpointManager writes
+the legacy values, and the program's own restore code reads them.
+
+The legacy twin (fixtures/handwritten/get_variable_towers/legacy.py) trains LEGACY_STEPS steps on
+verify's TF1 runtime and saves a TF1 checkpoint of every global variable, once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, run_cli, run_harness
+
+TOWERS = FIXTURES / "handwritten" / "get_variable_towers"
+LEGACY_STEPS = 3
+# the legacy variables and where train_tf2.py's tf.train.Checkpoint(model=...) keeps them
+OBJECT_KEYS = {
+    "hidden/weights": "model/w1",
+    "hidden/biases": "model/b1",
+    "logits/weights": "model/w2",
+    "logits/biases": "model/b2",
+}
+# train_fit.py's Keras weight paths (its .weights.h5 file keeps them per layer, in order)
+FIT_MAPPING = {
+    f"{layer}/{tf1}": f"classifier/{layer}/{keras}"
+    for layer in ("hidden", "logits")
+    for tf1, keras in (("weights", "kernel"), ("biases", "bias"))
+}
+CHECKPOINTING = """\
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, args.model_dir, max_to_keep=2)
+    if manager.restore_or_initialize():
+      print('restored from', manager.latest_checkpoint)
+"""
+SAVING = "  print('saved', manager.save())\n"
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
+
+
+@pytest.fixture(scope="module")
+def legacy_checkpoint(tmp_path_factory) -> Path:
+    """The TF1 checkpoint prefix of the legacy program after LEGACY_STEPS steps on 2 towers."""
+    folder = tmp_path_factory.mktemp("legacy")
+    prefix = folder / "ckpt" / f"model.ckpt-{LEGACY_STEPS}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfmigrate.verify.legacy_boot", "--script", str(TOWERS / "legacy.py"),
+         "--out", str(folder / "run"), "--towers", "2", "--steps", str(LEGACY_STEPS),
+         "--save-checkpoint", str(prefix)],
+        cwd=folder, env={**os.environ, **ENV, "TF_USE_LEGACY_KERAS": "1"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    record = json.loads((folder / "run" / "record.json").read_text())
+    assert record["status"] == "ok", (record, proc.stderr[-3000:])
+    return prefix
+
+
+def _variant(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
+    """train_tf2.py with each (old, new) edit made exactly once, in a folder of its own."""
+    text = (TOWERS / "train_tf2.py").read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    script = tmp_path / name / "train_tf2.py"
+    script.parent.mkdir()
+    script.write_text(text)
+    return script
+
+
+def _convert(prefix: Path, script: Path, out: Path, *extra: str | Path):
+    result = run_cli("convert-checkpoint", prefix, "--script", script, "--out", out, *extra)
+    print(result.stdout)
+    return result
+
+
+COMPARE = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+job = json.load(sys.stdin)
+legacy = tf.train.load_checkpoint(job["legacy"])
+if job.get("h5"):
+    import h5py
+    with h5py.File(job["h5"]) as f:
+        layers = {n: [np.asarray(f["layers"][n]["vars"][str(i)]) for i in range(2)] for n in f["layers"]}
+    # the file names a Sequential's Dense layers by class, in order: hidden, logits
+    order = dict(zip(("hidden", "logits"), sorted(layers)))
+    restored = {k: layers[order[k.split("/")[0]]][0 if k.endswith("weights") else 1] for k in job["keys"]}
+else:
+    saved = tf.train.load_checkpoint(tf.train.latest_checkpoint(job["restored"]))
+    restored = {k: saved.get_tensor(v + "/.ATTRIBUTES/VARIABLE_VALUE") for k, v in job["keys"].items()}
+print("RESULT " + json.dumps({k: float(np.max(np.abs(legacy.get_tensor(k) - v)))
+                              for k, v in restored.items()}))
+"""
+
+
+@pytest.mark.slow
+def test_hand_written_program_restores_the_legacy_values_through_its_own_manager(
+    legacy_checkpoint, tmp_path
+):
+    """Converted as written (variables matched by name and shape), then `train_tf2.py --model_dir
+    DIR --steps 0` restores it with manager.restore_or_initialize() and saves what it restored:
+    every variable exactly the legacy checkpoint's value."""
+    out = tmp_path / "converted"
+    result = _convert(legacy_checkpoint, TOWERS / "train_tf2.py", out)
+    assert result.returncode == 0, result
+    assert "4 variables matched by name and shape" in result.stdout
+    assert "as its CheckpointManager saves it ('ckpt-N')" in result.stdout
+    assert "not converted (not mapped): global_step" in result.stdout
+    assert (out / f"ckpt-{LEGACY_STEPS}.index").exists() and (out / "checkpoint").exists()
+    report = json.loads((out / "conversion.json").read_text())
+    assert report["mapping"] == {name: name for name in OBJECT_KEYS}
+
+    proc = subprocess.run(
+        [sys.executable, TOWERS / "train_tf2.py", "--model_dir", out, "--steps", "0"],
+        cwd=tmp_path, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"restored from {out / f'ckpt-{LEGACY_STEPS}'}" in proc.stdout
+    differences = run_harness(
+        COMPARE, {"legacy": str(legacy_checkpoint), "restored": str(out), "keys": OBJECT_KEYS}
+    )
+    assert differences == {name: 0.0 for name in OBJECT_KEYS}
+
+
+@pytest.mark.slow
+def test_other_ways_of_writing_the_program(legacy_checkpoint, tmp_path):
+    """An eager step (its first GradientTape is the stop), a mapping that names a renamed weight,
+    and a Keras fit program without a tf.train.Checkpoint (its model's weights file)."""
+    renamed = _variant(tmp_path, "renamed", ("name='hidden/weights'", "name='dense/kernel'"))
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text(json.dumps({"hidden/weights": "dense/kernel"}))
+    fit_mapping = tmp_path / "fit.json"
+    fit_mapping.write_text(json.dumps(FIT_MAPPING))
+    cases = {
+        "eager": (_variant(tmp_path, "eager", ("  @tf.function\n  def train_step", "  def train_step")),),
+        "mapped": (renamed, "--mapping", mapping),
+        "fit": (TOWERS / "train_fit.py", "--mapping", fit_mapping),
+    }  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(cases, pool.map(
+            lambda n: _convert(legacy_checkpoint, cases[n][0], tmp_path / "out" / n, *cases[n][1:]),
+            cases)))  # fmt: skip
+    for name, result in results.items():
+        assert result.returncode == 0, (name, result)
+        assert "(4 variables)" in result.stdout, name
+    assert "3 variables matched by name and shape" in results["mapped"].stdout
+    report = json.loads((tmp_path / "out" / "mapped" / "conversion.json").read_text())
+    assert report["mapping"]["hidden/weights"] == "dense/kernel"
+
+    fitted = tmp_path / "out" / "fit"
+    fit = json.loads((fitted / "conversion.json").read_text())
+    assert fit["layout"].startswith("the Keras model's weights")
+    assert fit["files"] == ["model.weights.h5"] and not (fitted / "checkpoint").exists()
+    differences = run_harness(COMPARE, {"legacy": str(legacy_checkpoint), "keys": list(FIT_MAPPING),
+                                        "h5": str(fitted / "model.weights.h5")})  # fmt: skip
+    assert differences == {name: 0.0 for name in FIT_MAPPING}
+
+
+@pytest.mark.slow
+def test_what_cannot_be_converted_writes_nothing(legacy_checkpoint, tmp_path):
+    """Unmatched variables, listed by name and shape on both sides; a program that makes no
+    tf.train.Checkpoint (and trains with no fit); a program that crashes before its first step."""
+    cases = {
+        "renamed": _variant(tmp_path, "renamed", ("name='hidden/weights'", "name='dense/kernel'")),
+        "no-checkpoint": _variant(tmp_path, "no-checkpoint", (CHECKPOINTING, ""), (SAVING, "")),
+        "crash": _variant(tmp_path, "crash", ("    model = Classifier()\n", "    model = Classifier(3)\n")),
+    }  # fmt: skip
+    (tmp_path / "out").mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(cases, pool.map(
+            lambda n: _convert(legacy_checkpoint, cases[n], tmp_path / "out" / n), cases)))  # fmt: skip
+    for name, result in results.items():
+        assert result.returncode == 2, (name, result)
+        assert not (tmp_path / "out" / name).exists(), name
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []  # no partial folder left behind
+    renamed = results["renamed"].stdout
+    assert "variables could not be matched by name and shape (give --mapping)" in renamed
+    assert "legacy only: hidden/weights [12, 16]" in renamed
+    assert "migrated only: dense/kernel [12, 16]" in renamed
+    assert "makes no tf.train.Checkpoint" in results["no-checkpoint"].stdout
+    crash = results["crash"].stdout
+    assert "TypeError" in crash and "Classifier(3)" in crash  # the user's own traceback
+
+
+def test_check_needs_the_protocol_and_says_so(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli("convert-checkpoint", tmp_path, "--script", TOWERS / "train_tf2.py", "--out",
+                     out, "--check", TOWERS / "legacy.py")  # fmt: skip
+    assert result.returncode == 2, result
+    assert "--check needs a program that defines tfmigrate_program()" in result.stdout
+    assert not out.exists()
