@@ -34,8 +34,14 @@ from tfmigrate.checkpoint.convert_boot import (
     step_number,
 )
 from tfmigrate.checkpoint.layout import CHECKPOINT_NAME
-from tfmigrate.checkpoint.plan import EMA_SUFFIX, Plan, Spec, is_optimizer_state, is_shadow
-from tfmigrate.checkpoint.plan import plan_conversion
+from tfmigrate.checkpoint.plan import (
+    EMA_SUFFIX,
+    Plan,
+    Spec,
+    is_optimizer_state,
+    is_shadow,
+    plan_conversion,
+)
 from tfmigrate.checkpoint.slots import is_v1_optimizer, spec_of, v1_optimizer_state
 from tfmigrate.verify import as_written
 from tfmigrate.verify.manifest import SAME_NAMES
@@ -84,7 +90,8 @@ class CheckpointCapture(as_written.AsWritten):
         self.collect()
 
 
-def _record_instances(cls: type, seen: list[Any]) -> None:
+def _record_instances(cls: Any, seen: list[Any]) -> None:
+    """Every instance of ``cls`` the program constructs, appended to ``seen``."""
     orig = cls.__init__
 
     @functools.wraps(orig)
@@ -92,7 +99,7 @@ def _record_instances(cls: type, seen: list[Any]) -> None:
         orig(obj, *args, **kwargs)
         seen.append(obj)
 
-    setattr(cls, "__init__", init)  # noqa: B010  mypy refuses assigning to a class's __init__
+    cls.__init__ = init
 
 
 def convert(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +78,14 @@ def _convert(prefix: Path, script: Path, out: Path, *extra: str | Path):
     return result
 
 
+def _convert_all(prefix: Path, cases: dict[str, tuple], out: Path) -> dict:
+    """Each case (script, *options) converted into out/<case>, two conversions at a time."""
+    out.mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        futures = {n: pool.submit(_convert, prefix, c[0], out / n, *c[1:]) for n, c in cases.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
 COMPARE = """
 import json, sys
 import numpy as np
@@ -143,10 +150,7 @@ def test_other_ways_of_writing_the_program(legacy_checkpoint, tmp_path):
         "mapped": (renamed, "--mapping", mapping),
         "fit": (TOWERS / "train_fit.py", "--mapping", fit_mapping),
     }  # fmt: skip
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(cases, pool.map(
-            lambda n: _convert(legacy_checkpoint, cases[n][0], tmp_path / "out" / n, *cases[n][1:]),
-            cases)))  # fmt: skip
+    results = _convert_all(legacy_checkpoint, cases, tmp_path / "out")
     for name, result in results.items():
         assert result.returncode == 0, (name, result)
         assert "(4 variables)" in result.stdout, name
@@ -172,10 +176,7 @@ def test_what_cannot_be_converted_writes_nothing(legacy_checkpoint, tmp_path):
         "no-checkpoint": _variant(tmp_path, "no-checkpoint", (CHECKPOINTING, ""), (SAVING, "")),
         "crash": _variant(tmp_path, "crash", ("    model = Classifier()\n", "    model = Classifier(3)\n")),
     }  # fmt: skip
-    (tmp_path / "out").mkdir()
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(cases, pool.map(
-            lambda n: _convert(legacy_checkpoint, cases[n], tmp_path / "out" / n), cases)))  # fmt: skip
+    results = _convert_all(legacy_checkpoint, {n: (s,) for n, s in cases.items()}, tmp_path / "out")
     for name, result in results.items():
         assert result.returncode == 2, (name, result)
         assert not (tmp_path / "out" / name).exists(), name
