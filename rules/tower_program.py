@@ -10,6 +10,7 @@ from typing import cast
 import libcst as cst
 
 from tfmigrate import tree
+from tfmigrate.convert import convert_module
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, RuleContext
@@ -231,22 +232,18 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         if self.context.options.get("_tfm303_inner"):
             return
         if len(towers) > 1:
-            self.report(towers[1].replicator, "not converted: more than one tower loop")
+            self._staged(towers[0].replicator, "more than one tower loop")
             return
         loop = towers[0].replicator
         if not isinstance(loop, cst.For) or towers[0].tower_fn is not None:
-            self.report(
-                loop,
-                "not converted: only a `for` tower loop building the towers "
-                "inline is converted so far",
+            self._staged(
+                loop, "only a `for` tower loop building the towers inline is converted so far"
             )
             return
         try:
             analysed = _analyse(self, loop)
         except Blocked as blocked:
-            self.report(
-                blocked.node, f"not converted: {blocked.reason}; the program is left as it was"
-            )
+            self._staged(blocked.node, blocked.reason)
             return
         if not self.context.fixing:
             # scan: building the whole new program costs most of a scan's time; say what
@@ -263,10 +260,42 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         try:
             module, manifest, summary = _convert(self.context, analysed)
         except Blocked as blocked:
-            self.report(loop, f"not converted: {blocked.reason}; the program is left as it was")
+            self._staged(loop, blocked.reason)
             return
         self.report(
             loop, summary, replacement=module, target=self.context.module, manifest=manifest
+        )
+
+    def _staged(self, node: cst.CSTNode, reason: str) -> None:
+        """The staged converter (read -> plan -> emit) on a program the whole-program reader
+        refuses: it keeps what it cannot convert under TODO(tfmigrate) markers."""
+        converted = convert_module(self.context)
+        if isinstance(converted, str):
+            self.report(
+                node,
+                f"not converted: {reason} (staged converter: {converted}); the program is left "
+                "as it was",
+            )
+            return
+        emitted, _program = converted
+        commented = [t for t in emitted.todos if t.commented]
+        codes = sorted({t.kind.code for t in emitted.todos})
+        summary = "converted to MirroredStrategy (a tf.function train step, GradientTape replicas)"
+        if emitted.todos:
+            summary += (
+                f" with {len(emitted.todos)} TODO(tfmigrate) marker(s) ({', '.join(codes)}); "
+                f"{len(commented)} statement(s) commented out"
+            )
+        notes = [f"TFM303: {t.kind.code} {t.why}" for t in emitted.todos] + [
+            f"TFM303: {note}" for note in emitted.notes
+        ]
+        self.report(
+            node,
+            summary,
+            replacement=emitted.module,
+            target=self.context.module,
+            safety=FixSafety.UNSAFE if commented else FixSafety.SAFE,
+            manifest={"notes": notes} if notes else None,
         )
 
     def _model_module(self, original_node: cst.Module) -> None:

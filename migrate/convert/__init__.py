@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tfmigrate.rule import RuleContext
+from tfmigrate.rules._device_config import DeviceConfig
+
 from tfmigrate.convert import ir
+from tfmigrate.convert.emit import Emitted, emit
+from tfmigrate.convert.plan import NotPlanned, plan_core
 from tfmigrate.convert.project import Project
 from tfmigrate.convert.recognize import (
     ProgramReading,
@@ -17,7 +22,7 @@ from tfmigrate.convert.recognize import (
     reading,
 )
 
-__all__ = ["ProgramReading", "Project", "ir", "read_project"]
+__all__ = ["ProgramReading", "Project", "convert_module", "ir", "read_project"]
 
 _TOWER_TEXT = (b"tf.device(", b"horovod", b".device(", b"multi_gpu_model")
 
@@ -100,3 +105,47 @@ def _library_programs(project: Project, covered: set[Path]) -> list[ProgramReadi
 
 def _module_name(path: Path) -> str:
     return path.parent.name if path.name == "__init__.py" else path.stem
+
+
+def convert_module(context: RuleContext) -> tuple[Emitted, ir.Program] | str:
+    """The staged conversion of the tower program in the file ``context`` holds: read (with the
+    repo modules it imports, from disk), plan, emit. A string says why it was not converted."""
+    path = Path(str(context.path))
+    project = Project.for_path(path)
+    source = project.adopt(path, _device_settings_first(context))
+    reading_ = read_program(project, source)
+    if reading_.program is None:
+        return str(reading_.refusal)
+    program = reading_.program
+    reasons = []
+    for core in program.cores:
+        if core.towers is None or core.towers.where.file != source.rel:
+            continue
+        try:
+            plan = plan_core(source, program, core)
+            return emit(plan), program
+        except NotPlanned as refused:
+            reasons.append(str(refused))
+    return "; ".join(reasons) or "no tower core in this file"
+
+
+def _device_settings_first(context: RuleContext) -> RuleContext:
+    """The file with its sessions' device settings already moved to tf.config (TFM105's
+    rewrite): the conversion then drops sessions that carry no settings."""
+    module = context.module
+    tf = context.resolver.local_name_for("tensorflow") or "tf"
+    for _ in range(8):
+        current = RuleContext(context.path, context.resolver, module, context.options)
+        config = DeviceConfig(
+            module,
+            current.resolver,
+            current.parent_of,
+            lambda node, c=current: c.position_of(node).start.line,
+            tf,
+        )
+        fixable = [g for g in config.groups if g.consumers and config.why_not(g) is None]
+        if not fixable:
+            return current
+        block, replacement = config.rewrite(fixable[0])
+        module = module.deep_replace(block, replacement)  # type: ignore[assignment]
+    return RuleContext(context.path, context.resolver, module, context.options)

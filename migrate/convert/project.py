@@ -255,6 +255,18 @@ class Project:
                 resolver.imported_modules |= imported.resolver.imported_modules
         return source
 
+    def adopt(self, path: Path, context: RuleContext) -> SourceFile:
+        """``path`` as a rule sees it (its module, maybe already changed by other rules' fixes):
+        registered in place of the file on disk, its imports read from disk."""
+        path = path.resolve()
+        module = context.module
+        small = small_statements(module)
+        source = SourceFile(path, self.rel(path), module, context, module.code.encode())
+        source.shared["statements"] = small
+        self._files[path] = source
+        self._read_imports(source)
+        return source
+
     def loaded(self) -> list[SourceFile]:
         return [s for s in self._files.values() if s is not None]
 

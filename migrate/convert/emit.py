@@ -1,0 +1,843 @@
+"""The emit stage: a plan written into the module -- the tower loop as one ``@tf.function`` train
+step whose replica function takes its gradients with a ``GradientTape`` and applies them, the
+session's step run as a call of it, and every statement left to the user under its TODO.
+
+Emission never refuses: everything it needs was decided by the plan."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.helpers import parse_template_expression, parse_template_statement
+
+from tfmigrate.convert.plan import Action, Plan, Statement, _body, _calls, _targets
+from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.rules._towers import free_names, method_name
+
+# The one helper a converted program gains: TF1 model code keeps making its variables with
+# tf.compat.v1.get_variable (tf_slim and tf.compat.v1.layers do too); this store makes each one
+# once, mirrored, and gives every replica and every step the same variable.
+STORE = '''
+class TF1Variables(tf.Module):
+    """The variables TF1 model code makes with tf.compat.v1.get_variable, each made once."""
+
+    # A custom getter: the first request of a name makes the variable outside the train step,
+    # under the strategy (mirrored on every replica); later requests get the same variable.
+    def __init__(self, strategy):
+        super().__init__()
+        self.strategy = strategy
+        self.by_name = {}  # legacy name -> variable
+
+    def getter(self, getter, name, *args, **kwargs):
+        if name not in self.by_name:
+            def create(strategy):
+                with tf.init_scope(), strategy.scope():
+                    return self.by_name.get(name) or getter(name, *args, **kwargs)
+
+            context = tf.distribute.get_replica_context()
+            if context is not None and tf.distribute.has_strategy():
+                variable = context.merge_call(create)  # every replica asks; one makes it
+            else:
+                variable = create(self.strategy)
+            self.by_name.setdefault(name, variable)
+        return self.by_name[name]
+
+    def scope(self):
+        return tf.compat.v1.variable_scope("", custom_getter=self.getter)
+'''
+
+_RESERVED = frozenset(
+    {"strategy", "tf1_variables", "train_step", "replica_step", "outputs", "tape", "variables",
+     "replica_loss", "TF1Variables"}
+)  # fmt: skip
+_TODO_NAME = "__tfmigrate_todo__"
+_OUT_OF_RANGE = ("tensorflow.errors.OutOfRangeError", "tensorflow.compat.v1.errors.OutOfRangeError")
+_TRAINABLES = ("tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables")
+
+
+@dataclass(frozen=True)
+class Emitted:
+    module: cst.Module
+    todos: list[Todo]
+    notes: list[str]
+
+
+def emit(plan: Plan) -> Emitted:
+    module = plan.source.module
+    clash = _RESERVED & _bound_anywhere(plan.scope)
+    if clash:
+        from tfmigrate.convert.plan import NotPlanned
+
+        raise NotPlanned(f"the tower function already uses `{sorted(clash)[0]}`")
+    writer = _Writer(plan)
+    scope = plan.scope.visit(writer) if isinstance(plan.scope, cst.FunctionDef) else None
+    if scope is not None:
+        module = module.visit(_Replace(plan.scope, scope))
+    else:
+        module = module.visit(writer)
+    assert isinstance(module, cst.Module)
+    module = _with_store(module)
+    if plan.wrapper is None:
+        module = module.visit(_StrategyFirst(plan, writer))
+    module = module.visit(_Commented())
+    notes = list(plan.notes) + writer.notes
+    return Emitted(module, writer.todos, notes)
+
+
+def _bound_anywhere(node: cst.CSTNode) -> set[str]:
+    from tfmigrate.rules._towers import bound_names
+
+    return bound_names(node) | {n.value for n in _all_names(node)}
+
+
+def _all_names(node: cst.CSTNode) -> list[cst.Name]:
+    found = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            found.append(current)
+        stack.extend(current.children)
+    return found
+
+
+# -- pieces of new code ---------------------------------------------------------------------------
+def _statement(code: str, **values: cst.CSTNode) -> cst.BaseStatement:
+    if values:
+        return parse_template_statement(code, **values)  # type: ignore[arg-type]
+    return cst.parse_statement(code)
+
+
+def _strategy_lines() -> list[cst.BaseStatement]:
+    return [
+        _statement("strategy = tf.distribute.MirroredStrategy()"),
+        _statement("tf1_variables = TF1Variables(strategy)"),
+    ]
+
+
+def _with_store(module: cst.Module) -> cst.Module:
+    """TF1Variables after the imports (and the module docstring)."""
+    body = list(module.body)
+    at = 0
+    for position, statement in enumerate(body):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Import | cst.ImportFrom) or (
+            position == 0 and isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString)
+        ):
+            at = position + 1
+        elif at:
+            break
+    store = cst.parse_module(STORE.lstrip("\n")).body
+    first = store[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    return module.with_changes(body=[*body[:at], first, *store[1:], *body[at:]])
+
+
+def _commented(node: cst.CSTNode, todo: Todo, module: cst.Module) -> cst.SimpleStatementLine:
+    """A placeholder statement the block pass turns into the TODO and the code commented out."""
+    code = module.code_for_node(node.with_changes(leading_lines=()))  # type: ignore[call-arg]
+    lines = [todo.marker()] + ["# " + line if line.strip() else "#" for line in code.rstrip("\n").splitlines()]
+    return cst.SimpleStatementLine(
+        body=[cst.Expr(cst.Name(_TODO_NAME))],
+        leading_lines=[*getattr(node, "leading_lines", ()), *[
+            cst.EmptyLine(comment=cst.Comment(_strip_indent(line))) for line in lines
+        ]],
+    )
+
+
+def _strip_indent(line: str) -> str:
+    return line if line.startswith("#") else "# " + line
+
+
+def _trailing(statement: cst.BaseStatement, todo: Todo) -> cst.BaseStatement:
+    """A kept statement with its TODO at the end of its (first) line."""
+    comment = cst.Comment(todo.marker())
+    if isinstance(statement, cst.SimpleStatementLine):
+        return statement.with_changes(
+            trailing_whitespace=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)
+        )
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        return statement.with_changes(  # type: ignore[return-value]
+            body=body.with_changes(
+                header=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)
+            )
+        )
+    return statement
+
+
+class _Commented(cst.CSTTransformer):
+    """Placeholders of commented-out statements become comment lines of the next statement in
+    their block (or of a ``pass`` when nothing follows)."""
+
+    def _fold(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        pending: list[cst.EmptyLine] = []
+        for statement in body:
+            if _is_placeholder(statement):
+                assert isinstance(statement, cst.SimpleStatementLine)
+                pending.extend(statement.leading_lines)
+                continue
+            if pending:
+                statement = statement.with_changes(
+                    leading_lines=[*pending, *statement.leading_lines]
+                )
+                pending = []
+            out.append(statement)
+        if pending:
+            out.append(cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=pending))
+        return out
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._fold(updated_node.body))
+
+    def leave_Module(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._fold(updated_node.body))
+
+
+def _is_placeholder(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.Name)
+        and statement.body[0].value.value == _TODO_NAME
+    )
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
+        self.old, self.new = old, new
+
+    def on_leave(self, original_node, updated_node):
+        return self.new if original_node is self.old else updated_node
+
+
+class _StrategyFirst(cst.CSTTransformer):
+    """Without a graph wrapper, the strategy is made at the start of the tower function."""
+
+    def __init__(self, plan: Plan, writer: _Writer) -> None:
+        self.plan = plan
+        self.done = False
+
+    def leave_FunctionDef(self, original_node, updated_node):
+        scope = self.plan.scope
+        if self.done or not isinstance(scope, cst.FunctionDef):
+            return updated_node
+        if updated_node.name.value != scope.name.value:
+            return updated_node
+        self.done = True
+        body = list(updated_node.body.body)
+        at = 1 if body and _is_docstring(body[0]) else 0
+        return updated_node.with_changes(
+            body=updated_node.body.with_changes(body=[*body[:at], *_strategy_lines(), *body[at:]])
+        )
+
+    def leave_Module(self, original_node, updated_node):
+        if self.done or not isinstance(self.plan.scope, cst.Module):
+            return updated_node
+        body = list(updated_node.body)
+        first = _first_code(self.plan, body)
+        return updated_node.with_changes(body=[*body[:first], *_strategy_lines(), *body[first:]])
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+    )
+
+
+def _first_code(plan: Plan, body: list[cst.BaseStatement]) -> int:
+    """A module-level script: the strategy comes before the statement that held the loop's
+    first ancestor (the main block) -- or before the loop's own top-level statement."""
+    for position, statement in enumerate(body):
+        if isinstance(statement, cst.If | cst.For | cst.While | cst.With | cst.Try):
+            return position
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if small is not None and not isinstance(small, cst.Import | cst.ImportFrom | cst.Expr):
+            if not isinstance(small, cst.Assign) or "tf" in free_names(small.value):
+                return position
+    return len(body)
+
+
+# -- the tower function ---------------------------------------------------------------------------
+class _Writer(cst.CSTTransformer):
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.module = plan.source.module
+        self.todos: list[Todo] = []
+        self.notes: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        decision = self.plan.decision(node)
+        if decision is not None and decision.action in (Action.TRAIN_STEP, Action.TODO):
+            return decision.action is Action.TODO and not decision.todo.commented  # type: ignore[union-attr]
+        return True
+
+    def on_leave(self, original_node, updated_node):
+        decision = self.plan.decision(original_node)
+        if decision is None:
+            return self._expression(original_node, updated_node)
+        action = decision.action
+        if action in (Action.DROP, Action.STEP, Action.POST, Action.UPDATE):
+            return cst.RemoveFromParent()
+        if action is Action.TODO:
+            assert decision.todo is not None
+            self.todos.append(decision.todo)
+            if decision.todo.commented:
+                return _commented(original_node, decision.todo, self.module)
+            return _trailing(updated_node, decision.todo)
+        if action is Action.UNWRAP:
+            return cst.FlattenSentinel(
+                _dedented_body(updated_node, original_node)
+            )
+        if action is Action.SCOPE:
+            scoped = updated_node.with_changes(
+                items=[cst.WithItem(cst.parse_expression("strategy.scope()"))]
+            )
+            return cst.FlattenSentinel([*_strategy_lines(), scoped])
+        if action is Action.ITERATOR:
+            return self._iterator(original_node, decision)
+        if action is Action.NEXT:
+            return _replace_run(updated_node, cst.parse_expression(f"next({decision.iterator})"))
+        if action is Action.STEP_RUN:
+            return self._step_call(updated_node, decision)
+        if action is Action.CHECKPOINT:
+            return self._checkpoint(updated_node)
+        if action is Action.SAVER_CALL:
+            return updated_node.visit(_SaverCall())
+        if action is Action.TRAIN_STEP:
+            return cst.FlattenSentinel(self._train_step())
+        return updated_node
+
+    def _expression(self, original_node, updated_node):
+        qualify = self.plan.source.qualify
+        if isinstance(updated_node, cst.ExceptHandler) and updated_node.type is not None:
+            if qualify(updated_node.type) in _OUT_OF_RANGE:
+                return updated_node.with_changes(type=cst.Name("StopIteration"))
+        if isinstance(updated_node, cst.Call) and qualify(updated_node.func) in _TRAINABLES:
+            return cst.parse_expression("tf1_variables.trainable_variables")
+        return updated_node
+
+    def _checkpoint(self, updated_node):
+        """The Saver becomes a tf.train.Checkpoint of the model's variables and the optimizer
+        (its slots), with the global step the update counts."""
+        plan = self.plan
+        optimizer = plan.update_call.func
+        assert isinstance(optimizer, cst.Attribute)
+        parts = ["model=tf1_variables", "optimizer={optimizer}"]
+        values: dict[str, cst.CSTNode] = {"optimizer": optimizer.value}
+        for arg in plan.update_call.args:
+            if arg.keyword is not None and arg.keyword.value == "global_step":
+                parts.append("global_step={step}")
+                values["step"] = arg.value
+        small = updated_node.body[0]
+        value = parse_template_expression(f"tf.train.Checkpoint({', '.join(parts)})", **values)
+        if not any("TF1 checkpoints" in note for note in self.notes):
+            self.notes.append(
+                "tf.train.Saver became tf.train.Checkpoint (object-based: a TF1 checkpoint is "
+                "read after `tfmigrate convert-checkpoint`)"
+            )
+        return updated_node.with_changes(body=[small.with_changes(value=value)])
+
+    def _iterator(self, original_node, decision):
+        assert decision.dataset is not None
+        targets = _targets(original_node)
+        name = targets[0] if targets else cst.Name(decision.iterator or "iterator")
+        return _statement("{name} = iter({dataset})", name=name, dataset=decision.dataset).with_changes(
+            leading_lines=original_node.leading_lines
+        )
+
+    def _step_call(self, updated_node, decision):
+        run = decision.step_run
+        assert run is not None
+        call = cst.Call(
+            cst.Name("train_step"),
+            [cst.Arg(value, keyword=cst.Name(name), equal=_equal()) for name, value in run.arguments],
+        )
+        target = run.target
+        if not run.values:
+            return updated_node.with_changes(body=[cst.Expr(call)])
+        if target is None:
+            return updated_node.with_changes(body=[cst.Expr(call)])
+        if not run.single and isinstance(target, cst.Tuple | cst.List):
+            kept = [
+                e for position, e in enumerate(target.elements) if position not in run.run_only
+            ]
+            self.return_nones = [
+                position
+                for position, e in enumerate(target.elements)
+                if position in run.run_only and not (isinstance(e.value, cst.Name) and e.value.value == "_")
+            ]
+            if self.return_nones:
+                kept = list(target.elements)
+            kept = [e.with_changes(comma=cst.MaybeSentinel.DEFAULT) for e in kept]
+            new_target: cst.BaseAssignTargetExpression = (
+                kept[0].value if len(kept) == 1 and not self.return_nones else target.with_changes(elements=kept)
+            )
+        else:
+            new_target = target
+        small = updated_node.body[0]
+        return updated_node.with_changes(
+            body=[small.with_changes(targets=[cst.AssignTarget(new_target)], value=call)]
+        )
+
+    # -- the train step ---------------------------------------------------------------------------
+    def _train_step(self) -> list[cst.BaseStatement]:
+        plan = self.plan
+        replica = _Replica(plan, self).body()
+        returned = [cst.Name(name) for name in plan.outputs] + [e for _, e in plan.sums]
+        if returned:
+            value = returned[0] if len(returned) == 1 else cst.Tuple([cst.Element(e) for e in returned])
+            replica.append(cst.SimpleStatementLine([cst.Return(value)]))
+        replica_def = cst.FunctionDef(
+            name=cst.Name("replica_step"),
+            params=cst.Parameters(),
+            body=cst.IndentedBlock(body=replica),
+            leading_lines=[],
+        )
+        step: list[cst.BaseStatement] = [
+            s.visit(_Expressions(plan)) for s in plan.step_before  # type: ignore[misc]
+        ]
+        step.append(replica_def)
+        if not returned:
+            step.append(_statement("strategy.run(replica_step)"))
+        else:
+            step.append(_statement("outputs = strategy.run(replica_step)"))
+        for position, name in enumerate([*plan.outputs, *(n for n, _ in plan.sums)]):
+            value = "outputs" if len(returned) == 1 else f"outputs[{position}]"
+            if position < len(plan.outputs):
+                line = f"{name} = strategy.experimental_local_results({value})[-1]"
+                comment = "# The loop read the last tower's value."
+            else:
+                line = f'{name} += strategy.reduce("SUM", {value}, axis=None)'
+                comment = "# The towers added their values up."
+            step.append(
+                _statement(line).with_changes(
+                    leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
+                )
+            )
+        step.extend(s.visit(_Expressions(plan)) for s in plan.step_after)  # type: ignore[misc]
+        values = self._returned_values()
+        if values is not None:
+            step.append(cst.SimpleStatementLine([cst.Return(values)]))
+        params = cst.Parameters(params=[cst.Param(cst.Name(name)) for name in plan.inputs])
+        decorator = cst.Decorator(cst.parse_expression("tf.function"))
+        train_step = cst.FunctionDef(
+            name=cst.Name("train_step"),
+            params=params,
+            body=cst.IndentedBlock(body=step),
+            decorators=[decorator],
+            leading_lines=plan.loop.leading_lines,
+        )
+        return [train_step]
+
+    def _returned_values(self) -> cst.BaseExpression | None:
+        runs = [d.step_run for d in self.plan.decisions.values() if d.step_run is not None]
+        run = runs[0]
+        if not run.values:
+            return None
+        if run.single:
+            return run.values[0]
+        values = list(run.values)
+        nones = getattr(self, "return_nones", [])
+        elements: list[cst.BaseExpression] = []
+        taken = iter(values)
+        total = len(values) + len(run.run_only)
+        for position in range(total):
+            if position in run.run_only:
+                if position in nones:
+                    elements.append(cst.Name("None"))
+            else:
+                elements.append(next(taken))
+        if len(elements) == 1:
+            return elements[0]
+        return cst.Tuple([cst.Element(e) for e in elements])
+
+
+class _SaverCall(cst.CSTTransformer):
+    """``saver.save(sess, path, global_step=n)`` -> ``saver.write("{}-{}".format(path, n))``
+    (the same file names); ``saver.restore(sess, path)`` -> ``saver.restore(path)``."""
+
+    def leave_Call(self, original_node, updated_node):
+        func = updated_node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in ("save", "restore"):
+            return updated_node
+        args = [a for a in updated_node.args[1:]]
+        path = next((a.value for a in args if a.keyword is None or a.keyword.value == "save_path"), None)
+        step = next((a.value for a in args if a.keyword is not None and a.keyword.value == "global_step"), None)
+        if path is None:
+            return updated_node
+        if func.attr.value == "restore":
+            return updated_node.with_changes(args=[cst.Arg(path)])
+        if step is not None:
+            path = parse_template_expression('"{}-{}".format({path}, {step})', path=path, step=step)
+        return updated_node.with_changes(
+            func=func.with_changes(attr=cst.Name("write")), args=[cst.Arg(path)]
+        )
+
+
+def _equal() -> cst.AssignEqual:
+    return cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+    )
+
+
+def _replace_run(statement: cst.CSTNode, value: cst.BaseExpression) -> cst.CSTNode:
+    class _Run(cst.CSTTransformer):
+        def leave_Call(self, original_node, updated_node):
+            if method_name(original_node) == "run":
+                return value
+            return updated_node
+
+    return statement.visit(_Run())
+
+
+def _dedented_body(updated_node, original_node) -> list[cst.BaseStatement]:
+    body = list(updated_node.body.body) if isinstance(updated_node.body, cst.IndentedBlock) else []
+    if body:
+        body[0] = body[0].with_changes(
+            leading_lines=[*original_node.leading_lines, *body[0].leading_lines]
+        )
+    return body
+
+
+class _Expressions(cst.CSTTransformer):
+    """Rewrites any converted statement gets: all trainables -> the store's."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def leave_Call(self, original_node, updated_node):
+        if self.plan.source.qualify(original_node.func) in _TRAINABLES:
+            return cst.parse_expression("tf1_variables.trainable_variables")
+        return updated_node
+
+
+# -- the replica function -------------------------------------------------------------------------
+class _Replica:
+    """The tower loop's body as the replica function's."""
+
+    def __init__(self, plan: Plan, writer: _Writer) -> None:
+        self.plan = plan
+        self.writer = writer
+        self.module = plan.source.module
+        self.gone: set[str] = set()
+        self.getter_placed = False
+
+    def body(self) -> list[cst.BaseStatement]:
+        plan = self.plan
+        self._find_tape_block()
+        statements: list[cst.BaseStatement] = [
+            _statement(
+                f"{plan.index} = int(tf.get_static_value("
+                "tf.distribute.get_replica_context().replica_id_in_sync_group))"
+            ).with_changes(
+                leading_lines=[
+                    cst.EmptyLine(
+                        comment=cst.Comment(
+                            "# The tower index: this replica's number (a Python int)."
+                        )
+                    )
+                ]
+            )
+        ]
+        if plan.enumerated is not None:
+            name, items = plan.enumerated
+            if name in free_names(plan.loop.body):
+                statements.append(
+                    _statement("{name} = {items}[{index}]", name=cst.Name(name), items=items,
+                               index=cst.Name(plan.index))
+                )
+        body = self._block(list(_body(plan.loop)), top=True)
+        if not self.getter_placed:
+            body = [
+                cst.With(
+                    items=[cst.WithItem(cst.parse_expression("tf1_variables.scope()"))],
+                    body=cst.IndentedBlock(body=body),
+                )
+            ]
+        return statements + body
+
+    def _block(self, statements: list[cst.BaseStatement], top: bool = False) -> list[cst.BaseStatement]:
+        """One block of the tower body. The tape starts in the innermost block on the way to
+        the gradient call that has statements (the forward pass) before it."""
+        plan = self.plan
+        path = _path_to(statements, plan.gradient.statement)
+        out: list[cst.BaseStatement] = []
+        spans: list[tuple[int, int]] = []
+        for statement in statements:
+            start = len(out)
+            if statement is plan.gradient.statement:
+                if not self._tape_here(statements):
+                    out.extend(self._scaled_loss())
+                out.extend(self._gradient())
+            elif statement is plan.append:
+                out.extend(self._update())
+            else:
+                out.extend(self._statement(statement) or [])
+            spans.append((start, len(out)))
+        if path is None or not self._tape_here(statements):
+            return out
+        position = path[0]
+        if statements[position] is plan.gradient.statement:
+            end = spans[position][0]
+            inside = [*out[:end], *self._scaled_loss()]
+        else:
+            end = spans[position][1]
+            inside = out[:end]
+        tape = cst.With(
+            items=[
+                cst.WithItem(
+                    cst.parse_expression("tf.GradientTape()"), asname=cst.AsName(cst.Name("tape"))
+                )
+            ],
+            body=cst.IndentedBlock(body=inside or [cst.SimpleStatementLine([cst.Pass()])]),
+        )
+        return [tape, *out[end:]]
+
+    def _tape_here(self, statements: list[cst.BaseStatement]) -> bool:
+        """Whether this block is where the tape starts."""
+        return self.tape_block is not None and statements and statements[0] is self.tape_block
+
+    def _find_tape_block(self) -> None:
+        """The first statement of the block the tape starts in."""
+        blocks: list[list[cst.BaseStatement]] = [list(_body(self.plan.loop))]
+        chosen = blocks[0]
+        target = self.plan.gradient.statement
+        while blocks:
+            block = blocks.pop()
+            path = _path_to(block, target)
+            if path is None:
+                continue
+            position = path[0]
+            if position > 0:
+                chosen = block
+            if block[position] is target:
+                break
+            blocks.extend(list(inner) for inner in _inner_blocks(block[position]))
+        self.tape_block = chosen[0] if chosen else None
+
+    def _scaled_loss(self) -> list[cst.BaseStatement]:
+        plan = self.plan
+        loss = plan.gradient.loss
+        if plan.averaged:
+            statement = _statement(
+                "replica_loss = {loss} / strategy.num_replicas_in_sync", loss=_parenthesized(loss)
+            ).with_changes(
+                leading_lines=[
+                    cst.EmptyLine(
+                        comment=cst.Comment(
+                            "# The towers averaged their gradients; apply_gradients sums the replicas'."
+                        )
+                    )
+                ]
+            )
+            return [statement]
+        if isinstance(loss, cst.Name):
+            return []
+        return [_statement("replica_loss = {loss}", loss=loss)]
+
+    def _loss_name(self) -> cst.BaseExpression:
+        plan = self.plan
+        if plan.averaged or not isinstance(plan.gradient.loss, cst.Name):
+            return cst.Name("replica_loss")
+        return plan.gradient.loss
+
+    def _gradient(self) -> list[cst.BaseStatement]:
+        plan = self.plan
+        gradient = plan.gradient
+        variables = gradient.variables
+        variables_value: cst.BaseExpression = (
+            variables.visit(_Expressions(plan))  # type: ignore[assignment]
+            if variables is not None
+            else cst.parse_expression("tf1_variables.trainable_variables")
+        )
+        loss = self._loss_name()
+        if gradient.pairs:
+            value = parse_template_expression(
+                "list(zip(tape.gradient({loss}, variables), variables))", loss=loss
+            )
+        else:
+            value = parse_template_expression("tape.gradient({loss}, variables)", loss=loss)
+        replaced = gradient.statement.visit(_ReplaceNode(gradient.call, value))
+        if gradient.statement is plan.append:
+            taken = _names_of(plan.loop.body)
+            name = plan.combined if plan.combined not in taken else "replica_grads"
+            appended = replaced.body[0].value.args[0].value  # type: ignore[attr-defined]
+            replaced = _statement("{name} = {value}", name=cst.Name(name), value=appended)
+            self._grads_name = name
+        variables_line = _statement("variables = {value}", value=variables_value)
+        out: list[cst.BaseStatement] = [variables_line, replaced]  # type: ignore[list-item]
+        if gradient.statement is plan.append:
+            out.extend(self._update())
+        return out
+
+    def _update(self) -> list[cst.BaseStatement]:
+        plan = self.plan
+        appended = plan.appended
+        grads_name = getattr(self, "_grads_name", None)
+        if grads_name is not None:
+            grads: cst.BaseExpression = cst.Name(grads_name)
+        else:
+            grads = appended
+        out: list[cst.BaseStatement] = []
+        for statement in plan.between:
+            if isinstance(grads, cst.Name) and grads.value != plan.combined and not out:
+                out.append(_statement("{name} = {value}", name=cst.Name(plan.combined), value=grads))
+                grads = cst.Name(plan.combined)
+            todo = Todo(
+                Leftover.PER_REPLICA,
+                "the legacy ran this once on the combined gradients; it now runs on each "
+                "replica's, before they are summed",
+                commented=False,
+            )
+            self.writer.todos.append(todo)
+            out.append(_trailing(statement.visit(_Expressions(plan)), todo))  # type: ignore[arg-type]
+        if plan.between:
+            grads = cst.Name(plan.combined)
+        call = plan.update_call
+        args = list(call.args)
+        args[0] = args[0].with_changes(value=grads)
+        update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])
+        out.append(update)
+        return out
+
+    def _statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement] | None:
+        plan = self.plan
+        if any(statement is holder for holder in plan.accumulating):
+            return []
+        if plan.source.line(statement) in plan.input_lines:
+            todo = Todo(
+                Leftover.INPUT,
+                "each tower dequeued its own batch: feed the train step from a tf.data "
+                "pipeline that gives replica i what tower i dequeued",
+                commented=False,
+            )
+            self.writer.todos.append(todo)
+            return [_trailing(statement, todo)]
+        value = statement.body[0].value if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr | cst.Assign) else None  # type: ignore[union-attr]
+        if isinstance(value, cst.Call) and method_name(value) == "reuse_variables":
+            return []
+        if isinstance(statement, cst.SimpleStatementLine):
+            qualified = [plan.source.qualify(c.func) for c in _calls(statement)]
+            for name in qualified:
+                if name in ("tensorflow.get_collection", "tensorflow.compat.v1.get_collection"):
+                    args = [c for c in _calls(statement)][0].args
+                    first = args[0].value if args else None
+                    if first is not None and "UPDATE_OPS" in self.module.code_for_node(first):
+                        self.gone.update(_names_of(statement))
+                        return []
+                    return self._todo(statement, Todo(Leftover.GRAPH, "graph collections do not exist in TF2"))
+                if name is not None and name.replace("compat.v1.", "").startswith("tensorflow.summary."):
+                    return self._todo(statement, Todo(Leftover.SUMMARY, "TF1 summaries are ops run by a session: write them with tf.summary in the train step"))
+            if free_names(statement) & self.gone:
+                return self._todo(statement, Todo(Leftover.CASCADE, f"uses `{sorted(free_names(statement) & self.gone)[0]}`, left under a TODO above"))
+            return [statement.visit(_Expressions(plan))]  # type: ignore[list-item]
+        if isinstance(statement, cst.With):
+            return self._with(statement)
+        if isinstance(statement, cst.If | cst.For | cst.While | cst.Try):
+            return [self._compound(statement)]
+        return [statement]
+
+    def _todo(self, statement: cst.BaseStatement, todo: Todo) -> list[cst.BaseStatement]:
+        self.writer.todos.append(todo)
+        self.gone.update(_names_of(statement))
+        return [_commented(statement, todo, self.module)]
+
+    def _with(self, statement: cst.With) -> list[cst.BaseStatement]:
+        plan = self.plan
+        items = []
+        for item in statement.items:
+            name = plan.source.qualify(item.item.func) if isinstance(item.item, cst.Call) else None
+            if name in ("tensorflow.device", "tensorflow.compat.v1.device"):
+                if not self.getter_placed:
+                    items.append(item.with_changes(item=cst.parse_expression("tf1_variables.scope()"), asname=None))
+                    self.getter_placed = True
+                continue
+            if name in ("tensorflow.control_dependencies", "tensorflow.compat.v1.control_dependencies"):
+                reads = free_names(item.item)
+                if reads & self.gone:
+                    continue
+            items.append(item)
+        body = self._block(list(statement.body.body)) if isinstance(statement.body, cst.IndentedBlock) else []
+        if not items:
+            if body:
+                body[0] = body[0].with_changes(leading_lines=[*statement.leading_lines, *body[0].leading_lines])
+            return body
+        items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return [statement.with_changes(items=items, body=statement.body.with_changes(body=body or [cst.SimpleStatementLine([cst.Pass()])]))]
+
+    def _compound(self, statement: cst.BaseStatement) -> cst.BaseStatement:
+        plan = self.plan
+
+        class _Blocks(cst.CSTTransformer):
+            def __init__(inner) -> None:  # noqa: N805
+                inner.depth = 0
+
+            def visit_IndentedBlock(inner, node):  # noqa: N805
+                inner.depth += 1
+                return inner.depth == 1
+
+            def leave_IndentedBlock(inner, original_node, updated_node):  # noqa: N805
+                inner.depth -= 1
+                if inner.depth == 0:
+                    body = self._block(list(original_node.body))
+                    return updated_node.with_changes(body=body or [cst.SimpleStatementLine([cst.Pass()])])
+                return updated_node
+
+        del plan
+        return statement.visit(_Blocks())  # type: ignore[return-value]
+
+
+def _names_of(statement: cst.CSTNode) -> set[str]:
+    from tfmigrate.rules._towers import bound_names
+
+    return bound_names(statement)
+
+
+def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(node, cst.Name | cst.Call | cst.Attribute | cst.Subscript):
+        return node
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+class _ReplaceNode(cst.CSTTransformer):
+    def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
+        self.old, self.new = old, new
+
+    def on_leave(self, original_node, updated_node):
+        return self.new if original_node is self.old else updated_node
+
+
+def _path_to(statements: Sequence[cst.BaseStatement], target: cst.CSTNode) -> list[int] | None:
+    """Indexes from ``statements`` down to ``target`` (first: the index in ``statements``)."""
+    for position, statement in enumerate(statements):
+        if statement is target:
+            return [position]
+        for inner in _inner_blocks(statement):
+            below = _path_to(inner, target)
+            if below is not None:
+                return [position, *below]
+    return None
+
+
+def _walk_statements(node: cst.CSTNode):
+    stack = list(node.children)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.BaseStatement):
+            yield current
+        stack.extend(current.children)
+
+
+def _inner_blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
+    from tfmigrate.convert.plan import _blocks
+
+    return _blocks(statement)
+
+
+del Statement

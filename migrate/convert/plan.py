@@ -1,0 +1,986 @@
+"""The plan stage: what happens to each statement of the function that builds and runs the
+towers, decided from the IR's tower core and the code around it.
+
+A tower core converts when its loop, its gradient call, the combination and the update are found
+in one function that also runs the training step (``Session.run`` of the update). Every other
+statement of that function gets a phase -- set-up (kept where it is: it runs once), step (moved
+into the ``@tf.function`` train step: it read a per-step input or a value the towers fill), or
+gone (the session, initializers, the combination) -- or, when it has no TF2 form, a TODO. The plan
+only decides; ``emit`` writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import libcst as cst
+
+from tfmigrate import tree
+from tfmigrate.convert import ir
+from tfmigrate.convert.project import SourceFile
+from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.rules._towers import bound_names, free_names, get_arg, method_name
+
+Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
+
+_PLACEHOLDERS = frozenset({"tensorflow.placeholder", "tensorflow.placeholder_with_default"})
+_INITIALIZERS = frozenset(
+    {
+        "tensorflow.global_variables_initializer",
+        "tensorflow.local_variables_initializer",
+        "tensorflow.initialize_all_variables",
+        "tensorflow.initialize_local_variables",
+        "tensorflow.tables_initializer",
+        "tensorflow.variables_initializer",
+    }
+)
+_SESSIONS = frozenset({"tensorflow.Session", "tensorflow.InteractiveSession"})
+_QUEUE_PLUMBING = frozenset({"tensorflow.train.Coordinator", "tensorflow.train.start_queue_runners"})
+_ONE_SHOT = frozenset(
+    {"tensorflow.data.make_one_shot_iterator", "tensorflow.data.make_initializable_iterator"}
+)
+_ITERATOR_METHODS = frozenset({"make_one_shot_iterator", "make_initializable_iterator"})
+_SCHEDULES = frozenset(
+    f"tensorflow.train.{name}"
+    for name in (
+        "exponential_decay", "piecewise_constant", "polynomial_decay", "natural_exp_decay",
+        "inverse_time_decay", "cosine_decay", "cosine_decay_restarts", "linear_cosine_decay",
+        "noisy_linear_cosine_decay",
+    )
+)  # fmt: skip
+_WRAPPERS = frozenset({"tensorflow.Graph", "tensorflow.device", "tensorflow.variable_scope"})
+_TF1_ONLY = (
+    ("tensorflow.train.Saver", Leftover.CHECKPOINT, "tf.train.Saver needs a session: save and "
+     "restore with tf.train.Checkpoint / CheckpointManager"),
+    ("tensorflow.summary.", Leftover.SUMMARY, "TF1 summaries are ops run by a session: write "
+     "them with tf.summary under a tf.summary.create_file_writer"),
+    ("tensorflow.get_collection", Leftover.GRAPH, "graph collections do not exist in TF2"),
+    ("tensorflow.add_to_collection", Leftover.GRAPH, "graph collections do not exist in TF2"),
+    ("tensorflow.get_default_graph", Leftover.GRAPH, "there is no default graph in TF2"),
+    ("tensorflow.train.ExponentialMovingAverage", Leftover.GRAPH, "the EMA's apply op ran in "
+     "every step: apply it inside the train step"),
+    ("tensorflow.Print", Leftover.GRAPH, "tf.Print is gone: use tf.print"),
+)  # fmt: skip
+
+
+class Action(Enum):
+    KEEP = "kept"  # set-up: runs once, where it was
+    DROP = "dropped"  # no TF2 counterpart needed (session, initializer, combination, ...)
+    STEP = "moved into the train step"  # before the replicas run
+    POST = "moved into the train step, after the replicas"
+    TRAIN_STEP = "the tower loop: becomes the train step"
+    UPDATE = "moved into the replica function"
+    STEP_RUN = "the training step's Session.run: calls the train step"
+    ITERATOR = "iterator: iter(dataset)"
+    NEXT = "a batch fetched by the session: next(iterator)"
+    UNWRAP = "with-statement replaced by its body"
+    SCOPE = "graph wrapper: strategy.scope()"
+    TODO = "left to the user"
+    CHECKPOINT = "tf.train.Saver -> tf.train.Checkpoint"
+    SAVER_CALL = "saver.save/restore -> checkpoint.write/restore"
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """The ``Session.run`` of the update: what the train step returns and is called with."""
+
+    values: tuple[cst.BaseExpression, ...]  # fetched values, in order
+    run_only: tuple[int, ...]  # positions of the fetches that only ran (the update)
+    arguments: tuple[tuple[str, cst.BaseExpression], ...]  # parameter -> value at the call
+    target: cst.BaseAssignTargetExpression | None
+    single: bool  # the fetches were one expression, not a list
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    why: str = ""
+    todo: Todo | None = None
+    step_run: StepRun | None = None
+    dataset: cst.BaseExpression | None = None  # ITERATOR: what iter() takes
+    iterator: str | None = None  # NEXT: the iterator
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """The tower's gradient call and how the replica function takes it."""
+
+    call: cst.Call
+    statement: cst.BaseStatement
+    loss: cst.BaseExpression
+    variables: cst.BaseExpression | None  # var_list / params as written (None: all trainables)
+    pairs: bool  # compute_gradients (grads and variables) vs tf.gradients (grads only)
+
+
+@dataclass
+class Plan:
+    source: SourceFile
+    scope: cst.FunctionDef | cst.Module
+    loop: cst.For
+    index: str  # the tower index's name in the replica function
+    enumerated: tuple[str, cst.BaseExpression] | None  # `for i, d in enumerate(X)`: (d, X)
+    averaged: bool
+    gradient: Gradient
+    append: cst.SimpleStatementLine  # the statement putting the tower's gradients in the list
+    appended: cst.BaseExpression  # what it appends
+    combined: str  # the name the combination's result had
+    update: Statement  # the update statement (or its control_dependencies block)
+    update_call: cst.Call
+    between: list[Statement]  # statements between the combination and the update
+    inputs: list[str]  # train step parameters, in order
+    step_before: list[Statement] = field(default_factory=list)
+    step_after: list[Statement] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # tower names the replicas return
+    # `total += tower_value` in the towers: (total, tower_value), summed over the replicas
+    sums: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
+    accumulating: list[cst.SimpleStatementLine] = field(default_factory=list)
+    decisions: dict[int, Decision] = field(default_factory=dict)
+    dropped_in_loop: set[int] = field(default_factory=set)
+    wrapper: cst.With | None = None  # the outermost graph wrapper (-> strategy.scope())
+    scope_start: Statement | None = None  # without a wrapper: first set-up statement
+    input_lines: set[int] = field(default_factory=set)  # queue inputs: TODO(tfmigrate) TFM311
+    notes: list[str] = field(default_factory=list)
+
+    def decide(self, statement: cst.CSTNode, decision: Decision) -> None:
+        self.decisions[id(statement)] = decision
+
+    def decision(self, statement: cst.CSTNode) -> Decision | None:
+        return self.decisions.get(id(statement))
+
+    @property
+    def todos(self) -> list[Todo]:
+        return [d.todo for d in self.decisions.values() if d.todo is not None]
+
+
+class NotPlanned(Exception):
+    """The core cannot be converted by this plan; the reason names what and where."""
+
+
+def plan_core(source: SourceFile, program: ir.Program, core: ir.TowerCore) -> Plan:
+    """The plan for ``core``'s tower loop in ``source``, or NotPlanned with the reason."""
+    return _Planner(source, program, core).plan()
+
+
+# -- reading helpers ------------------------------------------------------------------------------
+def _simple(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
+
+
+def _value(statement: cst.CSTNode) -> cst.BaseExpression | None:
+    small = _simple(statement)
+    if isinstance(small, cst.Assign | cst.Expr):
+        return small.value
+    return None
+
+
+def _targets(statement: cst.CSTNode) -> list[cst.BaseAssignTargetExpression]:
+    small = _simple(statement)
+    if isinstance(small, cst.Assign):
+        return [t.target for t in small.targets]
+    return []
+
+
+def _target_name(statement: cst.CSTNode) -> str | None:
+    targets = _targets(statement)
+    if len(targets) == 1 and isinstance(targets[0], cst.Name):
+        return targets[0].value
+    return None
+
+
+def _calls(node: cst.CSTNode) -> Iterator[cst.Call]:
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            yield current
+        if isinstance(current, cst.FunctionDef | cst.ClassDef | cst.Lambda) and current is not node:
+            continue
+        stack.extend(reversed(current.children))
+
+
+def _blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
+    """The statement lists directly inside a compound statement."""
+    found: list[Sequence[cst.BaseStatement]] = []
+    for name in ("body", "orelse", "finalbody"):
+        part = getattr(statement, name, None)
+        if isinstance(part, cst.IndentedBlock):
+            found.append(part.body)
+        elif isinstance(part, cst.BaseSuite) and hasattr(part, "body"):
+            body = part.body
+            if isinstance(body, Sequence) and all(isinstance(s, cst.BaseStatement) for s in body):
+                found.append(body)  # type: ignore[arg-type]
+        elif isinstance(part, cst.Else | cst.Finally):
+            found.extend(_blocks(part))
+    for handler in getattr(statement, "handlers", ()):
+        found.extend(_blocks(handler))
+    if isinstance(statement, cst.If) and isinstance(statement.orelse, cst.If):
+        found.extend(_blocks(statement.orelse))
+    return found
+
+
+def _body(node: cst.FunctionDef | cst.Module | cst.BaseCompoundStatement) -> Sequence[cst.BaseStatement]:
+    if isinstance(node, cst.Module):
+        return node.body  # type: ignore[return-value]
+    body = node.body
+    if isinstance(body, cst.IndentedBlock):
+        return body.body
+    return []
+
+
+def statements_in(block: Iterable[cst.BaseStatement]) -> Iterator[cst.BaseStatement]:
+    """Every statement of a block, nested ones included, not into nested defs."""
+    for statement in block:
+        yield statement
+        if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+            continue
+        for inner in _blocks(statement):
+            yield from statements_in(inner)
+
+
+# -- the planner ----------------------------------------------------------------------------------
+class _Planner:
+    def __init__(self, source: SourceFile, program: ir.Program, core: ir.TowerCore) -> None:
+        self.source = source
+        self.program = program
+        self.core = core
+
+    def q(self, node: cst.BaseExpression) -> str | None:
+        name = self.source.qualify(node)
+        if name is not None and name.startswith("tensorflow.compat.v1."):
+            name = "tensorflow." + name[len("tensorflow.compat.v1.") :]
+        return name
+
+    def call_q(self, node: cst.CSTNode | None) -> str | None:
+        return self.q(node.func) if isinstance(node, cst.Call) else None
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.source.line(node)
+
+    def qualified_calls(self, node: cst.CSTNode) -> list[str]:
+        return [name for call in _calls(node) if (name := self.call_q(call)) is not None]
+
+    # -- finding the core's pieces ---------------------------------------------------------------
+    def plan(self) -> Plan:
+        core = self.core
+        if core.towers is None:
+            raise NotPlanned("no tower loop (Horovod's per-process step)")
+        if core.combination.kind not in (ir.CombineKind.AVERAGED, ir.CombineKind.SUMMED):
+            raise NotPlanned(f"combination {core.combination.kind.value}")
+        if core.update.kind is not ir.UpdateKind.APPLY_GRADIENTS:
+            raise NotPlanned(f"update by {core.update.kind.value}")
+        if core.towers.where.file != self.source.rel:
+            raise NotPlanned("the towers are in another module")
+        loop = self._loop(core.towers.where.line)
+        scope = self.source.enclosing_def(loop) or self.source.module
+        if isinstance(scope, cst.FunctionDef) and self.source.enclosing_class(loop) is not None:
+            raise NotPlanned("the towers are built in a method")
+        self.scope = scope
+        self.loop = loop
+        self.body = list(statements_in(_body(scope)))
+        index, enumerated = self._index(loop)
+        gradient = self._gradient(loop)
+        append, appended, tower_list = self._append(loop, gradient)
+        update, update_call = self._update(scope)
+        combination, combined = self._combination(tower_list, update)
+        between = self._between(combination, update)
+        plan = Plan(
+            source=self.source,
+            scope=scope,
+            loop=loop,
+            index=index,
+            enumerated=enumerated,
+            averaged=core.combination.kind is ir.CombineKind.AVERAGED,
+            gradient=gradient,
+            append=append,
+            appended=appended,
+            combined=combined,
+            update=update,
+            update_call=update_call,
+            between=between,
+            inputs=[],
+        )
+        self.plan_ = plan
+        plan.decide(loop, Decision(Action.TRAIN_STEP))
+        plan.decide(combination, Decision(Action.DROP, "the strategy combines the replicas"))
+        plan.decide(update, Decision(Action.UPDATE))
+        for statement in between:
+            plan.decide(statement, Decision(Action.UPDATE))
+        self._tower_list_init(tower_list)
+        self._phases()
+        return plan
+
+    def _loop(self, line: int) -> cst.For:
+        for node in tree.walk(self.source.module):
+            if isinstance(node, cst.For) and self.line(node) == line:
+                return node
+        raise NotPlanned("the tower loop is not a `for` statement")
+
+    def _index(self, loop: cst.For) -> tuple[str, tuple[str, cst.BaseExpression] | None]:
+        target = loop.target
+        if isinstance(target, cst.Name):
+            return target.value, None
+        call = loop.iter
+        if (
+            isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+            and all(isinstance(e.value, cst.Name) for e in target.elements)
+            and isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "enumerate"
+            and len(call.args) == 1
+        ):
+            first, second = (e.value for e in target.elements)
+            assert isinstance(first, cst.Name) and isinstance(second, cst.Name)
+            return first.value, (second.value, call.args[0].value)
+        raise NotPlanned("the tower loop's target is not an index or `i, x in enumerate(...)`")
+
+    def _gradient(self, loop: cst.For) -> Gradient:
+        found: list[tuple[cst.Call, cst.BaseStatement]] = []
+        for statement in statements_in(_body(loop)):
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for call in _calls(statement):
+                name = self.call_q(call)
+                if name == "tensorflow.gradients" or (
+                    name is None and method_name(call) == "compute_gradients"
+                ):
+                    found.append((call, statement))
+        if len(found) != 1:
+            raise NotPlanned(f"{len(found)} gradient calls in the tower loop (one is converted)")
+        call, statement = found[0]
+        pairs = self.call_q(call) != "tensorflow.gradients"
+        loss = get_arg(call, 0, "loss" if pairs else "ys")
+        if loss is None:
+            raise NotPlanned("the gradient call names no loss")
+        variables = get_arg(call, 1, "var_list" if pairs else "xs")
+        return Gradient(call, statement, loss, variables, pairs)
+
+    def _append(
+        self, loop: cst.For, gradient: Gradient
+    ) -> tuple[cst.SimpleStatementLine, cst.BaseExpression, str]:
+        """``tower_grads.append(grads)``: the statement, what it appends, the list's name."""
+        grads = _target_name(gradient.statement)
+        for statement in statements_in(_body(loop)):
+            value = _value(statement)
+            if (
+                isinstance(statement, cst.SimpleStatementLine)
+                and isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value == "append"
+                and isinstance(value.func.value, cst.Name)
+                and len(value.args) == 1
+            ):
+                appended = value.args[0].value
+                if appended is gradient.call or (
+                    isinstance(appended, cst.Name) and appended.value == grads
+                ):
+                    return statement, appended, value.func.value.value
+        raise NotPlanned("the towers' gradients are not appended to a list in the loop")
+
+    def _update(self, scope: cst.CSTNode) -> tuple[Statement, cst.Call]:
+        line = self.core.update.where.line
+        for statement in self.body:
+            if not isinstance(statement, cst.SimpleStatementLine) or self.line(statement) != line:
+                continue
+            value = _value(statement)
+            if isinstance(value, cst.Call) and method_name(value) == "apply_gradients":
+                holder: Statement = statement
+                parent = self.source.parent(statement)
+                block = self.source.parent(parent) if parent is not None else None
+                if (
+                    isinstance(block, cst.With)
+                    and len(_body(block)) == 1
+                    and all(
+                        self.call_q(item.item) == "tensorflow.control_dependencies"
+                        for item in block.items
+                    )
+                ):
+                    holder = block
+                return holder, value
+        raise NotPlanned("the update is not `x = opt.apply_gradients(...)` in the tower function")
+
+    def _combination(self, tower_list: str, update: Statement) -> tuple[Statement, str]:
+        after = False
+        for statement in self.body:
+            if statement is self.loop:
+                after = True
+                continue
+            if statement is update:
+                break
+            if after and isinstance(statement, cst.SimpleStatementLine):
+                if tower_list in free_names(statement) and (name := _target_name(statement)):
+                    return statement, name
+        raise NotPlanned(f"no statement after the loop combines `{tower_list}`")
+
+    def _between(self, combination: Statement, update: Statement) -> list[Statement]:
+        """Statements of the update's block, after the combination, whose values the update
+        reads (clipping the combined gradients): they move with the update."""
+        block = self.source.parent(update)
+        siblings = list(getattr(block, "body", ()))
+        if combination not in siblings or update not in siblings:
+            return []
+        between = siblings[siblings.index(combination) + 1 : siblings.index(update)]
+        needed = free_names(self.update_call_of(update))
+        found: list[Statement] = []
+        for statement in reversed(between):
+            if isinstance(statement, cst.SimpleStatementLine) and bound_names(statement) & needed:
+                found.insert(0, statement)
+                needed |= free_names(statement)
+        return found
+
+    def update_call_of(self, update: Statement) -> cst.CSTNode:
+        if isinstance(update, cst.With):
+            return _body(update)[0]
+        return update
+
+    def _tower_list_init(self, tower_list: str) -> None:
+        for statement in self.body:
+            value = _value(statement)
+            if (
+                _target_name(statement) == tower_list
+                and isinstance(value, cst.List)
+                and not value.elements
+            ):
+                self.plan_.decide(statement, Decision(Action.DROP, "the replicas keep their own"))
+
+    # -- phases ------------------------------------------------------------------------------------
+    def _phases(self) -> None:
+        """Decide every statement of the tower function, in order."""
+        plan = self.plan_
+        self.step_names: set[str] = set()  # names bound in the train step, before the replicas
+        self.gone: dict[str, Todo] = {}  # names whose definition went under a TODO
+        self.sessions: set[str] = set()
+        self.initializers: set[str] = set()
+        self.iterators: dict[str, cst.BaseExpression] = {}  # iterator -> dataset
+        self.batches: dict[str, str] = {}  # get_next result name -> iterator
+        self.updates: set[str] = set(_targets_names(plan.update))
+        self.schedules: set[str] = set()
+        self.feeds: dict[str, cst.Dict] = {}
+        loop_bound = bound_names(self.loop) - {plan.index}
+        self.tower_names = loop_bound
+        self.containers = self._tower_containers()
+        self._accumulators()
+        self.after_loop = False
+        combined_todo = Todo(
+            Leftover.TOWER_VALUE,
+            f"reads `{plan.combined}`, the combined gradients: each replica has its own now",
+        )
+        self.combined_names = {plan.combined}
+        self.combined_todo = combined_todo
+        self.input_lines = {
+            i.where.line
+            for i in self.program.inputs
+            if i.where.file == self.source.rel
+            and i.kind in (ir.InputKind.QUEUE, ir.InputKind.PREFETCH_QUEUE, ir.InputKind.PY_FUNC_SPLIT)
+        }
+        plan.input_lines = self.input_lines
+        self.savers: set[str] = set()
+        self._outer_wrapper(self.scope)
+        step_runs = self._step_runs()
+        if not step_runs:
+            raise NotPlanned("no Session.run of the update in the tower function")
+        self.step_runs = step_runs
+        for statement in self.body:
+            if statement is self.loop:
+                self.after_loop = True
+                for name in self.combined_names:
+                    self.gone.setdefault(name, self.combined_todo)
+                continue
+            if self._inside_decided(statement):
+                continue
+            self._decide(statement)
+        if not any(d.action is Action.STEP_RUN for d in plan.decisions.values()):
+            raise NotPlanned("the training step's Session.run could not be converted")
+
+    def _inside_decided(self, statement: cst.CSTNode) -> bool:
+        """Statements inside the loop, the update block or a statement already decided as a
+        whole (moved or commented out) are not decided again."""
+        for ancestor in self.source.ancestors(statement):
+            if ancestor is self.scope:
+                return False
+            decision = self.plan_.decision(ancestor)
+            if ancestor is self.loop or (
+                decision is not None
+                and decision.action not in (Action.KEEP, Action.UNWRAP, Action.SCOPE)
+            ):
+                return True
+        return False
+
+    def _outer_wrapper(self, scope: cst.CSTNode) -> None:
+        """`with tf.Graph().as_default(), tf.device('/cpu:0'):` around the loop: the outermost
+        becomes `strategy.scope()`, inner ones go."""
+        outer: cst.With | None = None
+        for ancestor in self.source.ancestors(self.loop):
+            if ancestor is scope:
+                break
+            if isinstance(ancestor, cst.With) and self._is_wrapper(ancestor):
+                if outer is not None:
+                    self.plan_.decide(outer, Decision(Action.UNWRAP))
+                outer = ancestor
+        if outer is not None:
+            self.plan_.decide(outer, Decision(Action.SCOPE))
+            self.plan_.wrapper = outer
+
+    def _is_wrapper(self, statement: cst.With) -> bool:
+        for item in statement.items:
+            node = item.item
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                if node.func.attr.value == "as_default":
+                    continue
+            name = self.call_q(node)
+            if name not in _WRAPPERS:
+                return False
+            if name == "tensorflow.variable_scope":
+                assert isinstance(node, cst.Call)
+                first = node.args[0].value if node.args else None
+                if not (
+                    isinstance(first, cst.Call)
+                    and self.call_q(first) == "tensorflow.get_variable_scope"
+                ):
+                    return False
+        return True
+
+    def _tower_containers(self) -> set[str]:
+        """Lists and dicts made before the loop that the towers fill: the train step makes them."""
+        filled: set[str] = set()
+        for statement in statements_in(_body(self.loop)):
+            for call in _calls(statement):
+                if (
+                    isinstance(call.func, cst.Attribute)
+                    and call.func.attr.value in ("append", "extend", "update")
+                    and isinstance(call.func.value, cst.Name)
+                ):
+                    filled.add(call.func.value.value)
+            small = _simple(statement)
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    node = target.target
+                    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name):
+                        filled.add(node.value.value)
+        return filled
+
+    def _accumulators(self) -> None:
+        """``total += loss`` in the towers, ``total`` made before the loop from a constant: the
+        replicas return their values and the train step sums them (the constant moves in)."""
+        plan = self.plan_
+        outside = {
+            name: statement
+            for statement in self.body
+            if statement is not self.loop and self.loop not in self.source.ancestors(statement)
+            and isinstance(statement, cst.SimpleStatementLine)
+            for name in bound_names(statement)
+        }
+        for statement in statements_in(_body(self.loop)):
+            small = _simple(statement)
+            if not (
+                isinstance(small, cst.AugAssign)
+                and isinstance(small.operator, cst.AddAssign)
+                and isinstance(small.target, cst.Name)
+                and small.target.value in outside
+            ):
+                continue
+            init = _value(outside[small.target.value])
+            if not isinstance(init, cst.Integer | cst.Float):
+                raise NotPlanned(f"`{small.target.value}` sums the towers' values into a non-constant")
+            assert isinstance(statement, cst.SimpleStatementLine)
+            plan.sums.append((small.target.value, small.value))
+            plan.accumulating.append(statement)
+            self.containers.add(small.target.value)
+
+    def _step_runs(self) -> list[cst.Call]:
+        """``Session.run`` calls of this function whose fetches name the update (or a
+        ``tf.group`` of it)."""
+        for statement in self.body:
+            value = _value(statement)
+            name = _target_name(statement)
+            if self.call_q(value) == "tensorflow.group" and name is not None:
+                assert isinstance(value, cst.Call)
+                if self._groups_update(value):
+                    self.updates.add(name)
+        runs = []
+        for statement in self.body:
+            if isinstance(statement, cst.SimpleStatementLine):
+                for call in _calls(statement):
+                    if method_name(call) == "run" and self._runs_update(call):
+                        runs.append(call)
+        return runs
+
+    def _runs_update(self, call: cst.Call) -> bool:
+        fetches = get_arg(call, 0, "fetches")
+        return fetches is not None and bool(free_names(fetches) & self.updates)
+
+    # -- one statement -----------------------------------------------------------------------------
+    def _decide(self, statement: cst.BaseStatement) -> None:
+        plan = self.plan_
+        if plan.decision(statement) is not None:
+            return
+        if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+            plan.decide(statement, Decision(Action.KEEP))
+            return
+        if isinstance(statement, cst.With):
+            self._with(statement)
+            return
+        if not isinstance(statement, cst.SimpleStatementLine):
+            self._compound(statement)
+            return
+        decision = self._simple_statement(statement)
+        plan.decide(statement, decision)
+        if decision.todo is not None and decision.todo.commented:
+            for name in bound_names(statement):
+                self.gone.setdefault(name, decision.todo)
+        if decision.action is Action.STEP:
+            plan.step_before.append(statement)
+            self.step_names |= bound_names(statement)
+        elif decision.action is Action.POST:
+            plan.step_after.append(statement)
+            self.step_names |= bound_names(statement)
+
+    def _with(self, statement: cst.With) -> None:
+        plan = self.plan_
+        if all(self.call_q(item.item) in _SESSIONS for item in statement.items):
+            for item in statement.items:
+                if item.asname is not None and isinstance(item.asname.name, cst.Name):
+                    self.sessions.add(item.asname.name.value)
+            plan.decide(statement, Decision(Action.UNWRAP, "the session goes"))
+            return
+        if self._is_wrapper(statement) and plan.decision(statement) is None:
+            plan.decide(statement, Decision(Action.UNWRAP))
+            return
+        self._compound(statement)
+
+    def _compound(self, statement: cst.BaseStatement) -> None:
+        """A for/while/if/try/with: its header is read like a statement; its body is decided
+        statement by statement (in ``_phases``' walk)."""
+        plan = self.plan_
+        header = _header(statement)
+        reads = set().union(*(free_names(node) for node in header)) if header else set()
+        gone = self._gone_reads(reads)
+        if gone is not None:
+            plan.decide(statement, Decision(Action.TODO, todo=gone))
+            for name in bound_names(statement):
+                self.gone.setdefault(name, gone)
+            return
+        plan.decide(statement, Decision(Action.KEEP))
+
+    def _gone_reads(self, reads: set[str]) -> Todo | None:
+        for name in sorted(reads):
+            if name in self.sessions:
+                return Todo(Leftover.SESSION, f"uses the TF1 session `{name}`")
+            if name in self.gone:
+                return Todo(Leftover.CASCADE, f"uses `{name}`, left under a TODO above")
+        return None
+
+    def _simple_statement(self, statement: cst.SimpleStatementLine) -> Decision:
+        value = _value(statement)
+        name = _target_name(statement)
+        called = self.call_q(value)
+        reads = free_names(statement) - bound_names(statement) if _simple(statement) else free_names(statement)
+        if isinstance(_simple(statement), cst.Assign):
+            reads = free_names(_value(statement) or statement) | _subscript_reads(statement)
+        # inputs
+        if called in _PLACEHOLDERS and name is not None and not self.after_loop:
+            self.plan_.inputs.append(name)
+            self.step_names.add(name)
+            return Decision(Action.DROP, "a train step parameter")
+        if isinstance(value, cst.Call) and method_name(value) == "get_next":
+            receiver = value.func.value if isinstance(value.func, cst.Attribute) else None
+            if isinstance(receiver, cst.Name) and receiver.value in self.iterators and name:
+                self.batches[name] = receiver.value
+                return Decision(Action.DROP, "a batch: next(iterator)")
+        if isinstance(value, cst.Call) and name is not None:
+            dataset = self._iterator_dataset(value)
+            if dataset is not None:
+                self.iterators[name] = dataset
+                return Decision(Action.ITERATOR, dataset=dataset)
+        # session and initializers
+        if called in _SESSIONS and name is not None:
+            self.sessions.add(name)
+            return Decision(Action.DROP, "TF2 runs eagerly: no session")
+        if called in _INITIALIZERS or (
+            called == "tensorflow.group" and value is not None and self._all_initializers(value)
+        ):
+            if name is not None:
+                self.initializers.add(name)
+            return Decision(Action.DROP, "variables are initialized when made")
+        if called in _QUEUE_PLUMBING:
+            if name is not None:
+                self.sessions.add(name)
+            return Decision(Action.DROP, "no queue runners in TF2")
+        if self._is_reuse(value):
+            return Decision(Action.DROP, "variables are made once")
+        if called == "tensorflow.get_collection" and self._update_ops(value):
+            if name is not None:
+                self.initializers.add(name)  # control_dependencies([]) reads it: dropped too
+            return Decision(Action.DROP, "batch-norm updates run where the layers run")
+        if called in _SCHEDULES and name is not None:
+            self.schedules.add(name)
+        session_call = self._session_call(statement)
+        if session_call is not None:
+            return self._session_statement(statement, session_call)
+        if self._session_method(statement):
+            return Decision(Action.DROP, "the session goes")
+        if called == "tensorflow.group" and value is not None and self._groups_update(value):
+            if name is not None:
+                self.updates.add(name)
+            return Decision(Action.DROP, "the update runs in the train step")
+        if self.line(statement) in self.input_lines:
+            return Decision(Action.TODO, todo=Todo(
+                Leftover.INPUT, "a TF1 queue input: feed the train step from a tf.data "
+                "pipeline that gives replica i what tower i dequeued", commented=False))
+        if called == "tensorflow.train.Saver" and name is not None:
+            self.savers.add(name)
+            return Decision(Action.CHECKPOINT)
+        saver_use = self._saver_use(statement)
+        if saver_use is not None:
+            return saver_use
+        # values for the train step
+        if isinstance(value, cst.Dict) and name is not None and self._is_feed(name):
+            self.feeds[name] = value
+            return Decision(Action.DROP, "the feed becomes the train step's arguments")
+        tf1 = self._tf1_only(statement)
+        if tf1 is not None:
+            return Decision(Action.TODO, todo=tf1)
+        gone = self._gone_reads(reads)
+        if gone is not None:
+            return Decision(Action.TODO, todo=gone)
+        if not self.after_loop:
+            if reads & self.step_names or (
+                name in self.containers and isinstance(value, cst.List | cst.Dict | cst.Integer | cst.Float)
+            ):
+                return Decision(Action.STEP)
+            return Decision(Action.KEEP)
+        if reads & (self.containers | self.step_names) and not reads & self._tower_only():
+            return Decision(Action.POST)
+        tower = reads & self._tower_only()
+        if tower:
+            first = sorted(tower)[0]
+            return Decision(
+                Action.TODO,
+                todo=Todo(
+                    Leftover.TOWER_VALUE,
+                    f"reads `{first}`, a value of the tower loop: it now lives in a replica",
+                ),
+            )
+        return Decision(Action.KEEP)
+
+    def _saver_use(self, statement: cst.SimpleStatementLine) -> Decision | None:
+        """``saver.save(sess, path[, global_step=n])`` / ``saver.restore(sess, path)``."""
+        for call in _calls(statement):
+            func = call.func
+            if not (
+                isinstance(func, cst.Attribute)
+                and isinstance(func.value, cst.Name)
+                and func.value.value in self.savers
+            ):
+                continue
+            if func.attr.value in ("save", "restore") and len(call.args) >= 2:
+                return Decision(Action.SAVER_CALL)
+            return Decision(
+                Action.TODO,
+                todo=Todo(Leftover.CHECKPOINT, f"`{func.attr.value}` of a tf.train.Saver"),
+            )
+        return None
+
+    def _tower_only(self) -> set[str]:
+        outside = set()
+        for statement in self.body:
+            if statement is self.loop or self.loop in self.source.ancestors(statement):
+                continue
+            if isinstance(statement, cst.SimpleStatementLine):
+                outside |= bound_names(statement)
+        return self.tower_names - outside
+
+    def _iterator_dataset(self, value: cst.Call) -> cst.BaseExpression | None:
+        called = self.call_q(value)
+        if called in _ONE_SHOT and value.args:
+            return value.args[0].value
+        if (
+            called is None
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in _ITERATOR_METHODS
+            and not value.args
+        ):
+            return value.func.value
+        return None
+
+    def _all_initializers(self, call: cst.Call) -> bool:
+        return bool(call.args) and all(
+            self.call_q(arg.value) in _INITIALIZERS
+            or (isinstance(arg.value, cst.Name) and arg.value.value in self.initializers)
+            for arg in call.args
+        )
+
+    def _is_reuse(self, value: cst.BaseExpression | None) -> bool:
+        return isinstance(value, cst.Call) and method_name(value) == "reuse_variables"
+
+    def _update_ops(self, call: cst.Call) -> bool:
+        first = call.args[0].value if call.args else None
+        return first is not None and (
+            self.q(first) == "tensorflow.GraphKeys.UPDATE_OPS"
+            or (isinstance(first, cst.SimpleString) and "update_ops" in first.value)
+        )
+
+    def _groups_update(self, call: cst.Call) -> bool:
+        names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
+        return bool(names & self.updates)
+
+    def _is_feed(self, name: str) -> bool:
+        for run in self.step_runs:
+            feed = get_arg(run, 1, "feed_dict")
+            if isinstance(feed, cst.Name) and feed.value == name:
+                return True
+        return False
+
+    def _tf1_only(self, statement: cst.SimpleStatementLine) -> Todo | None:
+        for called in self.qualified_calls(statement):
+            for prefix, kind, why in _TF1_ONLY:
+                if called == prefix or (prefix.endswith(".") and called.startswith(prefix)):
+                    return Todo(kind, why)
+        for call in _calls(statement):
+            if method_name(call) == "apply" and isinstance(call.func, cst.Attribute):
+                receiver = call.func.value
+                if isinstance(receiver, cst.Name) and receiver.value in self.gone:
+                    return Todo(Leftover.CASCADE, f"uses `{receiver.value}`, left under a TODO above")
+        return None
+
+    def _session_call(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
+        for call in _calls(statement):
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value == "run"
+                and isinstance(func.value, cst.Name)
+                and func.value.value in self.sessions
+            ):
+                return call
+        return None
+
+    def _session_method(self, statement: cst.SimpleStatementLine) -> bool:
+        value = _value(statement)
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+            return False
+        receiver = value.func.value
+        if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
+            # sess.graph.finalize()
+            return receiver.value.value in self.sessions and receiver.attr.value == "graph"
+        return (
+            isinstance(receiver, cst.Name)
+            and receiver.value in self.sessions
+            and value.func.attr.value in ("close", "request_stop", "join")
+        )
+
+    def _session_statement(self, statement: cst.SimpleStatementLine, run: cst.Call) -> Decision:
+        fetches = get_arg(run, 0, "fetches")
+        if fetches is None:
+            return Decision(Action.TODO, todo=Todo(Leftover.SESSION, "a Session.run"))
+        names = free_names(fetches)
+        if run in self.step_runs and _value(statement) is run:
+            return self._step_run(statement, run, fetches)
+        if names and names <= self.initializers or self.call_q(fetches) in _INITIALIZERS:
+            return Decision(Action.DROP, "variables are initialized when made")
+        if (
+            isinstance(fetches, cst.Attribute)
+            and fetches.attr.value == "initializer"
+            and isinstance(fetches.value, cst.Name)
+            and fetches.value.value in self.iterators
+            and _value(statement) is run
+        ):
+            iterator = fetches.value.value
+            return Decision(Action.ITERATOR, dataset=self.iterators[iterator], iterator=iterator)
+        if isinstance(fetches, cst.Name) and fetches.value in self.batches and _value(statement) is run:
+            return Decision(Action.NEXT, iterator=self.batches[fetches.value])
+        return Decision(
+            Action.TODO,
+            todo=Todo(Leftover.SESSION, "runs graph ops in the TF1 session: call them eagerly or "
+                      "in a tf.function"),
+        )  # fmt: skip
+
+    def _step_run(self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression) -> Decision:
+        plan = self.plan_
+        single = not isinstance(fetches, cst.List | cst.Tuple)
+        elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[union-attr]
+        values: list[cst.BaseExpression] = []
+        run_only: list[int] = []
+        tower_only = self._tower_only()
+        for position, element in enumerate(elements):
+            names = free_names(element)
+            if isinstance(element, cst.Name) and element.value in self.updates:
+                run_only.append(position)
+                continue
+            if names & tower_only:
+                for name in sorted(names & tower_only):
+                    if name not in plan.outputs:
+                        plan.outputs.append(name)
+            if isinstance(element, cst.Name) and element.value in self.schedules:
+                element = cst.Call(element)
+            values.append(element)
+        arguments = self._arguments(run)
+        if arguments is None:
+            raise NotPlanned("the training step's feed is not a dict of its placeholders")
+        targets = _targets(statement)
+        target = targets[0] if len(targets) == 1 else None
+        return Decision(
+            Action.STEP_RUN,
+            step_run=StepRun(tuple(values), tuple(run_only), tuple(arguments), target, single),
+        )
+
+    def _arguments(self, run: cst.Call) -> list[tuple[str, cst.BaseExpression]] | None:
+        feed = get_arg(run, 1, "feed_dict")
+        if isinstance(feed, cst.Name):
+            feed = self.feeds.get(feed.value)
+        given: dict[str, cst.BaseExpression] = {}
+        if isinstance(feed, cst.Dict):
+            for element in feed.elements:
+                if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.Name):
+                    return None
+                if element.key.value not in self.plan_.inputs:
+                    return None
+                given[element.key.value] = element.value
+        elif feed is not None:
+            return None
+        for batch, iterator in self.batches.items():
+            if batch in self._graph_reads():
+                if batch not in self.plan_.inputs:
+                    self.plan_.inputs.append(batch)
+                given[batch] = cst.Call(cst.Name("next"), [cst.Arg(cst.Name(iterator))])
+        if set(given) != set(self.plan_.inputs):
+            return None
+        return [(name, given[name]) for name in self.plan_.inputs]
+
+    def _graph_reads(self) -> set[str]:
+        reads: set[str] = set()
+        for statement in statements_in(_body(self.loop)):
+            reads |= free_names(statement)
+        for statement in self.plan_.step_before:
+            reads |= free_names(statement)
+        return reads
+
+
+def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
+    if isinstance(statement, cst.For):
+        return [statement.iter]
+    if isinstance(statement, cst.While | cst.If):
+        return [statement.test]
+    if isinstance(statement, cst.With):
+        return [item.item for item in statement.items]
+    return []
+
+
+def _targets_names(statement: cst.CSTNode) -> set[str]:
+    if isinstance(statement, cst.With):
+        body = _body(statement)
+        return _targets_names(body[0]) if body else set()
+    name = _target_name(statement)
+    return {name} if name else set()
+
+
+def _subscript_reads(statement: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+    for target in _targets(statement):
+        if isinstance(target, cst.Subscript | cst.Attribute):
+            found |= free_names(target)
+    return found
