@@ -359,20 +359,19 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
     record = RunRecord(side="migrated")
     devices: list[str] = []
     runner = None
+    multi_worker = ns.strategy == "multi-worker"
     try:
-        devices = configure_devices(tf, ns.replicas, ns.device)
+        # a worker's devices are the cluster's (TF_CONFIG; on cpu one per worker)
+        devices = [] if multi_worker else configure_devices(tf, ns.replicas, ns.device)
         tf.random.set_seed(ns.seed)
         tf.config.experimental.enable_op_determinism()
-        if ns.restore is not None or ns.roundtrip is not None:
+        if ns.restore is not None:
             raise SetupProblem(
-                "--roundtrip and convert-checkpoint's check need a program that defines "
-                f"{protocol.ENTRY_POINT}(); a program run as written supports neither yet"
+                "convert-checkpoint's check needs a program that defines "
+                f"{protocol.ENTRY_POINT}(); a program run as written does not support it yet"
             )
         mapping = json.loads(ns.mapping.read_text())
-        runner, ended = as_written.run(
-            tf, ns.script.resolve(), script_args, devices, ns.out, ns.steps, ns.init,
-            mapping, ns.wait, ns.replay_inputs,
-        )
+        runner, ended = _run_instrumented(tf, ns, script_args, devices, mapping)
         record = runner.record
         record.devices = runner.replicas
         if runner.problem is not None or isinstance(ended, as_written.Problem):
@@ -398,7 +397,12 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
         if record.status != ERROR and runner.started:
             runner.finish()
             (ns.out / RESOLVED_MAPPING).write_text(json.dumps(runner.mapping, indent=2))
-        if not runner.strategies:
+        if not runner.strategies and multi_worker and record.status != ERROR:
+            record.status = ERROR
+            record.message = (
+                "--workers: the program created no tf.distribute.MultiWorkerMirroredStrategy"
+            )
+        elif not runner.strategies and not multi_worker:
             record.notes.append(
                 "the program created no MirroredStrategy: it trained on one device"
             )
@@ -408,6 +412,33 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
         record.status, record.message = ERROR, f"verify's migrated runner failed: {exc!r}"
         record.traceback = traceback.format_exc()
     _finish(record, tf, devices, ns.out)
+
+
+def _run_instrumented(
+    tf: Any, ns: argparse.Namespace, script_args: list[str], devices: list[str],
+    mapping: dict[str, str],
+) -> tuple[as_written.AsWritten, BaseException | None]:
+    """The program as written under the runner its mode needs: one worker of a cluster
+    (--workers), one that also saves and continues for --roundtrip, or the plain one."""
+    script = ns.script.resolve()
+    args = (tf, devices, ns.out, ns.steps, ns.init, mapping, ns.wait, ns.replay_inputs)
+    if ns.strategy != "multi-worker" and ns.roundtrip is None:
+        return as_written.run(tf, script, script_args, *args[1:])
+    runner: as_written.AsWritten
+    if ns.strategy == "multi-worker":
+        from tfmigrate.verify.multi_worker_runtime import WorkerAsWritten
+
+        runner = WorkerAsWritten(*args)
+    else:
+        from tfmigrate.verify.roundtrip_boot import SavingRun
+
+        runner = SavingRun(*args, roundtrip=ns.roundtrip, replicas=ns.replicas, device=ns.device,
+                           seed=ns.seed, script_args=script_args)
+    if ns.replay_inputs is not None:
+        runner.record.notes.append(
+            "--replay-inputs: the migrated replicas trained on the legacy towers' batches; the "
+            "input pipeline itself was not compared")
+    return runner, as_written.run_program(tf, runner, script, script_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,9 +484,7 @@ def main(argv: list[str] | None = None) -> int:
 
     devices: list[str] = []
     stage = "setup"
-    if ns.strategy == "mirrored" and not as_written.defines_protocol(
-        ns.script, protocol.ENTRY_POINT
-    ):
+    if not as_written.defines_protocol(ns.script, protocol.ENTRY_POINT):
         return run_as_written(tf, ns, script_args)
     try:
         if ns.replay_inputs is not None:

@@ -4,10 +4,13 @@ Each worker is its own process (``migrated_boot --strategy multi-worker``) with 
 naming all W workers on loopback ports picked free just before the start. The legacy side runs
 as usual, with as many towers as the workers have replicas in all. Every process gets its own
 process group, and every group is killed when the run ends, however it ends: a worker that fails
-leaves the others blocked in a collective, so its failure ends the run at once; once one worker has
-finished well, the others get ``GRACE_SECONDS`` to finish too.
+leaves the others blocked in a collective, so its failure ends the workers at once (one that could
+not run, rather than crash, gives the others ``FAILED_GRACE_SECONDS`` to end by themselves; the
+legacy side finishes its run, so the report names the worker's problem); once one worker has finished
+well, the others get ``GRACE_SECONDS`` to finish too.
 
-The workers gather every replica's fetches and inputs (multi_worker_runtime.py), so each record
+A worker runs the program through ``tfmigrate_program`` when it defines it, else as written
+(multi_worker_runtime.WorkerAsWritten). The workers gather every replica's fetches and inputs (multi_worker_runtime.py), so each record
 describes the whole cluster; the chief's is compared with the legacy run, and every other worker's
 must agree with the chief's (``agreement_rows``).
 """
@@ -26,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from tfmigrate.verify import compare as cmp
-from tfmigrate.verify.record import INIT_NPZ, OK, RECORD_JSON, RunRecord, write_json_atomic
+from tfmigrate.verify.as_written import SOURCE_TARGET as DIFFERENTIATED
+from tfmigrate.verify.record import CRASHED, INIT_NPZ, OK, RECORD_JSON, RunRecord, write_json_atomic
 from tfmigrate.verify.sides import (
     LEGACY_ENV,
     MIGRATED_ENV,
@@ -40,6 +44,7 @@ from tfmigrate.verify.sides import (
 
 LOOPBACK = "127.0.0.1"
 GRACE_SECONDS = 30.0  # after one worker finished well, for the others to finish too
+FAILED_GRACE_SECONDS = 5.0  # after one worker could not run, for the others to end by themselves
 WORKERS_JSON = "workers.json"  # in the run's scratch folder: the ports and process ids used
 
 
@@ -139,8 +144,18 @@ def run_worker_sides(plan: RunPlan) -> WorkerRuns:
             ):
                 break  # the workers would wait forever for the initial variables
             ended = [i for i, w in enumerate(workers) if w.poll() is not None]
-            if any(not _finished_ok(work / f"worker-{i}" / "out") for i in ended):
-                break  # a worker failed: the others would wait for it in a collective
+            failed = [i for i in ended if not _finished_ok(work / f"worker-{i}" / "out")]
+            if failed:
+                # a worker failed: the others would wait for it in a collective. One that could
+                # not run (not crashed in user code) is usually not alone: the others get a moment
+                # to say so too. The legacy side finishes its run: the report names the problem.
+                if not _crashed(work / f"worker-{failed[0]}" / "out"):
+                    for w in workers:
+                        _wait_until(w, min(deadline, time.monotonic() + FAILED_GRACE_SECONDS))
+                for w in workers:
+                    kill_group(w)
+                _wait_until(legacy_proc, deadline)
+                break
             if first_end is None and ended:
                 first_end = now
             time.sleep(0.05)
@@ -172,6 +187,18 @@ def run_worker_sides(plan: RunPlan) -> WorkerRuns:
     return WorkerRuns(legacy, runs, ports)
 
 
+def _crashed(out: Path) -> bool:
+    return (out / RECORD_JSON).exists() and RunRecord.load(out).status == CRASHED
+
+
+def _wait_until(proc: subprocess.Popen | None, deadline: float) -> None:
+    if proc is not None:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def agreement_rows(
     chief: cmp.SideData, others: dict[str, cmp.SideData], tol: cmp.Tolerances, notes: list[str]
 ) -> list[cmp.Row]:
@@ -197,9 +224,8 @@ def agreement_rows(
         problems = []
         if [s.inputs for s in chief.record.steps] != [s.inputs for s in data.record.steps]:
             problems.append("its input fingerprints differ")
-        fetches = {(s.step, f.name): f.value for s in chief.record.steps for f in s.fetches}
-        theirs = {(s.step, f.name): f.value for s in data.record.steps for f in s.fetches}
-        if fetches.keys() != theirs.keys() or any(
+        fetches, theirs = _fetch_values(chief.record), _fetch_values(data.record)
+        if not fetches.keys() <= theirs.keys() or any(
             not tol.scalar_ok(step, fetches[step, name], theirs[step, name])
             for step, name in fetches
         ):
@@ -223,6 +249,24 @@ def agreement_rows(
             row.status, row.note = cmp.FAIL, "; ".join(problems[:3])
         rows.append(row)
     return rows
+
+
+def _fetch_values(record: RunRecord) -> dict[tuple[int, str], float]:
+    """Each step's fetched values as the worker recorded them. The chief's record has been
+    compared with the legacy run by then: a loss its step differentiates (a program run as
+    written) may carry the legacy name and scale (loss_scaling.py), so such values are keyed by
+    replica and order and divided back by their scale."""
+    values = {}
+    for step in record.steps:
+        order: dict[int | None, int] = {}
+        for f in step.fetches:
+            if f.source == DIFFERENTIATED:
+                index = order[f.tower] = order.get(f.tower, -1) + 1
+                key = f"{DIFFERENTIATED} {index} [{f.tower}]"
+            else:
+                key = f.name
+            values[step.step, key] = f.value / f.scale
+    return values
 
 
 def add_agreement(result: cmp.Comparison, rows: list[cmp.Row]) -> None:

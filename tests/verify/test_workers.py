@@ -73,7 +73,7 @@ def leftovers(report: Path) -> list[str]:
 
 
 def verify_workers(
-    migrated: Path, report: Path, cache: Path, *extra: str, legacy: Path = LEGACY
+    migrated: Path, report: Path, cache: Path, *extra: str, legacy: Path = LEGACY, steps: int = STEPS
 ) -> subprocess.CompletedProcess:
     """`verify --workers 2` of `migrated` against `legacy`; checks nothing is left running."""
     try:
@@ -83,7 +83,7 @@ def verify_workers(
             "--workers",
             "2",
             "--steps",
-            STEPS,
+            str(steps),
             "--timeout",
             "300",
             "--report",
@@ -154,6 +154,62 @@ def test_a_failing_worker_stops_the_cluster_and_is_named(tmp_path, legacy_cache)
     assert "the worker 1 script crashed: AssertionError: worker 1 lost its data" in result.stdout
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     assert "worker 1 lost its data" in data["sides"]["worker 1"]["traceback"]
+
+
+# -- programs run as written (no tfmigrate_program): each worker runs the main block ------------
+
+HANDWRITTEN = FIXTURES / "handwritten"
+TOWERS_LEGACY = HANDWRITTEN / "get_variable_towers" / "legacy.py"
+AS_WRITTEN = HANDWRITTEN / "multi_worker" / "train_tf2.py"
+AS_WRITTEN_STEPS = 6  # the steps test_as_written.py runs: the same legacy run, from the cache
+
+
+def hand_written(tmp_path: Path, old: str, new: str) -> Path:
+    text = AS_WRITTEN.read_text()
+    assert text.count(old) == 1, old
+    out = tmp_path / "train_tf2.py"
+    out.write_text(text.replace(old, new))
+    return out
+
+
+@pytest.mark.slow
+def test_hand_written_multi_worker_program_verifies_as_written(tmp_path, legacy_cache):
+    report = tmp_path / "report"
+    result = verify_workers(AS_WRITTEN, report, legacy_cache, legacy=TOWERS_LEGACY,
+                            steps=AS_WRITTEN_STEPS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "EQUIVALENT" in result.stdout
+    data = json.loads((report / "report.json").read_text())
+    rows = {row["quantity"]: row for row in data["rows"]}
+    # each worker recorded its own replica's loss; gathered, the chief's record has both towers'
+    for tower in (0, 1):
+        assert rows[f"loss (tower {tower})"]["status"] == "pass"
+        assert rows[f"loss (tower {tower})"]["steps_compared"] == AS_WRITTEN_STEPS
+    for name in ("hidden/weights", "hidden/biases", "logits/weights", "logits/biases"):
+        assert rows[name]["status"] == "pass"
+    assert rows["worker 1 agrees with the chief"]["status"] == "pass"
+    assert data["sides"]["migrated"]["devices"] == 2
+    assert not any("could not be fingerprinted" in note for note in data["notes"])
+
+
+@pytest.mark.slow
+def test_hand_written_loss_scaled_by_local_replicas_diverges(tmp_path, legacy_cache):
+    migrated = hand_written(tmp_path, "loss = tf.reduce_mean(per_example) / replicas",
+                            "loss = tf.reduce_mean(per_example) / len(strategy.extended.worker_devices)")
+    result = verify_workers(migrated, tmp_path / "report", legacy_cache, legacy=TOWERS_LEGACY,
+                            steps=AS_WRITTEN_STEPS)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "DIVERGED: first divergence at step 1" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_mirrored_strategy_program_is_not_a_multi_worker_program(tmp_path, legacy_cache):
+    mirrored = HANDWRITTEN / "get_variable_towers" / "train_tf2.py"
+    result = verify_workers(mirrored, tmp_path / "report", legacy_cache, legacy=TOWERS_LEGACY,
+                            steps=AS_WRITTEN_STEPS)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "creates a tf.distribute.MirroredStrategy" in result.stdout
+    assert "it is not a multi-worker program" in result.stdout
 
 
 def test_workers_need_one_replica_each_on_cpu(tmp_path):
