@@ -45,7 +45,7 @@ from tfmigrate.checkpoint.plan import (
 from tfmigrate.checkpoint.slots import is_v1_optimizer, spec_of, v1_optimizer_state
 from tfmigrate.verify import as_written
 from tfmigrate.verify.manifest import SAME_NAMES
-from tfmigrate.verify.migrated_boot import configure_devices
+from tfmigrate.verify.migrated_boot import configure_devices, tf_variable
 
 PROGRAM_SOURCE = "the program creates before its first training step"
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -228,7 +228,8 @@ def _optimizer_state(tf: Any, strategy: Any, runner: CheckpointCapture, mapping:
             notes.append(f"{len(kept)} tf.compat.v1.train optimizers: which variables each trains is "
                          "not known before the first step, their state is not converted")
         return {}, None, notes
-    trained = {legacy: (new, variables[new]) for legacy, new in mapping.items()
+    # a tf.compat.v1.train optimizer trains the tf.Variable inside a Keras 3 variable
+    trained = {legacy: (new, tf_variable(variables[new])) for legacy, new in mapping.items()
                if new in variables and getattr(variables[new], "trainable", False)}
     return v1_optimizer_state(tf, strategy, kept[0], trained), kept[0], notes
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, run_cli, run_harness
+from conftest import FIXTURES, rewritten, run_cli, run_harness
 
 TOWERS = FIXTURES / "handwritten" / "get_variable_towers"
 LEGACY_STEPS = 3
@@ -43,13 +44,12 @@ SAVING = "  print('saved', manager.save())\n"
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
 
 
-@pytest.fixture(scope="module")
-def legacy_checkpoint(tmp_path_factory) -> Path:
-    """The TF1 checkpoint prefix of the legacy program after LEGACY_STEPS steps on 2 towers."""
-    folder = tmp_path_factory.mktemp("legacy")
+def _save_legacy_checkpoint(script: Path, folder: Path) -> Path:
+    """The TF1 checkpoint prefix of a legacy program after LEGACY_STEPS steps on 2 towers."""
     prefix = folder / "ckpt" / f"model.ckpt-{LEGACY_STEPS}"
+    folder.mkdir(exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "tfmigrate.verify.legacy_boot", "--script", str(TOWERS / "legacy.py"),
+        [sys.executable, "-m", "tfmigrate.verify.legacy_boot", "--script", str(script),
          "--out", str(folder / "run"), "--towers", "2", "--steps", str(LEGACY_STEPS),
          "--save-checkpoint", str(prefix)],
         cwd=folder, env={**os.environ, **ENV, "TF_USE_LEGACY_KERAS": "1"},
@@ -58,6 +58,11 @@ def legacy_checkpoint(tmp_path_factory) -> Path:
     record = json.loads((folder / "run" / "record.json").read_text())
     assert record["status"] == "ok", (record, proc.stderr[-3000:])
     return prefix
+
+
+@pytest.fixture(scope="module")
+def legacy_checkpoint(tmp_path_factory) -> Path:
+    return _save_legacy_checkpoint(TOWERS / "legacy.py", tmp_path_factory.mktemp("legacy"))
 
 
 def _variant(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
@@ -188,6 +193,43 @@ def test_what_cannot_be_converted_writes_nothing(legacy_checkpoint, tmp_path):
     assert "makes no tf.train.Checkpoint" in results["no-checkpoint"].stdout
     crash = results["crash"].stdout
     assert "TypeError" in crash and "Classifier(3)" in crash  # the user's own traceback
+
+
+SAME_CHECKPOINTS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+a, b = (tf.train.load_checkpoint(p) for p in json.load(sys.stdin))
+keys = set(a.get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}
+assert keys == set(b.get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}
+print("RESULT " + json.dumps({k: bool(np.array_equal(a.get_tensor(k), b.get_tensor(k))) for k in keys}))
+"""
+
+
+@pytest.mark.slow
+def test_a_rewritten_program_without_its_protocol_converts_the_same(tmp_path):
+    """TFM303's output of cifar_average, its tfmigrate_program removed (main() does not use it):
+    run as written with its manifest, it gets the same checkpoint, Momentum slots included, as
+    through the protocol."""
+    made, result = rewritten(FIXTURES / "towers" / "cifar_average")
+    assert (made / "tfmigrate.json").exists(), result
+    protocol = made / "train.py"
+    text = protocol.read_text()
+    entry = text[text.index("def tfmigrate_program("): text.index("def train(")]
+    shutil.copytree(made, tmp_path / "as_written")
+    (tmp_path / "as_written" / "train.py").write_text(text.replace(entry, ""))
+    prefix = _save_legacy_checkpoint(FIXTURES / "towers" / "cifar_average" / "train.py",
+                                     tmp_path / "legacy")  # fmt: skip
+    results = _convert_all(prefix, {"protocol": (protocol,),
+                                    "as_written": (tmp_path / "as_written" / "train.py",)},
+                           tmp_path / "out")  # fmt: skip
+    for result in results.values():
+        assert result.returncode == 0, result
+        assert "(7 variables, 6 optimizer state variables)" in result.stdout
+    assert "it makes no CheckpointManager" in results["as_written"].stdout
+    same = run_harness(SAME_CHECKPOINTS, [str(tmp_path / "out" / n / f"ckpt-{LEGACY_STEPS}")
+                                          for n in ("protocol", "as_written")])  # fmt: skip
+    assert len(same) == 14 and all(same.values()), same  # 7 variables, 6 slots, save_counter
 
 
 def test_check_needs_the_protocol_and_says_so(tmp_path):
