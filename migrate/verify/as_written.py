@@ -21,7 +21,8 @@ working directory). verify instruments TensorFlow from outside:
 - start: the legacy initial values are assigned when the first step is traced (under
   ``init_scope``, so the assignment runs eagerly before the traced step ever executes) or, for an
   eager program, when its first GradientTape opens;
-- stop: after K steps a private BaseException unwinds the program's loop.
+- stop: after K steps a private BaseException unwinds the program's loop (with
+  ``stop_before_training``, convert-checkpoint's, where the first step is about to execute).
 """
 
 from __future__ import annotations
