@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfmigrate.rule import RuleContext
-from tfmigrate.rules._device_config import DeviceConfig
-
 from tfmigrate.convert import ir
 from tfmigrate.convert.emit import Emitted, emit
 from tfmigrate.convert.plan import NotPlanned, plan_core
@@ -21,6 +18,8 @@ from tfmigrate.convert.recognize import (
     read_program,
     reading,
 )
+from tfmigrate.rule import RuleContext
+from tfmigrate.rules._device_config import DeviceConfig
 
 __all__ = ["ProgramReading", "Project", "convert_module", "ir", "read_project"]
 
@@ -110,6 +109,9 @@ def _module_name(path: Path) -> str:
 def convert_module(context: RuleContext) -> tuple[Emitted, ir.Program] | str:
     """The staged conversion of the tower program in the file ``context`` holds: read (with the
     repo modules it imports, from disk), plan, emit. A string says why it was not converted."""
+    unsupported = _unsupported_options(context.options)
+    if unsupported:
+        return unsupported
     path = Path(str(context.path))
     project = Project.for_path(path)
     source = project.adopt(path, _device_settings_first(context))
@@ -149,3 +151,15 @@ def _device_settings_first(context: RuleContext) -> RuleContext:
         block, replacement = config.rewrite(fixable[0])
         module = module.deep_replace(block, replacement)  # type: ignore[assignment]
     return RuleContext(context.path, context.resolver, module, context.options)
+
+
+def _unsupported_options(options: dict[str, object]) -> str | None:
+    """Conversion options the staged converter does not implement yet: refused, never
+    silently ignored."""
+    if options.get("batch-norm") == "sync":
+        return "--batch-norm sync needs the model as Keras layers"
+    if options.get("jit") in ("on", True):
+        return "--jit is not supported for TF1 model code kept on tf.compat.v1"
+    if options.get("strategy") == "multi-worker":
+        return "--strategy multi-worker is not supported here yet"
+    return None

@@ -48,10 +48,9 @@ class TF1Variables(tf.Module):
         return tf.compat.v1.variable_scope("", custom_getter=self.getter)
 '''
 
-_RESERVED = frozenset(
-    {"strategy", "tf1_variables", "train_step", "replica_step", "outputs", "tape", "variables",
-     "replica_loss", "TF1Variables"}
-)  # fmt: skip
+_REPLICA_NAMES = frozenset({"tape", "variables", "replica_loss"})
+_STEP_NAMES = frozenset({"replica_step", "outputs"})
+_SCOPE_NAMES = frozenset({"strategy", "tf1_variables", "train_step", "TF1Variables"})
 _TODO_NAME = "__tfmigrate_todo__"
 _OUT_OF_RANGE = ("tensorflow.errors.OutOfRangeError", "tensorflow.compat.v1.errors.OutOfRangeError")
 _TRAINABLES = ("tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables")
@@ -66,7 +65,7 @@ class Emitted:
 
 def emit(plan: Plan) -> Emitted:
     module = plan.source.module
-    clash = _RESERVED & _bound_anywhere(plan.scope)
+    clash = _clashes(plan)
     if clash:
         from tfmigrate.convert.plan import NotPlanned
 
@@ -79,6 +78,8 @@ def emit(plan: Plan) -> Emitted:
         module = module.visit(writer)
     assert isinstance(module, cst.Module)
     module = _with_store(module)
+    marker = _MarkCollections(plan, writer)
+    module = module.visit(marker)
     if plan.wrapper is None:
         module = module.visit(_StrategyFirst(plan, writer))
     module = module.visit(_Commented())
@@ -86,21 +87,22 @@ def emit(plan: Plan) -> Emitted:
     return Emitted(module, writer.todos, notes)
 
 
-def _bound_anywhere(node: cst.CSTNode) -> set[str]:
+def _clashes(plan: Plan) -> set[str]:
+    """New names that would clash: the replica function's with the tower loop's names, the
+    train step's with what the loop reads from outside, the tower function's with its own."""
     from tfmigrate.rules._towers import bound_names
 
-    return bound_names(node) | {n.value for n in _all_names(node)}
-
-
-def _all_names(node: cst.CSTNode) -> list[cst.Name]:
-    found = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Name):
-            found.append(current)
-        stack.extend(current.children)
-    return found
+    scope = plan.scope
+    in_loop = bound_names(plan.loop) | free_names(plan.loop)
+    from_outside = free_names(plan.loop) - bound_names(plan.loop)
+    in_scope = bound_names(scope) - bound_names(plan.loop) | from_outside
+    if isinstance(scope, cst.FunctionDef):
+        in_scope |= {p.name.value for p in scope.params.params}
+    return (
+        (_REPLICA_NAMES & in_loop)
+        | (_STEP_NAMES & (from_outside | in_scope))
+        | (_SCOPE_NAMES & (in_scope | in_loop))
+    )
 
 
 # -- pieces of new code ---------------------------------------------------------------------------
@@ -124,7 +126,9 @@ def _with_store(module: cst.Module) -> cst.Module:
     for position, statement in enumerate(body):
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         if isinstance(small, cst.Import | cst.ImportFrom) or (
-            position == 0 and isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString)
+            position == 0
+            and isinstance(small, cst.Expr)
+            and isinstance(small.value, cst.SimpleString)
         ):
             at = position + 1
         elif at:
@@ -137,12 +141,15 @@ def _with_store(module: cst.Module) -> cst.Module:
 def _commented(node: cst.CSTNode, todo: Todo, module: cst.Module) -> cst.SimpleStatementLine:
     """A placeholder statement the block pass turns into the TODO and the code commented out."""
     code = module.code_for_node(node.with_changes(leading_lines=()))  # type: ignore[call-arg]
-    lines = [todo.marker()] + ["# " + line if line.strip() else "#" for line in code.rstrip("\n").splitlines()]
+    lines = [todo.marker()] + [
+        "# " + line if line.strip() else "#" for line in code.rstrip("\n").splitlines()
+    ]
     return cst.SimpleStatementLine(
         body=[cst.Expr(cst.Name(_TODO_NAME))],
-        leading_lines=[*getattr(node, "leading_lines", ()), *[
-            cst.EmptyLine(comment=cst.Comment(_strip_indent(line))) for line in lines
-        ]],
+        leading_lines=[
+            *getattr(node, "leading_lines", ()),
+            *[cst.EmptyLine(comment=cst.Comment(_strip_indent(line))) for line in lines],
+        ],
     )
 
 
@@ -155,13 +162,17 @@ def _trailing(statement: cst.BaseStatement, todo: Todo) -> cst.BaseStatement:
     comment = cst.Comment(todo.marker())
     if isinstance(statement, cst.SimpleStatementLine):
         return statement.with_changes(
-            trailing_whitespace=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)
+            trailing_whitespace=cst.TrailingWhitespace(
+                whitespace=cst.SimpleWhitespace("  "), comment=comment
+            )
         )
     body = getattr(statement, "body", None)
     if isinstance(body, cst.IndentedBlock):
         return statement.with_changes(  # type: ignore[return-value]
             body=body.with_changes(
-                header=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)
+                header=cst.TrailingWhitespace(
+                    whitespace=cst.SimpleWhitespace("  "), comment=comment
+                )
             )
         )
     return statement
@@ -204,6 +215,43 @@ def _is_placeholder(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0].value, cst.Name)
         and statement.body[0].value.value == _TODO_NAME
     )
+
+
+class _MarkCollections(cst.CSTTransformer):
+    """Graph collections in the functions the towers call (outside the tower function): they
+    still work inside the train step's graph, so the code stays, marked."""
+
+    _NAMES = ("tensorflow.get_collection", "tensorflow.add_to_collection",
+              "tensorflow.compat.v1.get_collection", "tensorflow.compat.v1.add_to_collection")  # fmt: skip
+
+    def __init__(self, plan: Plan, writer: _Writer) -> None:
+        self.plan = plan
+        self.writer = writer
+        self.depth = 0
+
+    def visit_FunctionDef(self, node):
+        self.depth += 1
+        return True
+
+    def leave_FunctionDef(self, original_node, updated_node):
+        self.depth -= 1
+        return updated_node
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if not self.depth or _is_placeholder(updated_node):
+            return updated_node
+        if updated_node.trailing_whitespace.comment is not None:
+            return updated_node
+        qualify = self.plan.source.qualify
+        if not any(qualify(call.func) in self._NAMES for call in _calls(updated_node)):
+            return updated_node
+        todo = Todo(
+            Leftover.GRAPH,
+            "a graph collection: it now lives in the train step's graph; return the values instead",
+            commented=False,
+        )
+        self.writer.todos.append(todo)
+        return _trailing(updated_node, todo)
 
 
 class _Replace(cst.CSTTransformer):
@@ -291,9 +339,7 @@ class _Writer(cst.CSTTransformer):
                 return _commented(original_node, decision.todo, self.module)
             return _trailing(updated_node, decision.todo)
         if action is Action.UNWRAP:
-            return cst.FlattenSentinel(
-                _dedented_body(updated_node, original_node)
-            )
+            return cst.FlattenSentinel(_dedented_body(updated_node, original_node))
         if action is Action.SCOPE:
             scoped = updated_node.with_changes(
                 items=[cst.WithItem(cst.parse_expression("strategy.scope()"))]
@@ -347,16 +393,19 @@ class _Writer(cst.CSTTransformer):
         assert decision.dataset is not None
         targets = _targets(original_node)
         name = targets[0] if targets else cst.Name(decision.iterator or "iterator")
-        return _statement("{name} = iter({dataset})", name=name, dataset=decision.dataset).with_changes(
-            leading_lines=original_node.leading_lines
-        )
+        return _statement(
+            "{name} = iter({dataset})", name=name, dataset=decision.dataset
+        ).with_changes(leading_lines=original_node.leading_lines)
 
     def _step_call(self, updated_node, decision):
         run = decision.step_run
         assert run is not None
         call = cst.Call(
             cst.Name("train_step"),
-            [cst.Arg(value, keyword=cst.Name(name), equal=_equal()) for name, value in run.arguments],
+            [
+                cst.Arg(value, keyword=cst.Name(name), equal=_equal())
+                for name, value in run.arguments
+            ],
         )
         target = run.target
         if not run.values:
@@ -364,19 +413,20 @@ class _Writer(cst.CSTTransformer):
         if target is None:
             return updated_node.with_changes(body=[cst.Expr(call)])
         if not run.single and isinstance(target, cst.Tuple | cst.List):
-            kept = [
-                e for position, e in enumerate(target.elements) if position not in run.run_only
-            ]
+            kept = [e for position, e in enumerate(target.elements) if position not in run.run_only]
             self.return_nones = [
                 position
                 for position, e in enumerate(target.elements)
-                if position in run.run_only and not (isinstance(e.value, cst.Name) and e.value.value == "_")
+                if position in run.run_only
+                and not (isinstance(e.value, cst.Name) and e.value.value == "_")
             ]
             if self.return_nones:
                 kept = list(target.elements)
             kept = [e.with_changes(comma=cst.MaybeSentinel.DEFAULT) for e in kept]
             new_target: cst.BaseAssignTargetExpression = (
-                kept[0].value if len(kept) == 1 and not self.return_nones else target.with_changes(elements=kept)
+                kept[0].value
+                if len(kept) == 1 and not self.return_nones
+                else target.with_changes(elements=kept)
             )
         else:
             new_target = target
@@ -391,7 +441,9 @@ class _Writer(cst.CSTTransformer):
         replica = _Replica(plan, self).body()
         returned = [cst.Name(name) for name in plan.outputs] + [e for _, e in plan.sums]
         if returned:
-            value = returned[0] if len(returned) == 1 else cst.Tuple([cst.Element(e) for e in returned])
+            value = (
+                returned[0] if len(returned) == 1 else cst.Tuple([cst.Element(e) for e in returned])
+            )
             replica.append(cst.SimpleStatementLine([cst.Return(value)]))
         replica_def = cst.FunctionDef(
             name=cst.Name("replica_step"),
@@ -400,7 +452,8 @@ class _Writer(cst.CSTTransformer):
             leading_lines=[],
         )
         step: list[cst.BaseStatement] = [
-            s.visit(_Expressions(plan)) for s in plan.step_before  # type: ignore[misc]
+            s.visit(_Expressions(plan))
+            for s in plan.step_before  # type: ignore[misc]
         ]
         step.append(replica_def)
         if not returned:
@@ -409,7 +462,11 @@ class _Writer(cst.CSTTransformer):
             step.append(_statement("outputs = strategy.run(replica_step)"))
         for position, name in enumerate([*plan.outputs, *(n for n, _ in plan.sums)]):
             value = "outputs" if len(returned) == 1 else f"outputs[{position}]"
-            if position < len(plan.outputs):
+            if position < len(plan.outputs) and name in plan.first_tower:
+                tower = plan.first_tower[name]
+                line = f"{name} = strategy.experimental_local_results({value})[{tower}]"
+                comment = f"# The loop read tower {tower}'s value (every replica computes it now)."
+            elif position < len(plan.outputs):
                 line = f"{name} = strategy.experimental_local_results({value})[-1]"
                 comment = "# The loop read the last tower's value."
             else:
@@ -467,8 +524,13 @@ class _SaverCall(cst.CSTTransformer):
         if not isinstance(func, cst.Attribute) or func.attr.value not in ("save", "restore"):
             return updated_node
         args = [a for a in updated_node.args[1:]]
-        path = next((a.value for a in args if a.keyword is None or a.keyword.value == "save_path"), None)
-        step = next((a.value for a in args if a.keyword is not None and a.keyword.value == "global_step"), None)
+        path = next(
+            (a.value for a in args if a.keyword is None or a.keyword.value == "save_path"), None
+        )
+        step = next(
+            (a.value for a in args if a.keyword is not None and a.keyword.value == "global_step"),
+            None,
+        )
         if path is None:
             return updated_node
         if func.attr.value == "restore":
@@ -549,8 +611,12 @@ class _Replica:
             name, items = plan.enumerated
             if name in free_names(plan.loop.body):
                 statements.append(
-                    _statement("{name} = {items}[{index}]", name=cst.Name(name), items=items,
-                               index=cst.Name(plan.index))
+                    _statement(
+                        "{name} = {items}[{index}]",
+                        name=cst.Name(name),
+                        items=items,
+                        index=cst.Name(plan.index),
+                    )
                 )
         body = self._block(list(_body(plan.loop)), top=True)
         if not self.getter_placed:
@@ -562,7 +628,9 @@ class _Replica:
             ]
         return statements + body
 
-    def _block(self, statements: list[cst.BaseStatement], top: bool = False) -> list[cst.BaseStatement]:
+    def _block(
+        self, statements: list[cst.BaseStatement], top: bool = False
+    ) -> list[cst.BaseStatement]:
         """One block of the tower body. The tape starts in the innermost block on the way to
         the gradient call that has statements (the forward pass) before it."""
         plan = self.plan
@@ -687,7 +755,9 @@ class _Replica:
         out: list[cst.BaseStatement] = []
         for statement in plan.between:
             if isinstance(grads, cst.Name) and grads.value != plan.combined and not out:
-                out.append(_statement("{name} = {value}", name=cst.Name(plan.combined), value=grads))
+                out.append(
+                    _statement("{name} = {value}", name=cst.Name(plan.combined), value=grads)
+                )
                 grads = cst.Name(plan.combined)
             todo = Todo(
                 Leftover.PER_REPLICA,
@@ -719,7 +789,12 @@ class _Replica:
             )
             self.writer.todos.append(todo)
             return [_trailing(statement, todo)]
-        value = statement.body[0].value if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr | cst.Assign) else None  # type: ignore[union-attr]
+        value = (
+            statement.body[0].value
+            if isinstance(statement, cst.SimpleStatementLine)
+            and isinstance(statement.body[0], cst.Expr | cst.Assign)
+            else None
+        )  # type: ignore[union-attr]
         if isinstance(value, cst.Call) and method_name(value) == "reuse_variables":
             return []
         if isinstance(statement, cst.SimpleStatementLine):
@@ -731,14 +806,41 @@ class _Replica:
                     if first is not None and "UPDATE_OPS" in self.module.code_for_node(first):
                         self.gone.update(_names_of(statement))
                         return []
-                    return self._todo(statement, Todo(Leftover.GRAPH, "graph collections do not exist in TF2"))
-                if name is not None and name.replace("compat.v1.", "").startswith("tensorflow.summary."):
-                    return self._todo(statement, Todo(Leftover.SUMMARY, "TF1 summaries are ops run by a session: write them with tf.summary in the train step"))
+                    return self._todo(
+                        statement, Todo(Leftover.GRAPH, "graph collections do not exist in TF2")
+                    )
+                if name is not None and name.replace("compat.v1.", "").startswith(
+                    "tensorflow.summary."
+                ):
+                    return self._todo(
+                        statement,
+                        Todo(
+                            Leftover.SUMMARY,
+                            "TF1 summaries are ops run by a session: write them with tf.summary in the train step",
+                        ),
+                    )
             if free_names(statement) & self.gone:
-                return self._todo(statement, Todo(Leftover.CASCADE, f"uses `{sorted(free_names(statement) & self.gone)[0]}`, left under a TODO above"))
+                return self._todo(
+                    statement,
+                    Todo(
+                        Leftover.CASCADE,
+                        f"uses `{sorted(free_names(statement) & self.gone)[0]}`, left under a TODO above",
+                    ),
+                )
             return [statement.visit(_Expressions(plan))]  # type: ignore[list-item]
         if isinstance(statement, cst.With):
             return self._with(statement)
+        if isinstance(statement, cst.If) and id(statement) in plan.hoisted:
+            body = (
+                self._block(list(statement.body.body))
+                if isinstance(statement.body, cst.IndentedBlock)
+                else []
+            )
+            if body:
+                body[0] = body[0].with_changes(
+                    leading_lines=[*statement.leading_lines, *body[0].leading_lines]
+                )
+            return body
         if isinstance(statement, cst.If | cst.For | cst.While | cst.Try):
             return [self._compound(statement)]
         return [statement]
@@ -755,21 +857,41 @@ class _Replica:
             name = plan.source.qualify(item.item.func) if isinstance(item.item, cst.Call) else None
             if name in ("tensorflow.device", "tensorflow.compat.v1.device"):
                 if not self.getter_placed:
-                    items.append(item.with_changes(item=cst.parse_expression("tf1_variables.scope()"), asname=None))
+                    items.append(
+                        item.with_changes(
+                            item=cst.parse_expression("tf1_variables.scope()"), asname=None
+                        )
+                    )
                     self.getter_placed = True
                 continue
-            if name in ("tensorflow.control_dependencies", "tensorflow.compat.v1.control_dependencies"):
+            if name in (
+                "tensorflow.control_dependencies",
+                "tensorflow.compat.v1.control_dependencies",
+            ):
                 reads = free_names(item.item)
                 if reads & self.gone:
                     continue
             items.append(item)
-        body = self._block(list(statement.body.body)) if isinstance(statement.body, cst.IndentedBlock) else []
+        body = (
+            self._block(list(statement.body.body))
+            if isinstance(statement.body, cst.IndentedBlock)
+            else []
+        )
         if not items:
             if body:
-                body[0] = body[0].with_changes(leading_lines=[*statement.leading_lines, *body[0].leading_lines])
+                body[0] = body[0].with_changes(
+                    leading_lines=[*statement.leading_lines, *body[0].leading_lines]
+                )
             return body
         items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return [statement.with_changes(items=items, body=statement.body.with_changes(body=body or [cst.SimpleStatementLine([cst.Pass()])]))]
+        return [
+            statement.with_changes(
+                items=items,
+                body=statement.body.with_changes(
+                    body=body or [cst.SimpleStatementLine([cst.Pass()])]
+                ),
+            )
+        ]
 
     def _compound(self, statement: cst.BaseStatement) -> cst.BaseStatement:
         plan = self.plan
@@ -786,7 +908,9 @@ class _Replica:
                 inner.depth -= 1
                 if inner.depth == 0:
                     body = self._block(list(original_node.body))
-                    return updated_node.with_changes(body=body or [cst.SimpleStatementLine([cst.Pass()])])
+                    return updated_node.with_changes(
+                        body=body or [cst.SimpleStatementLine([cst.Pass()])]
+                    )
                 return updated_node
 
         del plan

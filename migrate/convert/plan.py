@@ -37,7 +37,9 @@ _INITIALIZERS = frozenset(
     }
 )
 _SESSIONS = frozenset({"tensorflow.Session", "tensorflow.InteractiveSession"})
-_QUEUE_PLUMBING = frozenset({"tensorflow.train.Coordinator", "tensorflow.train.start_queue_runners"})
+_QUEUE_PLUMBING = frozenset(
+    {"tensorflow.train.Coordinator", "tensorflow.train.start_queue_runners"}
+)
 _ONE_SHOT = frozenset(
     {"tensorflow.data.make_one_shot_iterator", "tensorflow.data.make_initializable_iterator"}
 )
@@ -62,6 +64,12 @@ _TF1_ONLY = (
     ("tensorflow.train.ExponentialMovingAverage", Leftover.GRAPH, "the EMA's apply op ran in "
      "every step: apply it inside the train step"),
     ("tensorflow.Print", Leftover.GRAPH, "tf.Print is gone: use tf.print"),
+    ("tensorflow.moving_average_variables", Leftover.GRAPH, "graph collections do not exist in TF2"),
+    ("tensorflow.global_variables", Leftover.GRAPH, "graph collections do not exist in TF2: "
+     "the model's variables are tf1_variables.variables"),
+    ("tensorflow.local_variables", Leftover.GRAPH, "graph collections do not exist in TF2"),
+    ("tensorflow.model_variables", Leftover.GRAPH, "graph collections do not exist in TF2"),
+    ("tensorflow.all_variables", Leftover.GRAPH, "graph collections do not exist in TF2"),
 )  # fmt: skip
 
 
@@ -133,6 +141,10 @@ class Plan:
     step_before: list[Statement] = field(default_factory=list)
     step_after: list[Statement] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # tower names the replicas return
+    # outputs the legacy bound under `if i == K:` (tower K only): name -> K; those ifs run on
+    # every replica now (their ids), and tower K's value is read
+    first_tower: dict[str, int] = field(default_factory=dict)
+    hoisted: set[int] = field(default_factory=set)
     # `total += tower_value` in the towers: (total, tower_value), summed over the replicas
     sums: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
     accumulating: list[cst.SimpleStatementLine] = field(default_factory=list)
@@ -222,7 +234,9 @@ def _blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
     return found
 
 
-def _body(node: cst.FunctionDef | cst.Module | cst.BaseCompoundStatement) -> Sequence[cst.BaseStatement]:
+def _body(
+    node: cst.FunctionDef | cst.Module | cst.BaseCompoundStatement,
+) -> Sequence[cst.BaseStatement]:
     if isinstance(node, cst.Module):
         return node.body  # type: ignore[return-value]
     body = node.body
@@ -465,6 +479,7 @@ class _Planner:
         self.containers = self._tower_containers()
         self._accumulators()
         self.after_loop = False
+        self.loop_blocks = {id(a) for a in self.source.ancestors(self.loop)}
         combined_todo = Todo(
             Leftover.TOWER_VALUE,
             f"reads `{plan.combined}`, the combined gradients: each replica has its own now",
@@ -475,7 +490,8 @@ class _Planner:
             i.where.line
             for i in self.program.inputs
             if i.where.file == self.source.rel
-            and i.kind in (ir.InputKind.QUEUE, ir.InputKind.PREFETCH_QUEUE, ir.InputKind.PY_FUNC_SPLIT)
+            and i.kind
+            in (ir.InputKind.QUEUE, ir.InputKind.PREFETCH_QUEUE, ir.InputKind.PY_FUNC_SPLIT)
         }
         plan.input_lines = self.input_lines
         self.savers: set[str] = set()
@@ -495,6 +511,36 @@ class _Planner:
             self._decide(statement)
         if not any(d.action is Action.STEP_RUN for d in plan.decisions.values()):
             raise NotPlanned("the training step's Session.run could not be converted")
+        self._fold_commented()
+
+    def _fold_commented(self) -> None:
+        """A kept for/while/if/with whose every statement went under a TODO goes under the
+        first one's TODO as a whole."""
+        plan = self.plan_
+        for statement in reversed(self.body):
+            decision = plan.decision(statement)
+            if decision is None or decision.action is not Action.KEEP:
+                continue
+            if not isinstance(statement, cst.For | cst.While | cst.If | cst.With):
+                continue
+            if isinstance(statement, cst.If) and statement.orelse is not None:
+                continue
+            if isinstance(statement, cst.For | cst.While) and statement.orelse is not None:
+                continue
+            children = list(_body(statement))
+            todos = [plan.decision(child) for child in children]
+            if children and all(
+                d is not None
+                and d.action is Action.TODO
+                and d.todo is not None
+                and d.todo.commented
+                for d in todos
+            ):
+                first = todos[0]
+                assert first is not None
+                plan.decide(statement, Decision(Action.TODO, todo=first.todo))
+                for child in children:
+                    plan.decisions.pop(id(child), None)
 
     def _inside_decided(self, statement: cst.CSTNode) -> bool:
         """Statements inside the loop, the update block or a statement already decided as a
@@ -570,7 +616,8 @@ class _Planner:
         outside = {
             name: statement
             for statement in self.body
-            if statement is not self.loop and self.loop not in self.source.ancestors(statement)
+            if statement is not self.loop
+            and self.loop not in self.source.ancestors(statement)
             and isinstance(statement, cst.SimpleStatementLine)
             for name in bound_names(statement)
         }
@@ -585,7 +632,9 @@ class _Planner:
                 continue
             init = _value(outside[small.target.value])
             if not isinstance(init, cst.Integer | cst.Float):
-                raise NotPlanned(f"`{small.target.value}` sums the towers' values into a non-constant")
+                raise NotPlanned(
+                    f"`{small.target.value}` sums the towers' values into a non-constant"
+                )
             assert isinstance(statement, cst.SimpleStatementLine)
             plan.sums.append((small.target.value, small.value))
             plan.accumulating.append(statement)
@@ -607,6 +656,9 @@ class _Planner:
                 for call in _calls(statement):
                     if method_name(call) == "run" and self._runs_update(call):
                         runs.append(call)
+        self.fetched: set[str] = set()
+        for run in runs:
+            self.fetched |= free_names(get_arg(run, 0, "fetches") or run)
         return runs
 
     def _runs_update(self, call: cst.Call) -> bool:
@@ -650,6 +702,15 @@ class _Planner:
         if self._is_wrapper(statement) and plan.decision(statement) is None:
             plan.decide(statement, Decision(Action.UNWRAP))
             return
+        if all(
+            self.call_q(item.item) == "tensorflow.control_dependencies"
+            and free_names(item.item) <= self.initializers | self.updates
+            for item in statement.items
+        ):
+            plan.decide(
+                statement, Decision(Action.UNWRAP, "batch-norm updates run with the layers")
+            )
+            return
         self._compound(statement)
 
     def _compound(self, statement: cst.BaseStatement) -> None:
@@ -659,6 +720,12 @@ class _Planner:
         header = _header(statement)
         reads = set().union(*(free_names(node) for node in header)) if header else set()
         gone = self._gone_reads(reads)
+        inside = reads & (self.containers | self.step_names | self._tower_only())
+        if gone is None and self.after_loop and inside:
+            gone = Todo(
+                Leftover.TOWER_VALUE,
+                f"reads `{sorted(inside)[0]}`, which the train step computes now",
+            )
         if gone is not None:
             plan.decide(statement, Decision(Action.TODO, todo=gone))
             for name in bound_names(statement):
@@ -678,7 +745,11 @@ class _Planner:
         value = _value(statement)
         name = _target_name(statement)
         called = self.call_q(value)
-        reads = free_names(statement) - bound_names(statement) if _simple(statement) else free_names(statement)
+        reads = (
+            free_names(statement) - bound_names(statement)
+            if _simple(statement)
+            else free_names(statement)
+        )
         if isinstance(_simple(statement), cst.Assign):
             reads = free_names(_value(statement) or statement) | _subscript_reads(statement)
         # inputs
@@ -728,9 +799,15 @@ class _Planner:
                 self.updates.add(name)
             return Decision(Action.DROP, "the update runs in the train step")
         if self.line(statement) in self.input_lines:
-            return Decision(Action.TODO, todo=Todo(
-                Leftover.INPUT, "a TF1 queue input: feed the train step from a tf.data "
-                "pipeline that gives replica i what tower i dequeued", commented=False))
+            return Decision(
+                Action.TODO,
+                todo=Todo(
+                    Leftover.INPUT,
+                    "a TF1 queue input: feed the train step from a tf.data "
+                    "pipeline that gives replica i what tower i dequeued",
+                    commented=False,
+                ),
+            )
         if called == "tensorflow.train.Saver" and name is not None:
             self.savers.add(name)
             return Decision(Action.CHECKPOINT)
@@ -748,13 +825,35 @@ class _Planner:
         if gone is not None:
             return Decision(Action.TODO, todo=gone)
         if not self.after_loop:
+            beside = id(self.source.parent(statement)) in self.loop_blocks
+            if not beside and reads & self.step_names:
+                first = sorted(reads & self.step_names)[0]
+                return Decision(
+                    Action.TODO,
+                    todo=Todo(
+                        Leftover.TOWER_VALUE,
+                        f"reads `{first}`, which only the train step has (an input of each step)",
+                    ),
+                )
+            if name in self.fetched and called is not None and not _builds_state(called) and beside:
+                return Decision(Action.STEP, "an op the step ran")
             if reads & self.step_names or (
-                name in self.containers and isinstance(value, cst.List | cst.Dict | cst.Integer | cst.Float)
+                name in self.containers
+                and isinstance(value, cst.List | cst.Dict | cst.Integer | cst.Float)
             ):
                 return Decision(Action.STEP)
             return Decision(Action.KEEP)
         if reads & (self.containers | self.step_names) and not reads & self._tower_only():
-            return Decision(Action.POST)
+            if name is not None and name in self.fetched and not self.sessions:
+                return Decision(Action.POST)
+            first = sorted(reads & (self.containers | self.step_names))[0]
+            return Decision(
+                Action.TODO,
+                todo=Todo(
+                    Leftover.TOWER_VALUE,
+                    f"reads `{first}`, which the train step computes now",
+                ),
+            )
         tower = reads & self._tower_only()
         if tower:
             first = sorted(tower)[0]
@@ -844,7 +943,9 @@ class _Planner:
             if method_name(call) == "apply" and isinstance(call.func, cst.Attribute):
                 receiver = call.func.value
                 if isinstance(receiver, cst.Name) and receiver.value in self.gone:
-                    return Todo(Leftover.CASCADE, f"uses `{receiver.value}`, left under a TODO above")
+                    return Todo(
+                        Leftover.CASCADE, f"uses `{receiver.value}`, left under a TODO above"
+                    )
         return None
 
     def _session_call(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
@@ -891,7 +992,11 @@ class _Planner:
         ):
             iterator = fetches.value.value
             return Decision(Action.ITERATOR, dataset=self.iterators[iterator], iterator=iterator)
-        if isinstance(fetches, cst.Name) and fetches.value in self.batches and _value(statement) is run:
+        if (
+            isinstance(fetches, cst.Name)
+            and fetches.value in self.batches
+            and _value(statement) is run
+        ):
             return Decision(Action.NEXT, iterator=self.batches[fetches.value])
         return Decision(
             Action.TODO,
@@ -899,7 +1004,9 @@ class _Planner:
                       "in a tf.function"),
         )  # fmt: skip
 
-    def _step_run(self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression) -> Decision:
+    def _step_run(
+        self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
+    ) -> Decision:
         plan = self.plan_
         single = not isinstance(fetches, cst.List | cst.Tuple)
         elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[union-attr]
@@ -913,8 +1020,14 @@ class _Planner:
                 continue
             if names & tower_only:
                 for name in sorted(names & tower_only):
-                    if name not in plan.outputs:
-                        plan.outputs.append(name)
+                    if name in plan.outputs:
+                        continue
+                    only = self._only_in_tower_if(name)
+                    if only is not None:
+                        node, tower = only
+                        plan.first_tower[name] = tower
+                        plan.hoisted.add(id(node))
+                    plan.outputs.append(name)
             if isinstance(element, cst.Name) and element.value in self.schedules:
                 element = cst.Call(element)
             values.append(element)
@@ -928,6 +1041,39 @@ class _Planner:
             step_run=StepRun(tuple(values), tuple(run_only), tuple(arguments), target, single),
         )
 
+    def _only_in_tower_if(self, name: str) -> tuple[cst.If, int] | None:
+        """``if i == K:`` blocks of the tower body that bind ``name`` while nothing else in the
+        body does: (the if, K)."""
+        index = self.plan_.index
+        found: tuple[cst.If, int] | None = None
+        for statement in statements_in(_body(self.loop)):
+            if not isinstance(statement, cst.SimpleStatementLine) or name not in bound_names(
+                statement
+            ):
+                continue
+            holder = next(
+                (
+                    a
+                    for a in self.source.ancestors(statement)
+                    if isinstance(a, cst.If) or a is self.loop
+                ),
+                None,
+            )
+            if not isinstance(holder, cst.If):
+                return None
+            test = holder.test
+            if not (
+                isinstance(test, cst.Comparison)
+                and isinstance(test.left, cst.Name)
+                and test.left.value == index
+                and len(test.comparisons) == 1
+                and isinstance(test.comparisons[0].operator, cst.Equal)
+                and isinstance(test.comparisons[0].comparator, cst.Integer)
+            ):
+                return None
+            found = (holder, int(test.comparisons[0].comparator.value))
+        return found
+
     def _arguments(self, run: cst.Call) -> list[tuple[str, cst.BaseExpression]] | None:
         feed = get_arg(run, 1, "feed_dict")
         if isinstance(feed, cst.Name):
@@ -935,7 +1081,9 @@ class _Planner:
         given: dict[str, cst.BaseExpression] = {}
         if isinstance(feed, cst.Dict):
             for element in feed.elements:
-                if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.Name):
+                if not isinstance(element, cst.DictElement) or not isinstance(
+                    element.key, cst.Name
+                ):
                     return None
                 if element.key.value not in self.plan_.inputs:
                     return None
@@ -958,6 +1106,16 @@ class _Planner:
         for statement in self.plan_.step_before:
             reads |= free_names(statement)
         return reads
+
+
+def _builds_state(called: str) -> bool:
+    """Calls that make state once (variables, optimizers, schedules, datasets): set-up even
+    when the step fetches their result."""
+    return (
+        called.endswith(("Optimizer", ".Variable", ".get_variable", "global_step"))
+        or called in _SCHEDULES
+        or called.startswith("tensorflow.data.")
+    )
 
 
 def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
