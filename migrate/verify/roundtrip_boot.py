@@ -12,7 +12,8 @@ the optimizers' variables — then trains ``CONTINUE_STEPS`` more steps on the b
 1, 2, ... again and records each step's fetches and variables. This process (``ResumedRun``) runs
 the program as written once more, on the same devices, restores the saved state before its first
 step executes (its variables as the program created them otherwise) and trains as many steps on
-its own first batches: both records must agree.
+its own first batches: the restored variables and both runs' steps must agree. A checkpoint that
+reaches no optimizer is one for inference: only the restored model variables are compared.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ PLAN_JSON = "roundtrip.json"  # what the trained run saved and how it ran, for t
 STATE = "state"  # folder of the saved training state
 VARIABLES_NPZ = "variables.npz"  # the state when the program builds no tf.train.Checkpoint
 MODE_CHECKPOINT, MODE_VARIABLES = "checkpoint", "variables"
+# what the round trip compares: the restored model, and the steps after it when the state saved
+# holds the optimizers too (else only the restored model: a checkpoint for inference)
+COMPARE_CONTINUED, COMPARE_MODEL = "continued", "model"
 
 
 def _checkpoint_class() -> Any:
@@ -96,6 +100,11 @@ class _Resuming(as_written.AsWritten):
         named.update({f"optimizer variable {i}": v for i, v in enumerate(self.optimizer_variables())})
         return named
 
+    def model_vector(self) -> np.ndarray:
+        """Every compared variable's value (the model's state, no optimizer's), in name order."""
+        return np.concatenate([np.zeros(0)] + [
+            self._parts(self.variables[n])[0].astype(np.float64).ravel() for n in sorted(self.variables)])
+
     def step_vector(self, returned: list[Fetch] | None) -> np.ndarray:
         """This step's fetches (differentiated, returned, summaries) and every state value."""
         values = [v for _, v in sorted(self.targets.items())]
@@ -124,6 +133,8 @@ class SavingRun(_Resuming):
         self.batches: list[tuple[Any, dict]] = []  # the arguments of steps 1..continue
         self.fingerprints: list[list[str] | None] = []
         self.saved = False
+        self.model_at_save = np.zeros(0)
+        self.unreplayable: str | None = None  # why the first steps' batches cannot be fed again
 
     def call_function(self, orig_call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         known = self.step_functions.get(id(fn))
@@ -145,6 +156,8 @@ class SavingRun(_Resuming):
             # step K: what verify compares with the legacy run is final now; save and go on
             as_written.AsWritten.finish(self)
             self.save_state()
+            if self.plan["compare"] == COMPARE_MODEL:
+                raise
 
     def keep_batch(self, inputs: Any) -> None:
         tf = self.tf
@@ -153,10 +166,11 @@ class SavingRun(_Resuming):
             leaf, (tf.Tensor, tf.distribute.DistributedValues, np.ndarray, int, float, bool))]
         if not self.function_step or odd or not self._data_leaves(inputs):
             what = f"takes {', '.join(sorted(set(odd)))}" if odd else "takes no batch as arguments"
-            raise self.fail(
+            self.unreplayable = (
                 "--roundtrip: verify trains the steps after the saved state on the batches of the "
                 "first steps again, which needs a tf.function step that takes its batch as "
                 f"arguments; this program's step {what if self.function_step else 'runs eagerly'}")
+            return
         self.batches.append(inputs)
         self.fingerprints.append(self._fingerprint(inputs)[0])
 
@@ -173,15 +187,34 @@ class SavingRun(_Resuming):
             save_arrays(folder / VARIABLES_NPZ, {n: self._parts(v)[0] for n, v in self.state().items()})
             how = ("as every variable verify found and the optimizers' variables (the program "
                    "builds no tf.train.Checkpoint)")
+        resumable = not checkpoints or self.covers_optimizers(checkpoints)
         self.plan.update(mode=MODE_CHECKPOINT if checkpoints else MODE_VARIABLES,
-                         checkpoints=len(checkpoints), fingerprints=self.fingerprints)
+                         checkpoints=len(checkpoints), fingerprints=self.fingerprints,
+                         compare=COMPARE_CONTINUED if resumable else COMPARE_MODEL)
         self.saved = True
-        self.record.notes.append(
-            f"--roundtrip: the training state after step {self.max_steps} was saved {how}; the "
-            f"program then trained {self.plan['continue']} more steps on the batches of steps "
-            f"1-{self.plan['continue']}, and a fresh run of it, restored from that state before "
-            "its first step, trained on its own first batches: the round trip row compares "
-            "those steps' fetches and variables")
+        self.model_at_save = self.model_vector()
+        if resumable and self.unreplayable:
+            raise self.fail(self.unreplayable)
+        if resumable:
+            self.record.notes.append(
+                f"--roundtrip: the training state after step {self.max_steps} was saved {how}; "
+                f"the program then trained {self.plan['continue']} more steps on the batches of "
+                f"steps 1-{self.plan['continue']}, and a fresh run of it, restored from that state "
+                "before its first step, trained on its own first batches: the round trip row "
+                "compares the restored variables and those steps' fetches and variables")
+        else:
+            self.record.notes.append(
+                f"--roundtrip: the state after step {self.max_steps} was saved {how}, which holds "
+                "no optimizer: training resumed from it starts its optimizer over (slots, "
+                "iteration counter). The round trip row compares the model variables a fresh run "
+                "of the program restored from it with the trained ones")
+
+    def covers_optimizers(self, checkpoints: list[Any]) -> bool:
+        """Whether the checkpoints reach an optimizer that trained (a model-only checkpoint,
+        for inference, does not)."""
+        tf = self.tf
+        reached = {id(d) for ckpt in checkpoints for d in tf.train.TrackableView(ckpt).descendants()}
+        return any(id(opt) in reached for opt in self.optimizers)
 
     def finish(self) -> None:
         """The compared values were written at step K; here the continued steps' values."""
@@ -190,9 +223,10 @@ class SavingRun(_Resuming):
             return
         self.plan["continue"] = len(self.continued)
         (self.folder / PLAN_JSON).write_text(json.dumps(self.plan, indent=1))
-        if self.continued:
-            save_arrays(self.folder / protocol.ROUNDTRIP_BEFORE,
-                        {"predictions": np.concatenate(self.continued)})
+        compared = [self.model_at_save]
+        if self.plan["compare"] == COMPARE_CONTINUED:
+            compared += self.continued
+        save_arrays(self.folder / protocol.ROUNDTRIP_BEFORE, {"predictions": np.concatenate(compared)})
 
 
 class ResumedRun(_Resuming):
@@ -203,6 +237,7 @@ class ResumedRun(_Resuming):
         self.folder, self.plan = folder, plan
         self.restored = False
         self.restore_lock = threading.Lock()
+        self.restored_model = np.zeros(0)
 
     def start(self) -> None:
         """No legacy values: the program's own, then the saved state (see restore)."""
@@ -252,6 +287,7 @@ class ResumedRun(_Resuming):
                     f"{self.early_checkpoints}")
             for i, ckpt in enumerate(self.checkpoints[: self.early_checkpoints]):
                 ckpt.read(str(folder / f"checkpoint-{i}")).expect_partial()
+            self.restored_model = self.model_vector()
             return
         if not (folder / VARIABLES_NPZ).exists():
             raise self.fail(f"--roundtrip: the trained run saved no state ({VARIABLES_NPZ})")
@@ -262,8 +298,11 @@ class ResumedRun(_Resuming):
                             f"{sorted(set(saved) ^ set(state))[:5]}")
         for name, var in state.items():
             self._assign(var, saved[name])
+        self.restored_model = self.model_vector()
 
     def end_step(self, inputs: Any, returned: list[Fetch] | None, seconds: float) -> None:
+        if self.plan["compare"] == COMPARE_MODEL:
+            raise as_written.StopProgram()  # restored before this step: nothing more to see
         index = len(self.continued)
         expected = self.plan["fingerprints"][index] if index < len(self.plan["fingerprints"]) else None
         mine = self._fingerprint(inputs)[0] if inputs is not None else None
@@ -283,7 +322,7 @@ def resume_as_written(tf: Any, script: Path, folder: Path, record: RunRecord) ->
         raise SetupProblem("--roundtrip: the trained run saved no training state (it ended before "
                            "its last compared step)")
     plan = json.loads(plan_file.read_text())
-    if not plan["continue"]:
+    if plan["compare"] == COMPARE_CONTINUED and not plan["continue"]:
         raise SetupProblem(
             f"--roundtrip: the program ended right after step {plan['steps']}: no step after the "
             "saved state to compare (let it run longer than --steps)")
@@ -305,13 +344,15 @@ def resume_as_written(tf: Any, script: Path, folder: Path, record: RunRecord) ->
     elif not runner.restored:
         record.status = ERROR
         record.message = "--roundtrip: the fresh run reached no traced optimizer update to restore at"
-    elif len(runner.continued) < plan["continue"]:
+    elif plan["compare"] == COMPARE_CONTINUED and len(runner.continued) < plan["continue"]:
         record.status = ERROR
         record.message = (f"--roundtrip: the fresh run ended after {len(runner.continued)} of "
                           f"{plan['continue']} steps")
     else:
-        save_arrays(folder / protocol.ROUNDTRIP_AFTER,
-                    {"predictions": np.concatenate(runner.continued)})
+        compared = [runner.restored_model]
+        if plan["compare"] == COMPARE_CONTINUED:
+            compared += runner.continued
+        save_arrays(folder / protocol.ROUNDTRIP_AFTER, {"predictions": np.concatenate(compared)})
     return record
 
 
