@@ -73,8 +73,10 @@ def verify(
                                 "what the program's own input pipeline gives (the pipeline is then not compared).")
     ] = False,
     roundtrip: Annotated[
-        bool, typer.Option(help="Also save the trained migrated model the program's way, reload it without a "
-                                "strategy in a fresh process, and compare predictions.")
+        bool, typer.Option(help="Also check that what the migrated program saves brings it back: its state after "
+                                "the last step is restored into a fresh run, whose variables and next steps must "
+                                "match (with tfmigrate_program: its model reloaded without a strategy must "
+                                "predict the same).")
     ] = False,
 ) -> None:
     """Train LEGACY and MIGRATED side by side on N devices and show whether they learn the same.

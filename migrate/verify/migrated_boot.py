@@ -1,7 +1,9 @@
 """Migrated side of verify: ``python -m tfmigrate.verify.migrated_boot --script train.py --out DIR ...``.
 
 A script that does not define ``tfmigrate_program`` runs as its user runs it, instrumented from
-outside (as_written.py). A script that still defines it is driven through it, as below.
+outside (as_written.py): as one worker of a cluster with ``--strategy multi-worker``
+(multi_worker_runtime.WorkerAsWritten), saving its state after step K for ``--roundtrip``
+(roundtrip_boot.SavingRun). A script that still defines it is driven through it, as below.
 
 Imports the TF2 script as a module (its ``__main__`` block does not run), calls its
 ``tfmigrate_program(strategy, argv)`` (protocol.py) with a MirroredStrategy over N logical CPU

@@ -4,7 +4,8 @@ Imported by migrated_boot (``--strategy multi-worker``) after TensorFlow: the cl
 ``TF_CONFIG``, set by workers.py. Every worker runs the same steps; collectives keep them in lock
 step. A worker only holds its own replicas' values, so each step's per-replica fetches and input
 slices are gathered from all workers (collectives too: every worker calls them in the same order)
-and every worker's record describes the whole cluster, in global replica order.
+and every worker's record describes the whole cluster, in global replica order. WorkerRunner
+drives a program through ``tfmigrate_program``; WorkerAsWritten runs one as written.
 """
 
 from __future__ import annotations
