@@ -100,7 +100,7 @@ def verify(
         script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
         roundtrip=roundtrip, workers=workers, noise_floor=noise_floor, replay_inputs=replay_inputs,
     )
-    problem = _argument_problem(opts) or _workers_problem(opts)
+    problem = _argument_problem(opts) or _workers_problem(opts) or _roundtrip_problem(opts)
     if problem:
         outcome = Outcome(could_not_run(problem), opts)
     else:
@@ -137,4 +137,11 @@ def _workers_problem(opts: VerifyOptions) -> str | None:
         return "--replay-inputs is not supported with --workers yet"
     if opts.roundtrip:
         return "--roundtrip is not supported with --workers yet (every worker would save into one folder)"
+    return None
+
+
+def _roundtrip_problem(opts: VerifyOptions) -> str | None:
+    if opts.roundtrip and opts.replay_inputs:
+        # the resumed run would have to be fed the legacy batches too
+        return "--roundtrip is not supported with --replay-inputs yet"
     return None

@@ -102,3 +102,9 @@ def test_without_a_checkpoint_the_variables_found_are_saved(cli, tmp_path, legac
     assert code == 0, stdout
     assert _roundtrip_row(data)["status"] == "pass"
     assert any("every variable verify found and the optimizers' variables" in n for n in data["notes"])
+
+
+def test_roundtrip_with_replayed_inputs_is_refused(cli):
+    result = cli("verify", TOWERS / "legacy.py", TOWERS / "train_tf2.py", "--roundtrip", "--replay-inputs")
+    assert result.returncode == 2, result
+    assert "--roundtrip is not supported with --replay-inputs yet" in result.stdout
