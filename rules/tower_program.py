@@ -278,6 +278,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             )
             return
         emitted, _program = converted
+        module = _tf2_spellings(emitted.module, self.context)
         commented = [t for t in emitted.todos if t.commented]
         codes = sorted({t.kind.code for t in emitted.todos})
         summary = "converted to MirroredStrategy (a tf.function train step, GradientTape replicas)"
@@ -292,7 +293,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         self.report(
             node,
             summary,
-            replacement=emitted.module,
+            replacement=module,
             target=self.context.module,
             safety=FixSafety.UNSAFE if commented else FixSafety.SAFE,
             manifest={"notes": notes} if notes else None,
@@ -936,6 +937,16 @@ def _parse_call(node: cst.BaseExpression) -> str | None:
     ):
         return node.func.value.value
     return None
+
+
+def _tf2_spellings(module: cst.Module, context: RuleContext) -> cst.Module:
+    """A staged conversion's module with the TF1 code it keeps on tf.compat.v1 (TFM301), its
+    tf.contrib layers from tf_slim and tf.compat.v1.layers from tf_keras, as TF2 runs them."""
+    renamed = _renamed(dataclasses.replace(context, module=module))
+    try:
+        return _v1_layers_to_tf_keras(_contrib_to_tf_slim(renamed, renamed))
+    except Blocked:
+        return renamed
 
 
 def _renamed(context: RuleContext) -> cst.Module:

@@ -53,6 +53,10 @@ _STEP_NAMES = frozenset({"replica_step", "outputs"})
 _SCOPE_NAMES = frozenset({"strategy", "tf1_variables", "train_step", "TF1Variables"})
 _TODO_NAME = "__tfmigrate_todo__"
 _OUT_OF_RANGE = ("tensorflow.errors.OutOfRangeError", "tensorflow.compat.v1.errors.OutOfRangeError")
+_FROM_HANDLE = (
+    "tensorflow.data.Iterator.from_string_handle",
+    "tensorflow.compat.v1.data.Iterator.from_string_handle",
+)
 _TRAINABLES = ("tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables")
 
 
@@ -348,6 +352,8 @@ class _Writer(cst.CSTTransformer):
         if action is Action.ITERATOR:
             return self._iterator(original_node, decision)
         if action is Action.NEXT:
+            if decision.why == "handle":
+                return _replace_run(updated_node, cst.Name(decision.iterator or "iterator"))
             return _replace_run(updated_node, cst.parse_expression(f"next({decision.iterator})"))
         if action is Action.STEP_RUN:
             return self._step_call(updated_node, decision)
@@ -574,8 +580,19 @@ class _Expressions(cst.CSTTransformer):
         self.plan = plan
 
     def leave_Call(self, original_node, updated_node):
-        if self.plan.source.qualify(original_node.func) in _TRAINABLES:
+        name = self.plan.source.qualify(original_node.func)
+        if name in _TRAINABLES:
             return cst.parse_expression("tf1_variables.trainable_variables")
+        if name in _FROM_HANDLE and updated_node.args:
+            return updated_node.args[0].value  # the iterator the step is given
+        func = updated_node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "get_next"
+            and isinstance(func.value, cst.Name)
+            and func.value.value in self.plan.step_iterators
+        ):
+            return cst.Call(cst.Name("next"), [cst.Arg(func.value)])
         return updated_node
 
 
@@ -780,6 +797,8 @@ class _Replica:
         plan = self.plan
         if any(statement is holder for holder in plan.accumulating):
             return []
+        if _is_reuse_flag(statement, plan):
+            return []  # `reuse = True` after the first tower: the store shares the variables
         if plan.source.line(statement) in plan.input_lines:
             todo = Todo(
                 Leftover.INPUT,
@@ -915,6 +934,22 @@ class _Replica:
 
         del plan
         return statement.visit(_Blocks())  # type: ignore[return-value]
+
+
+def _is_reuse_flag(statement: cst.CSTNode, plan: Plan) -> bool:
+    """``flag = True`` in the tower body for a name set before the loop: the towers' reuse
+    switch (a local of the replica function now, read before it is set)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    return (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and small.targets[0].target.value in plan.before_loop
+        and isinstance(small.value, cst.Name)
+        and small.value.value in ("True", "False")
+    )
 
 
 def _names_of(statement: cst.CSTNode) -> set[str]:

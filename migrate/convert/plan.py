@@ -153,6 +153,9 @@ class Plan:
     wrapper: cst.With | None = None  # the outermost graph wrapper (-> strategy.scope())
     scope_start: Statement | None = None  # without a wrapper: first set-up statement
     input_lines: set[int] = field(default_factory=set)  # queue inputs: TODO(tfmigrate) TFM311
+    # iterators made from a fed string handle inside the step: their get_next() is next()
+    step_iterators: set[str] = field(default_factory=set)
+    before_loop: set[str] = field(default_factory=set)  # bound beside the loop, before it
     notes: list[str] = field(default_factory=list)
 
     def decide(self, statement: cst.CSTNode, decision: Decision) -> None:
@@ -496,6 +499,7 @@ class _Planner:
         plan.input_lines = self.input_lines
         self.savers: set[str] = set()
         self._outer_wrapper(self.scope)
+        plan.before_loop = self._bound_before_loop_beside()
         step_runs = self._step_runs()
         if not step_runs:
             raise NotPlanned("no Session.run of the update in the tower function")
@@ -657,8 +661,21 @@ class _Planner:
                     if method_name(call) == "run" and self._runs_update(call):
                         runs.append(call)
         self.fetched: set[str] = set()
+        self.fed: set[str] = set()
+        literals = {
+            _target_name(s): _value(s) for s in self.body if isinstance(_value(s), cst.Dict)
+        }
         for run in runs:
             self.fetched |= free_names(get_arg(run, 0, "fetches") or run)
+            feed = get_arg(run, 1, "feed_dict")
+            if isinstance(feed, cst.Name):
+                feed = literals.get(feed.value)
+            if isinstance(feed, cst.Dict):
+                self.fed |= {
+                    e.key.value
+                    for e in feed.elements
+                    if isinstance(e, cst.DictElement) and isinstance(e.key, cst.Name)
+                }
         return runs
 
     def _runs_update(self, call: cst.Call) -> bool:
@@ -703,8 +720,10 @@ class _Planner:
             plan.decide(statement, Decision(Action.UNWRAP))
             return
         if all(
-            self.call_q(item.item) == "tensorflow.control_dependencies"
-            and free_names(item.item) <= self.initializers | self.updates
+            isinstance(item.item, cst.Call)
+            and self.call_q(item.item) == "tensorflow.control_dependencies"
+            and set().union(*(free_names(a.value) for a in item.item.args))
+            <= self.initializers | self.updates | bound_names(self.loop) | self._update_ops_names()
             for item in statement.items
         ):
             plan.decide(
@@ -753,10 +772,19 @@ class _Planner:
         if isinstance(_simple(statement), cst.Assign):
             reads = free_names(_value(statement) or statement) | _subscript_reads(statement)
         # inputs
-        if called in _PLACEHOLDERS and name is not None and not self.after_loop:
-            self.plan_.inputs.append(name)
-            self.step_names.add(name)
-            return Decision(Action.DROP, "a train step parameter")
+        if called in _PLACEHOLDERS and name is not None:
+            if name in self.fed and not self.after_loop:
+                self.plan_.inputs.append(name)
+                self.step_names.add(name)
+                return Decision(Action.DROP, "a train step parameter")
+            return Decision(
+                Action.TODO,
+                todo=Todo(
+                    Leftover.SESSION,
+                    "a placeholder the training step does not feed (other Session.runs fed "
+                    "it): pass the value to the code that uses it",
+                ),
+            )
         if isinstance(value, cst.Call) and method_name(value) == "get_next":
             receiver = value.func.value if isinstance(value.func, cst.Attribute) else None
             if isinstance(receiver, cst.Name) and receiver.value in self.iterators and name:
@@ -768,6 +796,8 @@ class _Planner:
                 self.iterators[name] = dataset
                 return Decision(Action.ITERATOR, dataset=dataset)
         # session and initializers
+        if called == "tensorflow.data.Iterator.from_string_handle" and name is not None:
+            self.plan_.step_iterators.add(name)
         if called in _SESSIONS and name is not None:
             self.sessions.add(name)
             return Decision(Action.DROP, "TF2 runs eagerly: no session")
@@ -960,11 +990,45 @@ class _Planner:
                 return call
         return None
 
+    def _update_ops_names(self) -> set[str]:
+        """Names bound anywhere in the function to UPDATE_OPS collections."""
+        found = set()
+        for statement in self.body:
+            value = _value(statement)
+            name = _target_name(statement)
+            if (
+                name
+                and isinstance(value, cst.Call)
+                and self.call_q(value) == "tensorflow.get_collection"
+            ):
+                if self._update_ops(value):
+                    found.add(name)
+        return found
+
+    def _bound_before_loop_beside(self) -> set[str]:
+        """Names bound before the loop in the blocks that hold it (their values reach the
+        loop, and the towers may update them: accumulators, containers)."""
+        found: set[str] = set()
+        for statement in self.body:
+            if statement is self.loop:
+                break
+            if id(self.source.parent(statement)) in self.loop_blocks and isinstance(
+                statement, cst.SimpleStatementLine
+            ):
+                found |= bound_names(statement)
+        return found
+
     def _session_method(self, statement: cst.SimpleStatementLine) -> bool:
         value = _value(statement)
         if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
             return False
         receiver = value.func.value
+        if (
+            isinstance(receiver, cst.Name)
+            and receiver.value in self.initializers
+            and value.func.attr.value == "run"
+        ):
+            return True  # init.run()
         if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
             # sess.graph.finalize()
             return receiver.value.value in self.sessions and receiver.attr.value == "graph"
@@ -993,6 +1057,17 @@ class _Planner:
             iterator = fetches.value.value
             return Decision(Action.ITERATOR, dataset=self.iterators[iterator], iterator=iterator)
         if (
+            isinstance(fetches, cst.Call)
+            and method_name(fetches) == "string_handle"
+            and isinstance(fetches.func, cst.Attribute)
+            and isinstance(fetches.func.value, cst.Name)
+            and fetches.func.value.value in self.iterators
+            and _value(statement) is run
+        ):
+            # the handle of an iterator fed to the step: the iterator itself, which a
+            # tf.function takes as an argument
+            return Decision(Action.NEXT, iterator=fetches.func.value.value, why="handle")
+        if (
             isinstance(fetches, cst.Name)
             and fetches.value in self.batches
             and _value(statement) is run
@@ -1012,7 +1087,9 @@ class _Planner:
         elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[union-attr]
         values: list[cst.BaseExpression] = []
         run_only: list[int] = []
-        tower_only = self._tower_only()
+        # A fetched name the loop binds: the loop's value reaches the run (a binding in another
+        # branch, e.g. a one-device path, does not).
+        tower_only = bound_names(self.loop) - {plan.index} - self._bound_before_loop_beside()
         for position, element in enumerate(elements):
             names = free_names(element)
             if isinstance(element, cst.Name) and element.value in self.updates:

@@ -5,6 +5,7 @@ No TensorFlow in this process: the sides run in subprocesses (sides.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -95,7 +96,12 @@ def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
             f"no tfmigrate.json next to {opts.migrated} or in its parents, and no --mapping: verify needs "
             "the legacy→migrated variable-name mapping to start both sides from the same weights"
         )
-    return load_manifest(path, opts.migrated)
+    manifest = load_manifest(path, opts.migrated)
+    if not manifest.variables and not defines_protocol(opts.migrated, protocol.ENTRY_POINT):
+        # a conversion that kept the legacy variable names (the staged converter's TF1Variables)
+        # records no mapping: matched by name and shape, its notes and announcements kept
+        manifest = dataclasses.replace(manifest, variables=dict(SAME_NAMES))
+    return manifest
 
 
 def legacy_from_git(legacy: Path, rev: str, into: Path) -> Path:
