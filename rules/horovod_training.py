@@ -4,6 +4,7 @@ import re
 
 import libcst as cst
 
+from tfmigrate.convert.horovod_emit import convert_horovod_module
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.rule import Example, FixSafety, Rule, RuleContext
 from tfmigrate.rules import _horovod_program_example as example
@@ -270,7 +271,7 @@ if hvd.rank() == 0:
         except Blocked as blocked:
             node = init if blocked.node is original_node else blocked.node
             where = "" if node is init else f" (line {self.position(node).start.line})"
-            self.report(init, f"{start}; the script is not converted{where}: {blocked.reason}")
+            self._staged(init, start, f"the script is not converted{where}: {blocked.reason}")
             return
         name = program.function.name.value
         if not self.context.fixing:
@@ -285,7 +286,7 @@ if hvd.rank() == 0:
         try:
             module, manifest = _convert(self.context)
         except Blocked as blocked:
-            self.report(init, f"{start}; the script is not converted: {blocked.reason}")
+            self._staged(init, start, f"the script is not converted: {blocked.reason}")
             return
         self.report(
             init,
@@ -296,6 +297,35 @@ if hvd.rank() == 0:
             replacement=module,
             target=self.context.module,
             manifest=manifest,
+        )
+
+    def _staged(self, init: cst.Call, start: str, refusal: str) -> None:
+        """The staged converter (read -> plan -> emit) on a script the whole-program reader
+        refuses: it keeps what it cannot convert under TODO(tfmigrate) markers."""
+        converted = convert_horovod_module(self.context)
+        if isinstance(converted, str):
+            self.report(init, f"{start}; {refusal} (staged converter: {converted})")
+            return
+        commented = [t for t in converted.todos if t.commented]
+        summary = (
+            f"{start}; converted to a MultiWorkerMirroredStrategy program (a tf.function train "
+            "step, GradientTape replica)"
+        )
+        if converted.todos:
+            codes = sorted({t.kind.code for t in converted.todos})
+            summary += (
+                f" with {len(converted.todos)} TODO(tfmigrate) marker(s) ({', '.join(codes)}); "
+                f"{len(commented)} statement(s) commented out"
+            )
+        notes = [f"TFM401: {t.kind.code} {t.why}" for t in converted.todos] + [
+            f"TFM401: {note}" for note in converted.notes
+        ]
+        self.report(
+            init,
+            summary,
+            replacement=converted.module,
+            target=self.context.module,
+            manifest={"notes": notes},
         )
 
     def _report_once(self, node: cst.CSTNode, message: str) -> None:

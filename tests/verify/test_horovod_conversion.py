@@ -201,43 +201,49 @@ def test_training_function_without_flags_and_a_bare_run_converts():
     ("old", "new", "line", "reason"),
     [
         (
-            "hvd.DistributedOptimizer(opt)",
-            "hvd.DistributedOptimizer(opt, op=hvd.Adasum)",
-            45,
-            "`op=hvd.Adasum`: only hvd.Average and hvd.Sum are converted",
-        ),
-        (
-            "      hvd.BroadcastGlobalVariablesHook(0),\n",
-            "      hvd.BroadcastGlobalVariablesHook(0),\n      tf.train.NanTensorHook(loss),\n",
-            50,
-            "a session hook that is not converted",
-        ),
-        (
             "  train_op = opt.minimize(",
             "  outputs = None\n  train_op = opt.minimize(",
             33,
             "the program already uses the name `outputs`",
         ),
-        (
-            "config=config,\n",
-            "config=config, save_checkpoint_steps=100,\n",
-            56,
-            "MonitoredTrainingSession argument `save_checkpoint_steps=100` is not converted",
-        ),
-        (
-            "      _, step, loss_value = sess.run([train_op, global_step, loss])\n",
-            "      _, step, loss_value = sess.run([train_op, global_step, loss])\n"
-            "      sess.run(loss)\n",
-            60,
-            "a second `sess.run` in the loop is not converted",
-        ),
     ],
-    ids=["adasum", "unknown-hook", "name-clash", "session-argument", "second-run"],
+    ids=["name-clash"],
 )
 def test_unconvertible_shapes_are_left_alone_naming_line_and_reason(old, new, line, reason):
     converted, message = _convert(_variant(old, new))
     assert converted is None
     assert f"the script is not converted (line {line}): {reason}" in message
+
+
+# Shapes the whole-program reader refuses: the staged converter converts them, what has no TF2
+# form under a TODO (or named in the manifest's notes).
+@pytest.mark.parametrize(
+    ("old", "new", "todo"),
+    [
+        ("hvd.DistributedOptimizer(opt)", "hvd.DistributedOptimizer(opt, op=hvd.Adasum)", None),
+        (
+            "      hvd.BroadcastGlobalVariablesHook(0),\n",
+            "      hvd.BroadcastGlobalVariablesHook(0),\n      tf.train.NanTensorHook(loss),\n",
+            "# TODO(tfmigrate): TFM310 session hooks with no TF2 form (tf.train.NanTensorHook)",
+        ),
+        ("config=config,\n", "config=config, save_checkpoint_steps=100,\n", None),
+        (
+            "      _, step, loss_value = sess.run([train_op, global_step, loss])\n",
+            "      _, step, loss_value = sess.run([train_op, global_step, loss])\n"
+            "      sess.run(loss)\n",
+            "# TODO(tfmigrate): TFM310 runs graph ops in the TF1 session",
+        ),
+    ],
+    ids=["adasum", "unknown-hook", "session-argument", "second-run"],
+)
+def test_shapes_the_reader_refuses_convert_on_the_staged_path(old, new, todo):
+    converted, message = _convert(_variant(old, new))
+    assert converted is not None, message
+    assert "converted to a MultiWorkerMirroredStrategy program" in message
+    ast.parse(converted)
+    assert "train_step(features=features, labels=labels)" in converted
+    if todo is not None:
+        assert todo in converted
 
 
 @pytest.mark.slow

@@ -1,0 +1,929 @@
+"""The plan stage for Horovod TF1 programs: what happens to each statement of the code that
+builds and runs the per-process step, decided from the IR's Horovod core (``towers is None``)
+and the code around it.
+
+A Horovod core converts when its update (``opt.minimize`` of a ``hvd.DistributedOptimizer``) is
+found in one function -- or at module level -- that also runs it (``Session.run`` /
+``MonitoredTrainingSession.run`` of the update). The per-step graph (from the per-step inputs,
+placeholders fed per step, to the loss) moves into the replica function of one
+``@tf.function`` train step; Horovod's own calls become the strategy's (``hvd.init()`` makes it,
+``hvd.size()`` is ``num_replicas_in_sync``, ``hvd.rank()`` the worker's task id), its broadcast,
+device pinning and session go, the session hooks become the loop's bound, a print, a
+CheckpointManager; what has no TF2 form is a TODO. The plan only decides; ``horovod_emit``
+writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+import libcst as cst
+
+from tfmigrate import tree
+from tfmigrate.convert import ir
+from tfmigrate.convert.plan import (
+    _INITIALIZERS,
+    _PLACEHOLDERS,
+    _SESSIONS,
+    _TF1_ONLY,
+    NotPlanned,
+    Statement,
+    _blocks,
+    _body,
+    _calls,
+    _target_name,
+    _targets,
+    _value,
+)
+from tfmigrate.convert.project import SourceFile
+from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.rules._towers import bound_names, free_names, get_arg, method_name
+
+_MONITORED = frozenset(
+    {"tensorflow.train.MonitoredTrainingSession", "tensorflow.train.MonitoredSession",
+     "tensorflow.train.SingularMonitoredSession"}
+)  # fmt: skip
+_GLOBAL_STEP = frozenset(
+    {"tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"}
+)
+_TRAINABLES = frozenset({"tensorflow.trainable_variables"})
+# Horovod calls the emitted program spells with the strategy (horovod_emit rewrites them).
+MAPPED = frozenset({"size", "rank", "local_rank", "local_size", "cross_rank", "cross_size"})
+_BROADCASTS = frozenset({"broadcast_global_variables", "broadcast_variables"})
+# Arguments of minimize that apply_gradients takes too.
+_APPLY_KEYWORDS = ("global_step", "name")
+
+
+class Action(Enum):
+    KEEP = "kept"  # set-up: runs once, where it was
+    DROP = "dropped"  # no TF2 counterpart needed (session, initializer, broadcast, pinning...)
+    INIT = "hvd.init() -> the strategy"
+    STEP = "moved into the replica function"
+    TRAIN_STEP = "the update: becomes the train step"
+    OPTIMIZER = "hvd.DistributedOptimizer(opt) -> opt"
+    STEP_RUN = "the training step's run: calls the train step"
+    TODO = "left to the user"
+    CHECKPOINT = "tf.train.Saver -> tf.train.Checkpoint"
+    SAVER_CALL = "saver.save/restore -> checkpoint.write/restore"
+    UNWRAP = "session with-statement replaced by its body"
+    MONITORED = "MonitoredTrainingSession -> its body, with a CheckpointManager"
+    STOP_LOOP = "while not sess.should_stop() -> the StopAtStepHook's bound"
+    STORE_SCOPE = "made through the TF1Variables store"
+    ITERATOR = "a tf.data iterator: iter(dataset)"
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """A run of the update: the values it fetched besides the update, its feed and target."""
+
+    elements: tuple[cst.BaseExpression | None, ...]  # None: the update's place in the fetches
+    single: bool  # the fetches were one expression, not a list or tuple
+    arguments: tuple[tuple[str, cst.BaseExpression], ...]  # placeholder -> fed value
+    target: cst.BaseAssignTargetExpression | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    why: str = ""
+    todo: Todo | None = None
+    run: StepRun | None = None
+    value: cst.BaseExpression | None = (
+        None  # OPTIMIZER: the wrapped optimizer; ITERATOR: the dataset
+    )
+    name: str = ""  # ITERATOR: the iterator's name
+
+
+@dataclass(frozen=True)
+class Logging:
+    """A LoggingTensorHook: the logged dict (as written) and how often."""
+
+    tensors: cst.BaseExpression
+    every: cst.BaseExpression
+
+
+@dataclass
+class HorovodPlan:
+    source: SourceFile
+    scope: cst.FunctionDef | cst.Module
+    update: cst.SimpleStatementLine  # `train_op = opt.minimize(loss, ...)`
+    update_call: cst.Call
+    loss: cst.BaseExpression
+    variables: cst.BaseExpression | None  # var_list as written (None: all trainables)
+    averaged: bool
+    strategy_at_module: bool  # the strategy is made at module level (Horovod is used outside)
+    inputs: list[str] = field(default_factory=list)  # train step parameters, in order
+    # batches of tf.data iterators: (the get_next target, the iterator), next() before each run
+    batches: list[tuple[cst.BaseAssignTargetExpression, str]] = field(default_factory=list)
+    step: list[Statement] = field(default_factory=list)  # the replica function's statements
+    step_names: set[str] = field(default_factory=set)  # names bound in the replica function
+    last_step: cst.BaseExpression | None = None  # StopAtStepHook(last_step=...)
+    logging: Logging | None = None
+    checkpoint_dir: cst.BaseExpression | None = None
+    decisions: dict[int, Decision] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def decide(self, statement: cst.CSTNode, decision: Decision) -> None:
+        self.decisions[id(statement)] = decision
+
+    def decision(self, statement: cst.CSTNode) -> Decision | None:
+        return self.decisions.get(id(statement))
+
+    @property
+    def global_step(self) -> cst.BaseExpression | None:
+        return get_arg(self.update_call, None, "global_step")
+
+    @property
+    def optimizer(self) -> cst.BaseExpression:
+        func = self.update_call.func
+        assert isinstance(func, cst.Attribute)
+        return func.value
+
+
+def plan_horovod(source: SourceFile, program: ir.Program, core: ir.TowerCore) -> HorovodPlan:
+    """The plan for ``core``'s Horovod step in ``source``, or NotPlanned with the reason."""
+    return _Planner(source, program, core).plan()
+
+
+def horovod_api(source: SourceFile, call: cst.Call) -> str | None:
+    """``hvd.size()`` -> 'size' (any Horovod TensorFlow front end), else None."""
+    name = source.qualify(call.func)
+    if name is None or not name.startswith("horovod."):
+        return None
+    return name.rsplit(".", 1)[1]
+
+
+def walk_statements(block: list[cst.BaseStatement], into_defs: bool) -> Iterator[cst.BaseStatement]:
+    """Every statement of a block in order, nested blocks included (nested defs' bodies when
+    ``into_defs``; never classes)."""
+    for statement in block:
+        yield statement
+        if isinstance(statement, cst.ClassDef):
+            continue
+        if isinstance(statement, cst.FunctionDef) and not into_defs:
+            continue
+        for inner in _blocks(statement):
+            yield from walk_statements(list(inner), into_defs)
+
+
+# -- the planner ----------------------------------------------------------------------------------
+class _Planner:
+    def __init__(self, source: SourceFile, program: ir.Program, core: ir.TowerCore) -> None:
+        self.source = source
+        self.program = program
+        self.core = core
+        self.sessions: set[str] = set()
+        self.gone: dict[str, Todo] = {}  # names whose only definition went under a TODO
+        self.dropped: set[str] = set()  # names of dropped statements (broadcast op, hooks...)
+        self.live: set[str] = set()  # names bound by kept statements so far
+        self.savers: set[str] = set()
+        self.iterators: dict[str, cst.SimpleStatementLine] = {}  # iterator -> where it is made
+
+    def q(self, node: cst.BaseExpression) -> str | None:
+        name = self.source.qualify(node)
+        if name is not None and name.startswith("tensorflow.compat.v1."):
+            name = "tensorflow." + name[len("tensorflow.compat.v1.") :]
+        return name
+
+    def call_q(self, node: cst.CSTNode | None) -> str | None:
+        return self.q(node.func) if isinstance(node, cst.Call) else None
+
+    def hvd(self, call: cst.Call) -> str | None:
+        return horovod_api(self.source, call)
+
+    # -- the core's pieces -----------------------------------------------------------------------
+    def plan(self) -> HorovodPlan:
+        core = self.core
+        if core.towers is not None or core.combination.kind is not ir.CombineKind.HOROVOD:
+            raise NotPlanned("not a Horovod core")
+        if core.update.where.file != self.source.rel:
+            raise NotPlanned("the Horovod update is in another module")
+        if core.update.kind is not ir.UpdateKind.MINIMIZE:
+            raise NotPlanned(f"update by {core.update.kind.value} (minimize is converted)")
+        update, call = self._update(core.update.where.line)
+        scope = self.source.enclosing_def(update) or self.source.module
+        if self.source.enclosing_class(update) is not None:
+            raise NotPlanned("the Horovod step is built in a method")
+        loss = get_arg(call, 0, "loss")
+        if loss is None:
+            raise NotPlanned("minimize names no loss")
+        self.scope = scope
+        self.statements = list(
+            walk_statements(list(_body(scope)), isinstance(scope, cst.FunctionDef))
+        )
+        plan = HorovodPlan(
+            source=self.source,
+            scope=scope,
+            update=update,
+            update_call=call,
+            loss=loss,
+            variables=get_arg(call, 1, "var_list"),
+            averaged=True,
+            strategy_at_module=self._strategy_at_module(scope),
+        )
+        self.plan_ = plan
+        self.update_names = bound_names(update)
+        plan.decide(update, Decision(Action.TRAIN_STEP))
+        self._distributed_optimizer()
+        self.runs = self._step_runs()
+        if not self.runs:
+            raise NotPlanned("no Session.run of the Horovod update where it is built")
+        self._step_graph()
+        for statement in self.statements:
+            if not self._inside_decided(statement):
+                self._decide(statement)
+        if not any(d.action is Action.STEP_RUN for d in plan.decisions.values()):
+            raise NotPlanned("the training step's run could not be converted")
+        self._module_level_horovod()
+        return plan
+
+    def _update(self, line: int) -> tuple[cst.SimpleStatementLine, cst.Call]:
+        for node in tree.walk(self.source.module):
+            if isinstance(node, cst.SimpleStatementLine) and self.source.line(node) == line:
+                value = _value(node)
+                if isinstance(value, cst.Call) and method_name(value) == "minimize":
+                    return node, value
+        raise NotPlanned("the update is not `x = opt.minimize(loss, ...)` on its own line")
+
+    def _strategy_at_module(self, scope: cst.CSTNode) -> bool:
+        """The strategy is made at module level when ``hvd.init()`` is there or Horovod is used
+        in functions other than the one that builds the step."""
+        for node in tree.walk(self.source.module):
+            if isinstance(node, cst.Call) and self.hvd(node) is not None:
+                owner = self.source.enclosing_def(node)
+                while owner is not None and owner is not scope:
+                    owner = self.source.enclosing_def(owner)
+                if owner is not scope:
+                    return True
+        return isinstance(scope, cst.Module)
+
+    def _distributed_optimizer(self) -> None:
+        """``opt = hvd.DistributedOptimizer(opt)`` goes; ``hvd.DistributedOptimizer(inner)``
+        becomes ``inner``. ``op=hvd.Sum`` keeps the replicas' losses as they are."""
+        for statement in self.statements:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            value = _value(statement)
+            if not (isinstance(value, cst.Call) and self.hvd(value) == "DistributedOptimizer"):
+                continue
+            inner = get_arg(value, 0, "optimizer")
+            if inner is None:
+                raise NotPlanned("hvd.DistributedOptimizer wraps no optimizer")
+            op = get_arg(value, None, "op")
+            if op is not None:
+                self._reduction(op, statement)
+            name = _target_name(statement)
+            if isinstance(inner, cst.Name) and inner.value == name:
+                self.plan_.decide(statement, Decision(Action.DROP, "the strategy all-reduces"))
+            else:
+                self.plan_.decide(statement, Decision(Action.OPTIMIZER, value=inner))
+
+    def _reduction(self, op: cst.BaseExpression, statement: cst.SimpleStatementLine) -> None:
+        ops = {self.q(n) for n in tree.walk(op) if isinstance(n, cst.Attribute | cst.Name)}
+        names = {n.rsplit(".", 1)[1] for n in ops if n is not None and n.startswith("horovod.")}
+        if names == {"Sum"}:
+            self.plan_.averaged = False
+        elif names - {"Average"}:
+            self.plan_.notes.append(
+                f"line {self.source.line(statement)}: Horovod's "
+                f"{' / '.join(sorted(names - {'Average'}))} reduction has no strategy counterpart: "
+                "the converted step averages the replicas' gradients (hvd.Average)"
+            )
+
+    def _step_runs(self) -> list[cst.Call]:
+        runs = []
+        for statement in self.statements:
+            if isinstance(statement, cst.SimpleStatementLine):
+                for call in _calls(statement):
+                    fetches = get_arg(call, 0, "fetches")
+                    if (
+                        method_name(call) == "run"
+                        and fetches is not None
+                        and free_names(fetches) & self.update_names
+                    ):
+                        runs.append(call)
+        return runs
+
+    def _step_graph(self) -> None:
+        """The per-step graph: statements before the update that read the per-step inputs (or
+        the trainable variables, for the update's var_list) -- those the loss needs move into
+        the replica function; the others have no TF2 place and go under a TODO."""
+        plan = self.plan_
+        before = self.statements[: self._index(plan.update)]
+        names: set[str] = set()
+        candidates: list[cst.SimpleStatementLine] = []
+        for statement in before:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            value = _value(statement)
+            name = _target_name(statement)
+            if self._batch(statement, names):
+                continue
+            if self.call_q(value) in _PLACEHOLDERS and name is not None:
+                if not self._movable(statement):
+                    raise NotPlanned(f"the placeholder `{name}` is made inside a block")
+                plan.inputs.append(name)
+                names.add(name)
+                plan.decide(statement, Decision(Action.DROP, "a train step parameter"))
+                continue
+            reads = free_names(statement) - (
+                bound_names(statement) - self._reads_of_value(statement)
+            )
+            if reads & names or self._reads_trainables(statement):
+                candidates.append(statement)
+                names |= bound_names(statement)
+        needed = free_names(plan.loss) | (free_names(plan.variables) if plan.variables else set())
+        needed |= self._read_after_step()
+        chosen: list[cst.SimpleStatementLine] = []
+        for statement in reversed(candidates):
+            if bound_names(statement) & needed and self._movable(statement):
+                chosen.insert(0, statement)
+                needed |= free_names(statement)
+        for statement in candidates:
+            if statement in chosen:
+                plan.decide(statement, Decision(Action.STEP))
+                plan.step.append(statement)
+                plan.step_names |= bound_names(statement)
+            elif self._reads_trainables(statement) and not free_names(statement) & names:
+                continue  # reads the variables at set-up: decided with the rest
+            else:
+                todo = self._tf1_only(statement) or Todo(
+                    Leftover.SESSION,
+                    "a graph of the per-step inputs the session ran apart from the train step: "
+                    "make it a tf.function of its inputs",
+                )
+                plan.decide(statement, Decision(Action.TODO, todo=todo))
+                for bound in bound_names(statement):
+                    self.gone.setdefault(bound, todo)
+        plan.step_names |= set(plan.inputs)
+
+    def _batch(self, statement: cst.SimpleStatementLine, names: set[str]) -> bool:
+        """``x, y = dataset.make_one_shot_iterator().get_next()`` (or through an iterator made on
+        the line before): a per-step input the train step is called with, from ``next()``."""
+        plan = self.plan_
+        value = _value(statement)
+        targets = _targets(statement)
+        if len(targets) == 1 and isinstance(value, cst.Call) and self._iterator_dataset(value):
+            name = _target_name(statement)
+            if name is not None:
+                self.iterators[name] = statement
+            return False
+        if not (
+            isinstance(value, cst.Call) and method_name(value) == "get_next" and len(targets) == 1
+        ):
+            return False
+        receiver = value.func.value  # type: ignore[attr-defined]
+        if isinstance(receiver, cst.Name) and receiver.value in self.iterators:
+            made = self.iterators[receiver.value]
+            dataset = self._iterator_dataset(_value(made))
+            plan.decide(made, Decision(Action.ITERATOR, value=dataset, name=receiver.value))
+            plan.decide(statement, Decision(Action.DROP, "a batch: next(iterator)"))
+            iterator = receiver.value
+        else:
+            dataset = self._iterator_dataset(receiver)
+            if dataset is None:
+                return False
+            iterator = "dataset_iterator"
+            plan.decide(statement, Decision(Action.ITERATOR, value=dataset, name=iterator))
+        if not self._movable(statement):
+            raise NotPlanned("the batch is taken inside a block")
+        bound = sorted(free_names(targets[0]))
+        plan.inputs.extend(bound)
+        names.update(bound)
+        plan.batches.append((targets[0], iterator))
+        return True
+
+    def _iterator_dataset(self, value: cst.BaseExpression | None) -> cst.BaseExpression | None:
+        """The dataset of ``dataset.make_one_shot_iterator()`` /
+        ``tf.data.make_one_shot_iterator(dataset)``."""
+        if not isinstance(value, cst.Call):
+            return None
+        if self.call_q(value) == "tensorflow.data.make_one_shot_iterator" and value.args:
+            return value.args[0].value
+        if method_name(value) == "make_one_shot_iterator" and not value.args:
+            return value.func.value  # type: ignore[attr-defined]
+        return None
+
+    def _read_after_step(self) -> set[str]:
+        """Names the step's runs fetch and the LoggingTensorHooks log: the train step returns
+        them."""
+        found: set[str] = set()
+        for run in self.runs:
+            fetches = get_arg(run, 0, "fetches")
+            if fetches is not None:
+                found |= free_names(fetches)
+        for statement in self.statements:
+            for call in _calls(statement):
+                if self.call_q(call) == "tensorflow.train.LoggingTensorHook":
+                    tensors = get_arg(call, 0, "tensors")
+                    if tensors is not None:
+                        found |= free_names(tensors)
+        return found
+
+    def _tf1_only(self, statement: cst.CSTNode) -> Todo | None:
+        for q in (self.call_q(c) for c in _calls(statement)):
+            for prefix, kind, why in _TF1_ONLY:
+                if q is not None and (
+                    q == prefix or (prefix.endswith(".") and q.startswith(prefix))
+                ):
+                    return Todo(kind, why)
+        return None
+
+    def _reads_of_value(self, statement: cst.SimpleStatementLine) -> set[str]:
+        value = _value(statement)
+        return free_names(value) if value is not None else set()
+
+    def _reads_trainables(self, statement: cst.CSTNode) -> bool:
+        return any(self.call_q(c) in _TRAINABLES for c in _calls(statement))
+
+    def _movable(self, statement: cst.CSTNode) -> bool:
+        """Only with-blocks (scopes) and the ``__main__`` block lie between the statement and
+        the scope: moving it into the replica function changes no control flow."""
+        for ancestor in self.source.ancestors(statement):
+            if ancestor is self.scope:
+                return True
+            if isinstance(ancestor, cst.If) and "__main__" not in self.source.module.code_for_node(
+                ancestor.test
+            ):
+                return False
+            if isinstance(ancestor, cst.For | cst.While | cst.Try | cst.FunctionDef):
+                return False
+        return True
+
+    def _index(self, statement: cst.CSTNode) -> int:
+        for position, candidate in enumerate(self.statements):
+            if candidate is statement:
+                return position
+        raise NotPlanned("the update is not in the function that builds the step")
+
+    def _inside_decided(self, statement: cst.CSTNode) -> bool:
+        for ancestor in self.source.ancestors(statement):
+            if ancestor is self.scope:
+                return False
+            decision = self.plan_.decision(ancestor)
+            if decision is not None and decision.action not in (
+                Action.KEEP, Action.UNWRAP, Action.MONITORED, Action.STOP_LOOP
+            ):  # fmt: skip
+                return True
+        return False
+
+    def _module_level_horovod(self) -> None:
+        """Horovod used in the module's other functions, or at module level outside the scope:
+        calls with no strategy counterpart go under a TODO."""
+        plan = self.plan_
+        for statement in walk_statements(list(self.source.module.body), into_defs=True):
+            if plan.decision(statement) is not None or self._in_scope(statement):
+                continue
+            if self._decided_above(statement):
+                continue
+            if not isinstance(statement, cst.SimpleStatementLine):
+                header = _header_calls(statement)
+                todo = self._horovod_todo(header)
+                if todo is not None:
+                    plan.decide(statement, Decision(Action.TODO, todo=todo))
+                continue
+            value = _value(statement)
+            if isinstance(value, cst.Call) and self.hvd(value) == "init":
+                plan.decide(statement, Decision(Action.INIT))
+                continue
+            todo = self._horovod_todo(list(_calls(statement)))
+            if todo is not None:
+                plan.decide(statement, Decision(Action.TODO, todo=todo))
+
+    def _in_scope(self, statement: cst.CSTNode) -> bool:
+        return (
+            self.scope is not self.source.module
+            and (statement is self.scope or self.scope in self.source.ancestors(statement))
+            or (self.scope is self.source.module and any(s is statement for s in self.statements))
+        )
+
+    def _decided_above(self, statement: cst.CSTNode) -> bool:
+        return any(
+            (d := self.plan_.decision(a)) is not None and d.action is not Action.KEEP
+            for a in self.source.ancestors(statement)
+        )
+
+    def _horovod_todo(self, calls: list[cst.Call]) -> Todo | None:
+        for call in calls:
+            api = self.hvd(call)
+            if api is not None and api not in MAPPED:
+                return Todo(
+                    Leftover.GRAPH, f"Horovod `{api}` has no MultiWorkerMirroredStrategy form"
+                )
+        return None
+
+    # -- one statement -----------------------------------------------------------------------------
+    def _decide(self, statement: cst.BaseStatement) -> None:
+        plan = self.plan_
+        decision = plan.decision(statement)
+        if decision is not None:
+            if (
+                decision.action is Action.TODO
+                and decision.todo is not None
+                and decision.todo.commented
+            ):
+                self._gone(statement, decision.todo)
+            return
+        if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+            plan.decide(statement, Decision(Action.KEEP))
+            self.live |= {statement.name.value}
+            return
+        if isinstance(statement, cst.With):
+            self._with(statement)
+            return
+        if not isinstance(statement, cst.SimpleStatementLine):
+            self._compound(statement)
+            return
+        decision = self._simple(statement)
+        plan.decide(statement, decision)
+        if decision.action is Action.TODO and decision.todo is not None and decision.todo.commented:
+            self._gone(statement, decision.todo)
+        elif decision.action is Action.DROP:
+            self.dropped |= bound_names(statement)
+        elif (
+            decision.action is not Action.TODO
+            or decision.todo is None
+            or not decision.todo.commented
+        ):
+            self.live |= bound_names(statement)
+
+    def _gone(self, statement: cst.CSTNode, todo: Todo) -> None:
+        for name in bound_names(statement):
+            if name not in self.live:  # another definition stays live
+                self.gone.setdefault(name, todo)
+
+    def _with(self, statement: cst.With) -> None:
+        plan = self.plan_
+        items = [item.item for item in statement.items]
+        if all(self.call_q(item) in _SESSIONS for item in items):
+            self._session_names(statement)
+            plan.decide(statement, Decision(Action.UNWRAP, "the session goes"))
+            return
+        if len(items) == 1 and self.call_q(items[0]) in _MONITORED:
+            self._session_names(statement)
+            self._monitored(statement, items[0])
+            return
+        body = list(_body(statement))
+        inner = list(walk_statements(body, into_defs=False))
+        if (
+            inner
+            and all(
+                (d := plan.decision(s)) is not None and d.action in (Action.DROP, Action.STEP)
+                for s in inner
+                if isinstance(s, cst.SimpleStatementLine)
+            )
+            and all(isinstance(s, cst.SimpleStatementLine) for s in inner)
+        ):
+            plan.decide(statement, Decision(Action.DROP, "its statements moved or went"))
+            return
+        self._compound(statement)
+
+    def _session_names(self, statement: cst.With) -> None:
+        for item in statement.items:
+            if item.asname is not None and isinstance(item.asname.name, cst.Name):
+                self.sessions.add(item.asname.name.value)
+
+    def _monitored(self, statement: cst.With, call: cst.BaseExpression) -> None:
+        plan = self.plan_
+        assert isinstance(call, cst.Call)
+        plan.decide(statement, Decision(Action.MONITORED))
+        directory = get_arg(call, None, "checkpoint_dir")
+        if directory is not None and not (
+            isinstance(directory, cst.Name) and directory.value == "None"
+        ):
+            plan.checkpoint_dir = directory
+        hooks = get_arg(call, None, "hooks")
+        if isinstance(hooks, cst.List | cst.Tuple):
+            unknown = self._hooks(hooks)
+            if unknown:
+                plan.notes.append(
+                    f"session hooks with no TF2 form were dropped: {', '.join(unknown)}"
+                )
+        for arg in call.args:
+            keyword = arg.keyword.value if arg.keyword is not None else None
+            if keyword not in (None, "checkpoint_dir", "hooks", "config", "is_chief", "master"):
+                plan.notes.append(
+                    f"MonitoredTrainingSession's `{keyword}` has no TF2 counterpart here"
+                )
+
+    def _hooks(self, hooks: cst.List | cst.Tuple) -> list[str]:
+        """The hooks the loop does itself: the broadcast goes, StopAtStepHook bounds the loop,
+        LoggingTensorHook prints. The names of the others are returned."""
+        plan = self.plan_
+        unknown = []
+        for element in hooks.elements:
+            hook = element.value
+            if not isinstance(hook, cst.Call):
+                unknown.append(self.source.src(hook, 40))
+                continue
+            api = self.hvd(hook)
+            name = self.call_q(hook)
+            if api == "BroadcastGlobalVariablesHook":
+                continue
+            if name == "tensorflow.train.StopAtStepHook":
+                last = get_arg(hook, 1, "last_step")
+                if last is None or plan.global_step is None:
+                    unknown.append(
+                        "StopAtStepHook(num_steps=...)"
+                        if last is None
+                        else "StopAtStepHook without a global step"
+                    )
+                else:
+                    plan.last_step = last
+                continue
+            if name == "tensorflow.train.LoggingTensorHook":
+                tensors = get_arg(hook, 0, "tensors")
+                every = get_arg(hook, 1, "every_n_iter")
+                if isinstance(tensors, cst.Dict) and every is not None:
+                    plan.logging = Logging(tensors, every)
+                    continue
+            unknown.append(self.source.src(hook.func, 40))
+        return unknown
+
+    def _compound(self, statement: cst.BaseStatement) -> None:
+        plan = self.plan_
+        header = _header(statement)
+        reads = set().union(*(free_names(node) for node in header)) if header else set()
+        if isinstance(statement, cst.While) and self._should_stop(statement.test):
+            plan.decide(statement, Decision(Action.STOP_LOOP))
+            return
+        gone = self._gone_reads(reads)
+        if gone is None:
+            gone = self._horovod_todo([c for node in header for c in _calls(node)])
+        if gone is not None:
+            plan.decide(statement, Decision(Action.TODO, todo=gone))
+            self._gone(statement, gone)
+            return
+        plan.decide(statement, Decision(Action.KEEP))
+        self.live |= _loop_targets(statement)
+
+    def _should_stop(self, test: cst.BaseExpression) -> bool:
+        if not isinstance(test, cst.UnaryOperation) or not isinstance(test.operator, cst.Not):
+            return False
+        call = test.expression
+        return (
+            isinstance(call, cst.Call)
+            and method_name(call) == "should_stop"
+            and isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value in self.sessions
+        )
+
+    def _gone_reads(self, reads: set[str]) -> Todo | None:
+        for name in sorted(reads):
+            if name in self.sessions:
+                return Todo(Leftover.SESSION, f"uses the TF1 session `{name}`")
+            if name in self.gone:
+                return Todo(Leftover.CASCADE, f"uses `{name}`, left under a TODO above")
+        return None
+
+    def _simple(self, statement: cst.SimpleStatementLine) -> Decision:
+        plan = self.plan_
+        value = _value(statement)
+        name = _target_name(statement)
+        called = self.call_q(value)
+        api = self.hvd(value) if isinstance(value, cst.Call) else None
+        reads = free_names(value) if value is not None else free_names(statement)
+        if isinstance(statement.body[0], cst.Assign):
+            reads |= _subscript_reads(statement)
+        if api == "init":
+            return Decision(Action.INIT)
+        if api in _BROADCASTS:
+            return Decision(Action.DROP, "the strategy makes every worker's variables the same")
+        if self._pinning(statement):
+            plan.notes.append(
+                f"line {self.source.line(statement)}: the GPU pinning with hvd.local_rank() went: "
+                "a MultiWorkerMirroredStrategy worker uses the GPUs it sees (one per worker "
+                "process, as Horovod had, when each worker process sees one)"
+            )
+            return Decision(Action.DROP, "Horovod's GPU pinning")
+        if called in _SESSIONS and name is not None:
+            self.sessions.add(name)
+            return Decision(Action.DROP, "TF2 runs eagerly: no session")
+        if called in _INITIALIZERS:
+            if name is not None:
+                self.dropped.add(name)
+            return Decision(Action.DROP, "variables are initialized when made")
+        if called in _GLOBAL_STEP:
+            return Decision(Action.STORE_SCOPE)
+        unknown = self._hooks_list(statement)
+        if unknown == []:
+            return Decision(Action.DROP, "the loop does what the hooks did")
+        if unknown:
+            return Decision(Action.TODO, todo=Todo(
+                Leftover.SESSION, f"session hooks with no TF2 form ({', '.join(unknown)}): do "
+                "what they did in the loop (the broadcast, StopAtStepHook and LoggingTensorHook "
+                "are converted)"))  # fmt: skip
+        run = self._session_run(statement)
+        if run is not None:
+            return self._run(statement, run)
+        if self._session_method(statement):
+            return Decision(Action.DROP, "the session goes")
+        if called == "tensorflow.train.Saver" and name is not None:
+            self.savers.add(name)
+            return Decision(Action.CHECKPOINT)
+        saver = self._saver_use(statement)
+        if saver is not None:
+            return saver
+        if reads & self.dropped and not reads - self.dropped - self.live - _BUILTINS:
+            return Decision(Action.DROP, "uses only what went")
+        tf1 = self._tf1_only(statement)
+        if tf1 is not None:
+            return Decision(Action.TODO, todo=tf1)
+        gone = self._gone_reads(reads)
+        if gone is not None:
+            return Decision(Action.TODO, todo=gone)
+        horovod = self._horovod_todo(list(_calls(statement)))
+        if horovod is not None:
+            return Decision(Action.TODO, todo=horovod)
+        step = reads & plan.step_names
+        if step:
+            first = sorted(step)[0]
+            return Decision(
+                Action.TODO,
+                todo=Todo(
+                    Leftover.TOWER_VALUE,
+                    f"reads `{first}`, a value of the per-step graph: it now lives in the train step",
+                ),
+            )
+        return Decision(Action.KEEP)
+
+    def _pinning(self, statement: cst.SimpleStatementLine) -> bool:
+        small = statement.body[0]
+        if not isinstance(small, cst.Assign):
+            return False
+        target = small.targets[0].target
+        text = self.source.module.code_for_node(target)
+        return "visible_device_list" in text and any(
+            self.hvd(c) == "local_rank" for c in _calls(small.value)
+        )
+
+    def _hooks_list(self, statement: cst.SimpleStatementLine) -> list[str] | None:
+        """A list of session hooks: the hooks the loop cannot do (None: not a hooks list)."""
+        value = _value(statement)
+        if not isinstance(value, cst.List | cst.Tuple) or _target_name(statement) is None:
+            return None
+        hooks = [e.value for e in value.elements]
+        if not hooks or not all(
+            isinstance(h, cst.Call)
+            and (
+                self.hvd(h) == "BroadcastGlobalVariablesHook"
+                or (self.call_q(h) or "").endswith("Hook")
+            )
+            for h in hooks
+        ):
+            return None
+        return self._hooks(value)
+
+    def _session_run(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
+        for call in _calls(statement):
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value == "run"
+                and isinstance(func.value, cst.Name)
+                and (func.value.value in self.sessions or func.value.value in self.dropped)
+            ):
+                return call
+        return None
+
+    def _session_method(self, statement: cst.SimpleStatementLine) -> bool:
+        value = _value(statement)
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+            return False
+        receiver = value.func.value
+        if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
+            return receiver.value.value in self.sessions and receiver.attr.value == "graph"
+        return (
+            isinstance(receiver, cst.Name)
+            and receiver.value in self.sessions
+            and value.func.attr.value in ("close", "request_stop", "join")
+        )
+
+    def _run(self, statement: cst.SimpleStatementLine, run: cst.Call) -> Decision:
+        func = run.func
+        assert isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+        if func.value.value in self.dropped:  # bcast.run()
+            return Decision(Action.DROP, "the broadcast goes")
+        fetches = get_arg(run, 0, "fetches")
+        if fetches is None:
+            return Decision(Action.TODO, todo=Todo(Leftover.SESSION, "a Session.run"))
+        names = free_names(fetches)
+        if run in self.runs and _value(statement) is run:
+            return self._step_run(statement, run, fetches)
+        if (
+            (names and names <= self.dropped)
+            or any(
+                self.call_q(c) in _INITIALIZERS or self.hvd(c) in _BROADCASTS
+                for c in _calls(fetches)
+            )
+            or self.call_q(fetches) in _INITIALIZERS
+        ):
+            return Decision(Action.DROP, "initializers and the broadcast go")
+        return Decision(
+            Action.TODO,
+            todo=Todo(Leftover.SESSION, "runs graph ops in the TF1 session: call them eagerly or "
+                      "in a tf.function"),
+        )  # fmt: skip
+
+    def _step_run(
+        self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
+    ) -> Decision:
+        plan = self.plan_
+        single = not isinstance(fetches, cst.List | cst.Tuple)
+        elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[attr-defined]
+        kept: list[cst.BaseExpression | None] = []
+        for element in elements:
+            names = free_names(element)
+            if isinstance(element, cst.Name) and element.value in self.update_names:
+                kept.append(None)
+                continue
+            if names & plan.step_names and names - plan.step_names - _BUILTINS - self.live:
+                raise NotPlanned("a fetch mixes per-step and set-up values")
+            kept.append(element)
+        arguments = self._arguments(run)
+        if arguments is None:
+            raise NotPlanned("the training step's feed is not a dict of its placeholders")
+        targets = _targets(statement)
+        return Decision(
+            Action.STEP_RUN,
+            run=StepRun(
+                tuple(kept), single, tuple(arguments), targets[0] if len(targets) == 1 else None
+            ),
+        )
+
+    def _arguments(self, run: cst.Call) -> list[tuple[str, cst.BaseExpression]] | None:
+        feed = get_arg(run, 1, "feed_dict")
+        given: dict[str, cst.BaseExpression] = {}
+        if isinstance(feed, cst.Dict):
+            for element in feed.elements:
+                if not isinstance(element, cst.DictElement) or not isinstance(
+                    element.key, cst.Name
+                ):
+                    return None
+                if element.key.value not in self.plan_.inputs:
+                    return None
+                given[element.key.value] = element.value
+        elif feed is not None:
+            return None
+        batched = {n for target, _ in self.plan_.batches for n in free_names(target)}
+        if set(given) | batched != set(self.plan_.inputs) or set(given) & batched:
+            return None
+        return [(name, given[name]) for name in self.plan_.inputs if name in given]
+
+    def _saver_use(self, statement: cst.SimpleStatementLine) -> Decision | None:
+        for call in _calls(statement):
+            func = call.func
+            if not (
+                isinstance(func, cst.Attribute)
+                and isinstance(func.value, cst.Name)
+                and func.value.value in self.savers
+            ):
+                continue
+            if func.attr.value in ("save", "restore") and len(call.args) >= 2:
+                return Decision(Action.SAVER_CALL)
+            return Decision(
+                Action.TODO,
+                todo=Todo(Leftover.CHECKPOINT, f"`{func.attr.value}` of a tf.train.Saver"),
+            )
+        return None
+
+
+_BUILTINS = frozenset({"None", "True", "False", "str", "int", "float", "len", "print"})
+
+
+def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
+    if isinstance(statement, cst.For):
+        return [statement.iter]
+    if isinstance(statement, cst.While | cst.If):
+        return [statement.test]
+    if isinstance(statement, cst.With):
+        return [item.item for item in statement.items]
+    return []
+
+
+def _header_calls(statement: cst.BaseStatement) -> list[cst.Call]:
+    return [c for node in _header(statement) for c in _calls(node)]
+
+
+def _loop_targets(statement: cst.BaseStatement) -> set[str]:
+    if isinstance(statement, cst.For):
+        return free_names(statement.target)
+    if isinstance(statement, cst.With):
+        return {
+            n
+            for item in statement.items
+            if item.asname is not None
+            for n in free_names(item.asname.name)
+        }
+    return set()
+
+
+def _subscript_reads(statement: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+    for target in _targets(statement):
+        if isinstance(target, cst.Subscript | cst.Attribute):
+            found |= free_names(target)
+    return found
