@@ -452,8 +452,11 @@ class _Writer(cst.CSTTransformer):
         if taken:
             taken[0] = taken[0].with_changes(leading_lines=updated_node.leading_lines)
             updated_node = updated_node.with_changes(leading_lines=[])
-        target, _ = self._call_target(run)
+        target, positions = self._call_target(run)
         logging = self.plan.logging
+        if logging is None and target is not None and len(positions) == 1:
+            # one fetched value: the number sess.run gave
+            call = cst.Call(cst.Attribute(call, cst.Name("numpy")))
         if logging is not None:
             target = (
                 _tuple([target, cst.Name("logged_tensors")])
@@ -566,10 +569,29 @@ class _Writer(cst.CSTTransformer):
             name=cst.Name("train_step"),
             params=params,
             body=cst.IndentedBlock(body=step),
-            decorators=[cst.Decorator(cst.parse_expression("tf.function"))],
+            decorators=[cst.Decorator(self._decorator())],
             leading_lines=leading,
         )
         return [train_step]
+
+    def _decorator(self) -> cst.BaseExpression:
+        """``tf.function``, with the placeholders' dtypes and shapes as its input signature when
+        every input was one (what is fed is converted as feed_dict did, traced once)."""
+        plan = self.plan
+        if not plan.inputs or set(plan.inputs) != set(plan.specs):
+            return cst.parse_expression("tf.function")
+        specs = []
+        for name in plan.inputs:
+            dtype, shape = plan.specs[name]
+            specs.append(
+                parse_template_expression(
+                    "tf.TensorSpec({shape}, {dtype})",
+                    shape=shape if shape is not None else cst.Name("None"),
+                    dtype=dtype,
+                )
+            )
+        signature = cst.List([cst.Element(spec) for spec in specs])
+        return parse_template_expression("tf.function(input_signature={specs})", specs=signature)
 
     def _returned(self) -> cst.BaseExpression | None:
         runs = [d.run for d in self.plan.decisions.values() if d.run is not None]

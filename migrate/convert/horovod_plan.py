@@ -115,6 +115,10 @@ class HorovodPlan:
     averaged: bool
     strategy_at_module: bool  # the strategy is made at module level (Horovod is used outside)
     inputs: list[str] = field(default_factory=list)  # train step parameters, in order
+    # the placeholders' (dtype, shape) as written: the train step's input signature
+    specs: dict[str, tuple[cst.BaseExpression, cst.BaseExpression | None]] = field(
+        default_factory=dict
+    )
     # batches of tf.data iterators: (the get_next target, the iterator), next() before each run
     batches: list[tuple[cst.BaseAssignTargetExpression, str]] = field(default_factory=list)
     step: list[Statement] = field(default_factory=list)  # the replica function's statements
@@ -326,6 +330,9 @@ class _Planner:
                     raise NotPlanned(f"the placeholder `{name}` is made inside a block")
                 plan.inputs.append(name)
                 names.add(name)
+                dtype = get_arg(value, 0, "dtype")  # type: ignore[arg-type]
+                if self.call_q(value) == "tensorflow.placeholder" and dtype is not None:
+                    plan.specs[name] = (dtype, get_arg(value, 1, "shape"))  # type: ignore[arg-type]
                 plan.decide(statement, Decision(Action.DROP, "a train step parameter"))
                 continue
             reads = free_names(statement) - (
