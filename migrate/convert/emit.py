@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
-from tfmigrate.convert.plan import Action, Plan, Statement, _body, _calls, _targets
+from tfmigrate.convert.plan import Action, Chain, Plan, Statement, _body, _calls, _targets
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.rules._towers import free_names, method_name
 
@@ -378,14 +378,22 @@ class _Writer(cst.CSTTransformer):
         """The Saver becomes a tf.train.Checkpoint of the model's variables and the optimizer
         (its slots), with the global step the update counts."""
         plan = self.plan
-        optimizer = plan.update_call.func
-        assert isinstance(optimizer, cst.Attribute)
-        parts = ["model=tf1_variables", "optimizer={optimizer}"]
-        values: dict[str, cst.CSTNode] = {"optimizer": optimizer.value}
-        for arg in plan.update_call.args:
-            if arg.keyword is not None and arg.keyword.value == "global_step":
-                parts.append("global_step={step}")
-                values["step"] = arg.value
+        parts = ["model=tf1_variables"]
+        values: dict[str, cst.CSTNode] = {}
+        for index, chain in enumerate(plan.chains):
+            optimizer = chain.update_call.func
+            assert isinstance(optimizer, cst.Attribute)
+            key = "optimizer" if not index else f"optimizer_{index + 1}"
+            parts.append(f"{key}={{{key}}}")
+            values[key] = optimizer.value
+            for arg in chain.update_call.args:
+                if (
+                    arg.keyword is not None
+                    and arg.keyword.value == "global_step"
+                    and "step" not in values
+                ):
+                    parts.append("global_step={step}")
+                    values["step"] = arg.value
         small = updated_node.body[0]
         value = parse_template_expression(f"tf.train.Checkpoint({', '.join(parts)})", **values)
         if not any("TF1 checkpoints" in note for note in self.notes):
@@ -606,6 +614,7 @@ class _Replica:
         self.module = plan.source.module
         self.gone: set[str] = set()
         self.getter_placed = False
+        self._grads_names: dict[int, str] = {}
 
     def body(self) -> list[cst.BaseStatement]:
         plan = self.plan
@@ -649,36 +658,41 @@ class _Replica:
         self, statements: list[cst.BaseStatement], top: bool = False
     ) -> list[cst.BaseStatement]:
         """One block of the tower body. The tape starts in the innermost block on the way to
-        the gradient call that has statements (the forward pass) before it."""
+        the (first) gradient call that has statements (the forward pass) before it."""
         plan = self.plan
-        path = _path_to(statements, plan.gradient.statement)
+        first = plan.chains[0].gradient.statement
+        gradients = {id(c.gradient.statement): c for c in plan.chains}
+        appends = {id(c.append): c for c in plan.chains}
+        path = _path_to(statements, first)
         out: list[cst.BaseStatement] = []
         spans: list[tuple[int, int]] = []
         for statement in statements:
             start = len(out)
-            if statement is plan.gradient.statement:
-                if not self._tape_here(statements):
-                    out.extend(self._scaled_loss())
-                out.extend(self._gradient())
-            elif statement is plan.append:
-                out.extend(self._update())
+            chain = gradients.get(id(statement))
+            if chain is not None:
+                if statement is first and not self._tape_here(statements):
+                    out.extend(self._scaled_losses())
+                out.extend(self._gradient(chain))
+            elif id(statement) in appends:
+                out.extend(self._update(appends[id(statement)]))
             else:
                 out.extend(self._statement(statement) or [])
             spans.append((start, len(out)))
         if path is None or not self._tape_here(statements):
             return out
         position = path[0]
-        if statements[position] is plan.gradient.statement:
+        if statements[position] is first:
             end = spans[position][0]
-            inside = [*out[:end], *self._scaled_loss()]
+            inside = [*out[:end], *self._scaled_losses()]
         else:
             end = spans[position][1]
             inside = out[:end]
+        tape_call = (
+            "tf.GradientTape(persistent=True)" if len(plan.chains) > 1 else "tf.GradientTape()"
+        )
         tape = cst.With(
             items=[
-                cst.WithItem(
-                    cst.parse_expression("tf.GradientTape()"), asname=cst.AsName(cst.Name("tape"))
-                )
+                cst.WithItem(cst.parse_expression(tape_call), asname=cst.AsName(cst.Name("tape")))
             ],
             body=cst.IndentedBlock(body=inside or [cst.SimpleStatementLine([cst.Pass()])]),
         )
@@ -686,13 +700,13 @@ class _Replica:
 
     def _tape_here(self, statements: list[cst.BaseStatement]) -> bool:
         """Whether this block is where the tape starts."""
-        return self.tape_block is not None and statements and statements[0] is self.tape_block
+        return self.tape_block is not None and bool(statements) and statements[0] is self.tape_block
 
     def _find_tape_block(self) -> None:
         """The first statement of the block the tape starts in."""
         blocks: list[list[cst.BaseStatement]] = [list(_body(self.plan.loop))]
         chosen = blocks[0]
-        target = self.plan.gradient.statement
+        target = self.plan.chains[0].gradient.statement
         while blocks:
             block = blocks.pop()
             path = _path_to(block, target)
@@ -706,76 +720,112 @@ class _Replica:
             blocks.extend(list(inner) for inner in _inner_blocks(block[position]))
         self.tape_block = chosen[0] if chosen else None
 
-    def _scaled_loss(self) -> list[cst.BaseStatement]:
-        plan = self.plan
-        loss = plan.gradient.loss
-        if plan.averaged:
-            statement = _statement(
-                "replica_loss = {loss} / strategy.num_replicas_in_sync", loss=_parenthesized(loss)
-            ).with_changes(
-                leading_lines=[
-                    cst.EmptyLine(
-                        comment=cst.Comment(
-                            "# The towers averaged their gradients; apply_gradients sums the replicas'."
-                        )
+    def _loss_key(self, chain: Chain) -> tuple[str, bool]:
+        return self.module.code_for_node(chain.gradient.loss), chain.averaged
+
+    def _loss_names(self) -> dict[tuple[str, bool], cst.BaseExpression]:
+        """The loss each gradient call differentiates: ``replica_loss`` (``_2``...) when it is
+        scaled or an expression (computed under the tape), else the legacy name."""
+        names: dict[tuple[str, bool], cst.BaseExpression] = {}
+        for chain in self.plan.chains:
+            key = self._loss_key(chain)
+            if key in names:
+                continue
+            if chain.averaged or not isinstance(chain.gradient.loss, cst.Name):
+                count = sum(
+                    1
+                    for n in names.values()
+                    if isinstance(n, cst.Name) and n.value.startswith("replica_loss")
+                )
+                names[key] = cst.Name("replica_loss" if not count else f"replica_loss_{count + 1}")
+            else:
+                names[key] = chain.gradient.loss
+        return names
+
+    def _scaled_losses(self) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        names = self._loss_names()
+        done = set()
+        for chain in self.plan.chains:
+            key = self._loss_key(chain)
+            name = names[key]
+            if key in done or not (
+                isinstance(name, cst.Name) and name.value.startswith("replica_loss")
+            ):
+                continue
+            done.add(key)
+            loss = chain.gradient.loss
+            if chain.averaged:
+                statement = _statement(
+                    "{name} = {loss} / strategy.num_replicas_in_sync",
+                    name=name,
+                    loss=_parenthesized(loss),
+                )
+                if not out:
+                    statement = statement.with_changes(
+                        leading_lines=[
+                            cst.EmptyLine(
+                                comment=cst.Comment(
+                                    "# The towers averaged their gradients; apply_gradients sums "
+                                    "the replicas'."
+                                )
+                            )
+                        ]
                     )
-                ]
-            )
-            return [statement]
-        if isinstance(loss, cst.Name):
-            return []
-        return [_statement("replica_loss = {loss}", loss=loss)]
+                out.append(statement)
+            else:
+                out.append(_statement("{name} = {loss}", name=name, loss=loss))
+        return out
 
-    def _loss_name(self) -> cst.BaseExpression:
+    def _gradient(self, chain: Chain) -> list[cst.BaseStatement]:
         plan = self.plan
-        if plan.averaged or not isinstance(plan.gradient.loss, cst.Name):
-            return cst.Name("replica_loss")
-        return plan.gradient.loss
-
-    def _gradient(self) -> list[cst.BaseStatement]:
-        plan = self.plan
-        gradient = plan.gradient
+        gradient = chain.gradient
         variables = gradient.variables
         variables_value: cst.BaseExpression = (
             variables.visit(_Expressions(plan))  # type: ignore[assignment]
             if variables is not None
             else cst.parse_expression("tf1_variables.trainable_variables")
         )
-        loss = self._loss_name()
+        several = len(plan.chains) > 1
+        out: list[cst.BaseStatement] = []
+        if several and isinstance(variables_value, cst.Name):
+            listed: cst.BaseExpression = variables_value
+        else:
+            index = plan.chains.index(chain)
+            listed = cst.Name("variables" if not index else f"variables_{index + 1}")
+            out.append(_statement("{name} = {value}", name=listed, value=variables_value))
+        loss = self._loss_names()[self._loss_key(chain)]
         if gradient.pairs:
             value = parse_template_expression(
-                "list(zip(tape.gradient({loss}, variables), variables))", loss=loss
+                "list(zip(tape.gradient({loss}, {listed}), {listed}))", loss=loss, listed=listed
             )
         else:
-            value = parse_template_expression("tape.gradient({loss}, variables)", loss=loss)
+            value = parse_template_expression(
+                "tape.gradient({loss}, {listed})", loss=loss, listed=listed
+            )
         replaced = gradient.statement.visit(_ReplaceNode(gradient.call, value))
-        if gradient.statement is plan.append:
+        if gradient.statement is chain.append:
             taken = _names_of(plan.loop.body)
-            name = plan.combined if plan.combined not in taken else "replica_grads"
+            name = chain.combined if chain.combined not in taken else "replica_grads"
             appended = replaced.body[0].value.args[0].value  # type: ignore[attr-defined]
             replaced = _statement("{name} = {value}", name=cst.Name(name), value=appended)
-            self._grads_name = name
-        variables_line = _statement("variables = {value}", value=variables_value)
-        out: list[cst.BaseStatement] = [variables_line, replaced]  # type: ignore[list-item]
-        if gradient.statement is plan.append:
-            out.extend(self._update())
+            self._grads_names[id(chain)] = name
+        out.append(replaced)  # type: ignore[arg-type]
+        if gradient.statement is chain.append:
+            out.extend(self._update(chain))
         return out
 
-    def _update(self) -> list[cst.BaseStatement]:
+    def _update(self, chain: Chain) -> list[cst.BaseStatement]:
         plan = self.plan
-        appended = plan.appended
-        grads_name = getattr(self, "_grads_name", None)
-        if grads_name is not None:
-            grads: cst.BaseExpression = cst.Name(grads_name)
-        else:
-            grads = appended
+        grads_name = self._grads_names.get(id(chain))
+        grads: cst.BaseExpression = cst.Name(grads_name) if grads_name else chain.appended
         out: list[cst.BaseStatement] = []
-        for statement in plan.between:
-            if isinstance(grads, cst.Name) and grads.value != plan.combined and not out:
+        for statement in chain.between:
+            if isinstance(grads, cst.Name) and grads.value != chain.combined and not out:
                 out.append(
-                    _statement("{name} = {value}", name=cst.Name(plan.combined), value=grads)
+                    _statement("{name} = {value}", name=cst.Name(chain.combined), value=grads)
                 )
-                grads = cst.Name(plan.combined)
+                grads = cst.Name(chain.combined)
             todo = Todo(
                 Leftover.PER_REPLICA,
                 "the legacy ran this once on the combined gradients; it now runs on each "
@@ -784,9 +834,9 @@ class _Replica:
             )
             self.writer.todos.append(todo)
             out.append(_trailing(statement.visit(_Expressions(plan)), todo))  # type: ignore[arg-type]
-        if plan.between:
-            grads = cst.Name(plan.combined)
-        call = plan.update_call
+        if chain.between:
+            grads = cst.Name(chain.combined)
+        call = chain.update_call
         args = list(call.args)
         args[0] = args[0].with_changes(value=grads)
         update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])

@@ -122,6 +122,22 @@ class Gradient:
     pairs: bool  # compute_gradients (grads and variables) vs tf.gradients (grads only)
 
 
+@dataclass(frozen=True)
+class Chain:
+    """One gradient call of the towers and where its gradients go: the list it is appended to,
+    the combination after the loop (``combined`` names its result), the update (and what the
+    program did to the combined gradients before it, ``between``)."""
+
+    gradient: Gradient
+    append: cst.SimpleStatementLine
+    appended: cst.BaseExpression
+    combined: str
+    update: Statement
+    update_call: cst.Call
+    between: tuple[Statement, ...]
+    averaged: bool
+
+
 @dataclass
 class Plan:
     source: SourceFile
@@ -138,6 +154,7 @@ class Plan:
     update_call: cst.Call
     between: list[Statement]  # statements between the combination and the update
     inputs: list[str]  # train step parameters, in order
+    chains: list[Chain] = field(default_factory=list)  # the first is the fields above
     step_before: list[Statement] = field(default_factory=list)
     step_after: list[Statement] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # tower names the replicas return
@@ -299,11 +316,34 @@ class _Planner:
         self.loop = loop
         self.body = list(statements_in(_body(scope)))
         index, enumerated = self._index(loop)
-        gradient = self._gradient(loop)
-        append, appended, tower_list = self._append(loop, gradient)
-        update, update_call = self._update(scope)
-        combination, combined = self._combination(tower_list, update)
-        between = self._between(combination, update)
+        chains: list[Chain] = []
+        drops: list[tuple[Statement, str]] = []
+        for gradient in self._gradients(loop):
+            append, appended, tower_list = self._append(loop, gradient)
+            combination, combined = self._combination(tower_list, None)
+            update, update_call = self._update_of(combination, combined)
+            between = self._between(combination, update)
+            chains.append(
+                Chain(
+                    gradient,
+                    append,
+                    appended,
+                    combined,
+                    update,
+                    update_call,
+                    tuple(between),
+                    self._averaged(update),
+                )  # fmt: skip
+            )
+            drops.append((combination, tower_list))
+        first = chains[0]
+        gradient, append, appended, combined = (
+            first.gradient,
+            first.append,
+            first.appended,
+            first.combined,
+        )
+        update, update_call, between = first.update, first.update_call, list(first.between)
         plan = Plan(
             source=self.source,
             scope=scope,
@@ -319,16 +359,26 @@ class _Planner:
             update_call=update_call,
             between=between,
             inputs=[],
+            chains=chains,
         )
         self.plan_ = plan
         plan.decide(loop, Decision(Action.TRAIN_STEP))
-        plan.decide(combination, Decision(Action.DROP, "the strategy combines the replicas"))
-        plan.decide(update, Decision(Action.UPDATE))
-        for statement in between:
-            plan.decide(statement, Decision(Action.UPDATE))
-        self._tower_list_init(tower_list)
+        for chain, (combination, tower_list) in zip(chains, drops, strict=True):
+            plan.decide(combination, Decision(Action.DROP, "the strategy combines the replicas"))
+            plan.decide(chain.update, Decision(Action.UPDATE))
+            for statement in chain.between:
+                plan.decide(statement, Decision(Action.UPDATE))
+            self._tower_list_init(tower_list)
         self._phases()
         return plan
+
+    def _averaged(self, update: Statement) -> bool:
+        """Whether the core whose update this is averaged its towers' gradients."""
+        line = self.line(update if not isinstance(update, cst.With) else _body(update)[0])
+        for core in self.program.cores:
+            if core.update.where.line == line and core.update.where.file == self.source.rel:
+                return core.combination.kind is ir.CombineKind.AVERAGED
+        return self.core.combination.kind is ir.CombineKind.AVERAGED
 
     def _loop(self, line: int) -> cst.For:
         for node in tree.walk(self.source.module):
@@ -355,7 +405,7 @@ class _Planner:
             return first.value, (second.value, call.args[0].value)
         raise NotPlanned("the tower loop's target is not an index or `i, x in enumerate(...)`")
 
-    def _gradient(self, loop: cst.For) -> Gradient:
+    def _gradients(self, loop: cst.For) -> list[Gradient]:
         found: list[tuple[cst.Call, cst.BaseStatement]] = []
         for statement in statements_in(_body(loop)):
             if not isinstance(statement, cst.SimpleStatementLine):
@@ -366,15 +416,20 @@ class _Planner:
                     name is None and method_name(call) == "compute_gradients"
                 ):
                     found.append((call, statement))
-        if len(found) != 1:
-            raise NotPlanned(f"{len(found)} gradient calls in the tower loop (one is converted)")
-        call, statement = found[0]
-        pairs = self.call_q(call) != "tensorflow.gradients"
-        loss = get_arg(call, 0, "loss" if pairs else "ys")
-        if loss is None:
-            raise NotPlanned("the gradient call names no loss")
-        variables = get_arg(call, 1, "var_list" if pairs else "xs")
-        return Gradient(call, statement, loss, variables, pairs)
+        if not found:
+            raise NotPlanned("no gradient call in the tower loop")
+        blocks = {id(self.source.parent(statement)) for _, statement in found}
+        if len(blocks) > 1:
+            raise NotPlanned("the tower loop's gradient calls are in different blocks")
+        gradients = []
+        for call, statement in found:
+            pairs = self.call_q(call) != "tensorflow.gradients"
+            loss = get_arg(call, 0, "loss" if pairs else "ys")
+            if loss is None:
+                raise NotPlanned("the gradient call names no loss")
+            variables = get_arg(call, 1, "var_list" if pairs else "xs")
+            gradients.append(Gradient(call, statement, loss, variables, pairs))
+        return gradients
 
     def _append(
         self, loop: cst.For, gradient: Gradient
@@ -398,29 +453,44 @@ class _Planner:
                     return statement, appended, value.func.value.value
         raise NotPlanned("the towers' gradients are not appended to a list in the loop")
 
-    def _update(self, scope: cst.CSTNode) -> tuple[Statement, cst.Call]:
-        line = self.core.update.where.line
+    def _update_of(self, combination: Statement, combined: str) -> tuple[Statement, cst.Call]:
+        """The first ``opt.apply_gradients(...)`` after the combination that reads its result
+        (or a value made from it)."""
+        derived = {combined}
+        after = False
         for statement in self.body:
-            if not isinstance(statement, cst.SimpleStatementLine) or self.line(statement) != line:
+            if statement is combination:
+                after = True
+                continue
+            if not after or not isinstance(statement, cst.SimpleStatementLine):
                 continue
             value = _value(statement)
-            if isinstance(value, cst.Call) and method_name(value) == "apply_gradients":
-                holder: Statement = statement
-                parent = self.source.parent(statement)
-                block = self.source.parent(parent) if parent is not None else None
-                if (
-                    isinstance(block, cst.With)
-                    and len(_body(block)) == 1
-                    and all(
-                        self.call_q(item.item) == "tensorflow.control_dependencies"
-                        for item in block.items
-                    )
-                ):
-                    holder = block
-                return holder, value
-        raise NotPlanned("the update is not `x = opt.apply_gradients(...)` in the tower function")
+            reads = free_names(value) if value is not None else set()
+            if not (
+                isinstance(value, cst.Call)
+                and method_name(value) == "apply_gradients"
+                and value.args
+                and free_names(value.args[0].value) & derived
+            ):
+                if reads & derived:
+                    derived |= bound_names(statement)
+                continue
+            holder: Statement = statement
+            parent = self.source.parent(statement)
+            block = self.source.parent(parent) if parent is not None else None
+            if (
+                isinstance(block, cst.With)
+                and len(_body(block)) == 1
+                and all(
+                    self.call_q(item.item) == "tensorflow.control_dependencies"
+                    for item in block.items
+                )
+            ):
+                holder = block
+            return holder, value
+        raise NotPlanned(f"no apply_gradients after the loop reads `{combined}`")
 
-    def _combination(self, tower_list: str, update: Statement) -> tuple[Statement, str]:
+    def _combination(self, tower_list: str, update: Statement | None) -> tuple[Statement, str]:
         after = False
         for statement in self.body:
             if statement is self.loop:
@@ -474,7 +544,7 @@ class _Planner:
         self.initializers: set[str] = set()
         self.iterators: dict[str, cst.BaseExpression] = {}  # iterator -> dataset
         self.batches: dict[str, str] = {}  # get_next result name -> iterator
-        self.updates: set[str] = set(_targets_names(plan.update))
+        self.updates: set[str] = set().union(*(_targets_names(c.update) for c in plan.chains))
         self.schedules: set[str] = set()
         self.feeds: dict[str, cst.Dict] = {}
         loop_bound = bound_names(self.loop) - {plan.index}
@@ -487,7 +557,7 @@ class _Planner:
             Leftover.TOWER_VALUE,
             f"reads `{plan.combined}`, the combined gradients: each replica has its own now",
         )
-        self.combined_names = {plan.combined}
+        self.combined_names = {c.combined for c in plan.chains}
         self.combined_todo = combined_todo
         self.input_lines = {
             i.where.line
@@ -772,6 +842,18 @@ class _Planner:
         if isinstance(_simple(statement), cst.Assign):
             reads = free_names(_value(statement) or statement) | _subscript_reads(statement)
         # inputs
+        made = self._placeholders_made_by(value)
+        if made is not None:
+            names = _target_tuple(statement)
+            if (
+                names is not None
+                and len(names) == made
+                and set(names) <= self.fed
+                and not self.after_loop
+            ):
+                self.plan_.inputs.extend(names)
+                self.step_names |= set(names)
+                return Decision(Action.DROP, "train step parameters (placeholders of a helper)")
         if called in _PLACEHOLDERS and name is not None:
             if name in self.fed and not self.after_loop:
                 self.plan_.inputs.append(name)
@@ -990,6 +1072,34 @@ class _Planner:
                 return call
         return None
 
+    def _placeholders_made_by(self, value: cst.BaseExpression | None) -> int | None:
+        """``x, y = placeholder_inputs(...)``: a function of this file that returns only
+        placeholders it makes; how many."""
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return None
+        function = self.source.top_level(value.func.value)
+        if not isinstance(function, cst.FunctionDef):
+            return None
+        made = {
+            _target_name(s)
+            for s in statements_in(_body(function))
+            if self.call_q(_value(s)) in _PLACEHOLDERS
+        }
+        returns = [
+            s.body[0].value
+            for s in statements_in(_body(function))
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Return)
+        ]
+        if len(returns) != 1 or returns[0] is None:
+            return None
+        returned = returns[0]
+        elements = (
+            [e.value for e in returned.elements] if isinstance(returned, cst.Tuple) else [returned]
+        )
+        if all(isinstance(e, cst.Name) and e.value in made for e in elements):
+            return len(elements)
+        return None
+
     def _update_ops_names(self) -> set[str]:
         """Names bound anywhere in the function to UPDATE_OPS collections."""
         found = set()
@@ -1193,6 +1303,20 @@ def _builds_state(called: str) -> bool:
         or called in _SCHEDULES
         or called.startswith("tensorflow.data.")
     )
+
+
+def _target_tuple(statement: cst.CSTNode) -> list[str] | None:
+    targets = _targets(statement)
+    if len(targets) != 1:
+        return None
+    target = targets[0]
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, cst.Tuple) and all(
+        isinstance(e.value, cst.Name) for e in target.elements
+    ):
+        return [e.value.value for e in target.elements]  # type: ignore[union-attr]
+    return None
 
 
 def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
