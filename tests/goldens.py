@@ -29,9 +29,11 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
         for name in (
             "bn_rmsprop", "cifar_average", "global_updates", "horovod_average", "keras2_fit",
             "layers_adam", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
-            "tutorial_flags",
+            "summed_reuse_flag", "tutorial_flags",
         )
     },
+    # the staged conversion comments out the session's summary writes: unsafe
+    "towers/module_script": ("--unsafe-fixes",),
     "addn_towers": (),
     "cifar_towers": (),
     "slim_towers": (),
