@@ -82,6 +82,7 @@ def emit(plan: Plan) -> Emitted:
         module = module.visit(writer)
     assert isinstance(module, cst.Module)
     module = _with_store(module)
+    module = _placeholder_helpers_out(module, plan, writer)
     marker = _MarkCollections(plan, writer)
     module = module.visit(marker)
     if plan.wrapper is None:
@@ -219,6 +220,43 @@ def _is_placeholder(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0].value, cst.Name)
         and statement.body[0].value.value == _TODO_NAME
     )
+
+
+def _placeholder_helpers_out(module: cst.Module, plan: Plan, writer: _Writer) -> cst.Module:
+    """A function that only made the step's placeholders, now called by nothing here: under a
+    TODO, commented out (another script may still import it)."""
+    if not plan.placeholder_helpers:
+        return module
+    used = {n.value for n in _all_names(module) if isinstance(n, cst.Name)}
+    body = []
+    for statement in module.body:
+        if (
+            isinstance(statement, cst.FunctionDef)
+            and statement.name.value in plan.placeholder_helpers
+            and sum(1 for n in _all_names(module) if n.value == statement.name.value) == 1
+        ):
+            todo = Todo(
+                Leftover.SESSION,
+                f"`{statement.name.value}` made placeholders: the train step takes these values as "
+                "arguments now",
+            )
+            writer.todos.append(todo)
+            body.append(_commented(statement, todo, module))
+        else:
+            body.append(statement)
+    del used
+    return module.with_changes(body=body)
+
+
+def _all_names(node: cst.CSTNode) -> list[cst.Name]:
+    found = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            found.append(current)
+        stack.extend(current.children)
+    return found
 
 
 class _MarkCollections(cst.CSTTransformer):

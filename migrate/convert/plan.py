@@ -173,6 +173,7 @@ class Plan:
     # iterators made from a fed string handle inside the step: their get_next() is next()
     step_iterators: set[str] = field(default_factory=set)
     before_loop: set[str] = field(default_factory=set)  # bound beside the loop, before it
+    placeholder_helpers: set[str] = field(default_factory=set)  # functions making the inputs
     notes: list[str] = field(default_factory=list)
 
     def decide(self, statement: cst.CSTNode, decision: Decision) -> None:
@@ -853,6 +854,8 @@ class _Planner:
             ):
                 self.plan_.inputs.extend(names)
                 self.step_names |= set(names)
+                assert isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
+                self.plan_.placeholder_helpers.add(value.func.value)
                 return Decision(Action.DROP, "train step parameters (placeholders of a helper)")
         if called in _PLACEHOLDERS and name is not None:
             if name in self.fed and not self.after_loop:
