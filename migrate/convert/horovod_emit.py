@@ -574,6 +574,36 @@ class _Writer(cst.CSTTransformer):
         )
         return [train_step]
 
+    def _gradient_pairs(
+        self, variables: cst.BaseExpression, loss: cst.BaseExpression
+    ) -> list[cst.BaseStatement]:
+        """compute_gradients -> the tape's (gradient, variable) pairs; what the legacy did to
+        the averaged gradients now runs on the replica's, before the strategy sums them; then
+        the update as written."""
+        plan = self.plan
+        assert plan.gradient is not None
+        trainables = _Trainables(self.source)
+        pairs = parse_template_expression(
+            "list(zip(tape.gradient({loss}, variables), variables))", loss=loss
+        )
+        small = plan.gradient.body[0]
+        assert isinstance(small, cst.Assign)
+        out: list[cst.BaseStatement] = [
+            _statement("variables = {value}", value=variables),
+            plan.gradient.with_changes(body=[small.with_changes(value=pairs)], leading_lines=[]),
+        ]
+        for statement in plan.between:
+            todo = Todo(
+                Leftover.PER_REPLICA,
+                "the legacy ran this on the workers' averaged gradients; it now runs on each "
+                "replica's, before the strategy sums them",
+                commented=False,
+            )
+            self.todos.append(todo)
+            out.append(_trailing(_visited(statement, trainables), todo))
+        out.append(_visited(plan.update, trainables).with_changes(leading_lines=[]))
+        return out
+
     def _decorator(self) -> cst.BaseExpression:
         """``tf.function``, with the placeholders' dtypes and shapes as its input signature when
         every input was one (what is fed is converted as feed_dict did, traced once)."""
@@ -646,6 +676,9 @@ class _Writer(cst.CSTTransformer):
             if plan.variables is not None
             else cst.parse_expression("tf1_variables.trainable_variables")
         )
+        assert isinstance(variables, cst.BaseExpression)
+        if plan.gradient is not None:
+            return [tape, *self._gradient_pairs(variables, loss)]
         call = plan.update_call
         keywords = [
             a.with_changes(comma=cst.MaybeSentinel.DEFAULT)
@@ -662,7 +695,7 @@ class _Writer(cst.CSTTransformer):
         )
         inner: list[cst.BaseStatement] = [
             tape,
-            _statement("variables = {value}", value=variables),  # type: ignore[arg-type]
+            _statement("variables = {value}", value=variables),
             _statement("gradients = tape.gradient({loss}, variables)", loss=loss),
             cst.SimpleStatementLine([update]),
         ]

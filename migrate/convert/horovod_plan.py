@@ -114,6 +114,9 @@ class HorovodPlan:
     variables: cst.BaseExpression | None  # var_list as written (None: all trainables)
     averaged: bool
     strategy_at_module: bool  # the strategy is made at module level (Horovod is used outside)
+    # `gv = opt.compute_gradients(loss)` when the update is an apply_gradients (else None)
+    gradient: cst.SimpleStatementLine | None = None
+    between: list[Statement] = field(default_factory=list)  # from the gradients to the update
     inputs: list[str] = field(default_factory=list)  # train step parameters, in order
     # the placeholders' (dtype, shape) as written: the train step's input signature
     specs: dict[str, tuple[cst.BaseExpression, cst.BaseExpression | None]] = field(
@@ -204,15 +207,23 @@ class _Planner:
             raise NotPlanned("not a Horovod core")
         if core.update.where.file != self.source.rel:
             raise NotPlanned("the Horovod update is in another module")
-        if core.update.kind is not ir.UpdateKind.MINIMIZE:
+        if core.update.kind not in (ir.UpdateKind.MINIMIZE, ir.UpdateKind.APPLY_GRADIENTS):
             raise NotPlanned(f"update by {core.update.kind.value} (minimize is converted)")
-        update, call = self._update(core.update.where.line)
+        kind = "minimize" if core.update.kind is ir.UpdateKind.MINIMIZE else "apply_gradients"
+        update, call = self._update(core.update.where.line, kind)
+        gradient, gradient_call = update, call
+        if kind == "apply_gradients":
+            if core.loss is None:
+                raise NotPlanned("apply_gradients with no compute_gradients found")
+            gradient, gradient_call = self._update(core.loss.where.line, "compute_gradients")
         scope = self.source.enclosing_def(update) or self.source.module
         if self.source.enclosing_class(update) is not None:
             raise NotPlanned("the Horovod step is built in a method")
-        loss = get_arg(call, 0, "loss")
+        if (self.source.enclosing_def(gradient) or self.source.module) is not scope:
+            raise NotPlanned("compute_gradients and apply_gradients are in different functions")
+        loss = get_arg(gradient_call, 0, "loss")
         if loss is None:
-            raise NotPlanned("minimize names no loss")
+            raise NotPlanned(f"{method_name(gradient_call)} names no loss")
         self.scope = scope
         self.statements = list(
             walk_statements(list(_body(scope)), isinstance(scope, cst.FunctionDef))
@@ -223,13 +234,16 @@ class _Planner:
             update=update,
             update_call=call,
             loss=loss,
-            variables=get_arg(call, 1, "var_list"),
+            variables=get_arg(gradient_call, 1, "var_list"),
             averaged=True,
             strategy_at_module=self._strategy_at_module(scope),
+            gradient=gradient if gradient is not update else None,
         )
         self.plan_ = plan
         self.update_names = bound_names(update)
         plan.decide(update, Decision(Action.TRAIN_STEP))
+        if plan.gradient is not None:
+            self._between(plan.gradient, update)
         self._distributed_optimizer()
         self.runs = self._step_runs()
         if not self.runs:
@@ -243,13 +257,32 @@ class _Planner:
         self._module_level_horovod()
         return plan
 
-    def _update(self, line: int) -> tuple[cst.SimpleStatementLine, cst.Call]:
+    def _update(self, line: int, method: str) -> tuple[cst.SimpleStatementLine, cst.Call]:
         for node in tree.walk(self.source.module):
             if isinstance(node, cst.SimpleStatementLine) and self.source.line(node) == line:
                 value = _value(node)
-                if isinstance(value, cst.Call) and method_name(value) == "minimize":
+                if isinstance(value, cst.Call) and method_name(value) == method:
                     return node, value
-        raise NotPlanned("the update is not `x = opt.minimize(loss, ...)` on its own line")
+        raise NotPlanned(f"the update is not `x = opt.{method}(...)` on its own line")
+
+    def _between(self, gradient: cst.SimpleStatementLine, update: cst.SimpleStatementLine) -> None:
+        """Statements of the update's block between compute_gradients and apply_gradients whose
+        values the update reads (clipping): they move into the replica function with it."""
+        plan = self.plan_
+        block = list(getattr(self.source.parent(update), "body", ()))
+        if gradient not in block:
+            raise NotPlanned("compute_gradients is not in the block of apply_gradients")
+        between = block[block.index(gradient) + 1 : block.index(update)]
+        needed = free_names(plan.update_call)
+        for statement in reversed(between):
+            if isinstance(statement, cst.SimpleStatementLine) and bound_names(statement) & needed:
+                plan.between.insert(0, statement)
+                needed |= free_names(statement)
+        plan.decide(gradient, Decision(Action.STEP, "the replica's gradients"))
+        plan.step_names |= bound_names(gradient)
+        for statement in plan.between:
+            plan.decide(statement, Decision(Action.STEP, "moved with the update"))
+            plan.step_names |= bound_names(statement)
 
     def _strategy_at_module(self, scope: cst.CSTNode) -> bool:
         """The strategy is made at module level when ``hvd.init()`` is there or Horovod is used
@@ -315,7 +348,7 @@ class _Planner:
         the trainable variables, for the update's var_list) -- those the loss needs move into
         the replica function; the others have no TF2 place and go under a TODO."""
         plan = self.plan_
-        before = self.statements[: self._index(plan.update)]
+        before = self.statements[: self._index(plan.gradient or plan.update)]
         names: set[str] = set()
         candidates: list[cst.SimpleStatementLine] = []
         for statement in before:

@@ -192,6 +192,49 @@ def test_session_function_with_module_level_init_and_a_saver(tmp_path):
     assert "bcast" not in _code_names(source)
 
 
+PAIRS_SCRIPT = """
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+
+def main():
+    hvd.init()
+    x = tf.placeholder(tf.float32, [None, 4])
+    y = tf.placeholder(tf.float32, [None, 1])
+    loss = tf.reduce_mean(tf.square(tf.layers.dense(x, 1, name='out') - y))
+    opt = hvd.DistributedOptimizer(tf.train.MomentumOptimizer(0.01 * hvd.size(), 0.9))
+    grads_and_vars = opt.compute_gradients(loss)
+    clipped = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars]
+    train_op = opt.apply_gradients(clipped)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(hvd.broadcast_global_variables(0))
+        for step in range(5):
+            _, value = sess.run([train_op, loss], {x: np.ones([2, 4]), y: np.ones([2, 1])})
+
+
+if __name__ == '__main__':
+    main()
+"""
+
+
+def test_compute_and_apply_gradients_with_clipping_between(tmp_path):
+    repo = write_tree(tmp_path / "repo", {"train.py": PAIRS_SCRIPT})
+    result = run_cli(
+        "rewrite", "--unsafe-fixes", "--format", "json", "--out", tmp_path / "out", repo
+    )
+    assert "(TFM316)" in _conversion(result.stdout)
+    source = (tmp_path / "out" / "train.py").read_text()
+    step = ast.unparse(_assert_tf2_program(source))
+    assert "grads_and_vars = list(zip(tape.gradient(replica_loss, variables), variables))" in step
+    # the clipping ran on Horovod's averaged gradients: now per replica, marked
+    assert "clipped = [(tf.clip_by_norm(g, 1.0), v)" in step
+    assert "v) for g, v in grads_and_vars]  # TODO(tfmigrate): TFM316" in source
+    assert "train_op = opt.apply_gradients(clipped)" in step
+    assert "value = train_step(x=np.ones([2, 4]), y=np.ones([2, 1])).numpy()" in source
+
+
 def test_a_script_of_no_known_shape_is_left_with_the_reason(tmp_path):
     script = """
     import tensorflow as tf
