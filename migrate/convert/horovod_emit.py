@@ -132,6 +132,13 @@ def _carried(statement: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
     return cst.SimpleStatementLine(body=[cst.Expr(cst.Name(_TODO_NAME))], leading_lines=blank)
 
 
+def _carried_statement(statement: cst.CSTNode) -> cst.BaseStatement:
+    """A `pass` holding a removed statement's blank lines (a FlattenSentinel cannot be empty
+    where a block would be)."""
+    blank = [line for line in getattr(statement, "leading_lines", ()) if line.comment is None]
+    return cst.SimpleStatementLine(body=[cst.Expr(cst.Name(_TODO_NAME))], leading_lines=blank)
+
+
 def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     found, stack = [], [node]
     while stack:
@@ -348,6 +355,10 @@ class _Writer(cst.CSTTransformer):
             return cst.FlattenSentinel(_dedented_body(updated_node, original_node))
         if action is Action.MONITORED:
             return cst.FlattenSentinel(self._monitored(updated_node, original_node))
+        if action is Action.SAVE_AT_CLOSE:
+            if self.plan.checkpoint_dir is None:
+                return _carried(original_node)
+            return self._final_save().with_changes(leading_lines=original_node.leading_lines)
         if action is Action.STOP_LOOP:
             return self._stop_loop(updated_node)
         if action is Action.CHECKPOINT:
@@ -374,11 +385,13 @@ class _Writer(cst.CSTTransformer):
         return updated_node.with_changes(body=[small.with_changes(value=value)])
 
     def _monitored(self, updated_node, original_node) -> list[cst.BaseStatement]:
-        body = _dedented_body(updated_node, original_node)
+        made = isinstance(original_node, cst.SimpleStatementLine)  # `sess = MTS(...)`
+        body = [] if made else _dedented_body(updated_node, original_node)
         directory = self.plan.checkpoint_dir
         if directory is None:
-            return body
-        body = list(updated_node.body.body)  # its leading lines go to the checkpoint lines
+            return body or [_carried_statement(original_node)]
+        if not made:
+            body = list(updated_node.body.body)  # its leading lines go to the checkpoint lines
         before = [
             _statement(
                 "checkpoint = tf.train.Checkpoint(model=tf1_variables, optimizer={optimizer})",
@@ -398,21 +411,25 @@ class _Writer(cst.CSTTransformer):
                 directory=directory,
             ),
         ]
+        self.notes.append(
+            "the checkpoints MonitoredTrainingSession wrote every 10 minutes are one "
+            "CheckpointManager save at the end (only where checkpoint_dir is set: the chief)"
+        )
+        if made:
+            return before
+        return [*before, *body, self._final_save()]
+
+    def _final_save(self) -> cst.BaseStatement:
         step = self.plan.global_step
         save = (
             "checkpoint_manager.save()"
             if step is None
             else "checkpoint_manager.save(checkpoint_number={step})"
         )
-        after = _statement(
+        return _statement(
             f"if checkpoint_manager is not None:\n    {save}\n",
             **({"step": step} if step is not None else {}),
         )
-        self.notes.append(
-            "the checkpoints MonitoredTrainingSession wrote every 10 minutes are one "
-            "CheckpointManager save at the end (only where checkpoint_dir is set: the chief)"
-        )
-        return [*before, *body, after]
 
     def _stop_loop(self, updated_node):
         plan = self.plan

@@ -72,6 +72,7 @@ class Action(Enum):
     STOP_LOOP = "while not sess.should_stop() -> the StopAtStepHook's bound"
     STORE_SCOPE = "made through the TF1Variables store"
     ITERATOR = "a tf.data iterator: iter(dataset)"
+    SAVE_AT_CLOSE = "a MonitoredTrainingSession's close: the chief's last checkpoint"
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,7 @@ class _Planner:
         self.dropped: set[str] = set()  # names of dropped statements (broadcast op, hooks...)
         self.live: set[str] = set()  # names bound by kept statements so far
         self.savers: set[str] = set()
+        self.monitored: set[str] = set()  # MonitoredTrainingSessions made by assignment
         self.iterators: dict[str, cst.SimpleStatementLine] = {}  # iterator -> where it is made
 
     def q(self, node: cst.BaseExpression) -> str | None:
@@ -605,6 +607,11 @@ class _Planner:
             self._session_names(statement)
             self._monitored(statement, items[0])
             return
+        if all(self._graph_wrapper(item) for item in items):
+            plan.decide(
+                statement, Decision(Action.UNWRAP, "TF2 runs eagerly: no graph to build in")
+            )
+            return
         body = list(_body(statement))
         inner = list(walk_statements(body, into_defs=False))
         if (
@@ -620,12 +627,28 @@ class _Planner:
             return
         self._compound(statement)
 
+    def _graph_wrapper(self, item: cst.BaseExpression) -> bool:
+        """``tf.Graph().as_default()``, ``graph.as_default()``, ``tf.device(...)``: the strategy
+        places the replicas (a device Horovod pinned per process goes, with a note)."""
+        if not isinstance(item, cst.Call):
+            return False
+        if method_name(item) == "as_default" and not item.args:
+            return True
+        if self.call_q(item) != "tensorflow.device":
+            return False
+        if any(self.hvd(c) == "local_rank" for c in _calls(item)):
+            self.plan_.notes.append(
+                f"line {self.source.line(item)}: the device pinned with hvd.local_rank() went: "
+                "the strategy places each replica"
+            )
+        return True
+
     def _session_names(self, statement: cst.With) -> None:
         for item in statement.items:
             if item.asname is not None and isinstance(item.asname.name, cst.Name):
                 self.sessions.add(item.asname.name.value)
 
-    def _monitored(self, statement: cst.With, call: cst.BaseExpression) -> None:
+    def _monitored(self, statement: cst.CSTNode, call: cst.BaseExpression) -> None:
         plan = self.plan_
         assert isinstance(call, cst.Call)
         plan.decide(statement, Decision(Action.MONITORED))
@@ -742,6 +765,13 @@ class _Planner:
         if called in _SESSIONS and name is not None:
             self.sessions.add(name)
             return Decision(Action.DROP, "TF2 runs eagerly: no session")
+        if called in _MONITORED and name is not None and value is not None:
+            self.sessions.add(name)
+            self.monitored.add(name)
+            self._monitored(statement, value)
+            return Decision(Action.MONITORED)
+        if self._closes(statement, self.monitored):
+            return Decision(Action.SAVE_AT_CLOSE)
         if called in _INITIALIZERS:
             if name is not None:
                 self.dropped.add(name)
@@ -828,6 +858,16 @@ class _Planner:
             ):
                 return call
         return None
+
+    def _closes(self, statement: cst.SimpleStatementLine, sessions: set[str]) -> bool:
+        value = _value(statement)
+        return (
+            isinstance(value, cst.Call)
+            and method_name(value) == "close"
+            and isinstance(value.func, cst.Attribute)
+            and isinstance(value.func.value, cst.Name)
+            and value.func.value.value in sessions
+        )
 
     def _session_method(self, statement: cst.SimpleStatementLine) -> bool:
         value = _value(statement)

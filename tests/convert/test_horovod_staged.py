@@ -105,6 +105,33 @@ def test_module_level_script_becomes_one_train_step_with_todos():
     assert "the GPU pinning with hvd.local_rank() went" in text
 
 
+def test_monitored_session_made_by_assignment_and_closed(tmp_path):
+    text = (MODULE_LEVEL / "train_hvd.py").read_text()
+    opened = (
+        "with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hooks,\n"
+        "                                       config=config) as sess:\n"
+    )
+    assert opened in text
+    body = text.split(opened)[1].split("print(")[0]
+    text = text.replace(
+        opened + body,
+        "sess = tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=hooks)\n"
+        + "".join(line[4:] + "\n" for line in body.splitlines())
+        + "sess.close()\n",
+    )
+    repo = write_tree(tmp_path / "repo", {"train_hvd.py": text})
+    run_cli("rewrite", "--unsafe-fixes", "--out", tmp_path / "out", repo)
+    source = (tmp_path / "out" / "train_hvd.py").read_text()
+    _assert_tf2_program(source)
+    code = ast.unparse(ast.parse(source))
+    # the session's place: the chief's CheckpointManager; its close: the last save
+    assert code.index("checkpoint_manager = None") < code.index("while global_step.numpy()")
+    assert code.rstrip().splitlines()[-3:-1] == [
+        "if checkpoint_manager is not None:",
+        "    checkpoint_manager.save(checkpoint_number=global_step)",
+    ]
+
+
 # A gpt-2-style program: hvd.init() at module level, the graph in a `with tf.Session()` block of
 # a function called through an entry the old reader does not take, a Saver restored and saved
 # by a nested function, a second graph (sampling) fed the same placeholder.
@@ -200,18 +227,19 @@ import horovod.tensorflow as hvd
 
 def main():
     hvd.init()
-    x = tf.placeholder(tf.float32, [None, 4])
-    y = tf.placeholder(tf.float32, [None, 1])
-    loss = tf.reduce_mean(tf.square(tf.layers.dense(x, 1, name='out') - y))
-    opt = hvd.DistributedOptimizer(tf.train.MomentumOptimizer(0.01 * hvd.size(), 0.9))
-    grads_and_vars = opt.compute_gradients(loss)
-    clipped = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars]
-    train_op = opt.apply_gradients(clipped)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(hvd.broadcast_global_variables(0))
-        for step in range(5):
-            _, value = sess.run([train_op, loss], {x: np.ones([2, 4]), y: np.ones([2, 1])})
+    with tf.Graph().as_default(), tf.device('/gpu:%d' % hvd.local_rank()):
+        x = tf.placeholder(tf.float32, [None, 4])
+        y = tf.placeholder(tf.float32, [None, 1])
+        loss = tf.reduce_mean(tf.square(tf.layers.dense(x, 1, name='out') - y))
+        opt = hvd.DistributedOptimizer(tf.train.MomentumOptimizer(0.01 * hvd.size(), 0.9))
+        grads_and_vars = opt.compute_gradients(loss)
+        clipped = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars]
+        train_op = opt.apply_gradients(clipped)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            sess.run(hvd.broadcast_global_variables(0))
+            for step in range(5):
+                _, value = sess.run([train_op, loss], {x: np.ones([2, 4]), y: np.ones([2, 1])})
 
 
 if __name__ == '__main__':
@@ -219,7 +247,7 @@ if __name__ == '__main__':
 """
 
 
-def test_compute_and_apply_gradients_with_clipping_between(tmp_path):
+def test_compute_and_apply_gradients_with_clipping_between_in_a_graph_block(tmp_path):
     repo = write_tree(tmp_path / "repo", {"train.py": PAIRS_SCRIPT})
     result = run_cli(
         "rewrite", "--unsafe-fixes", "--format", "json", "--out", tmp_path / "out", repo
@@ -233,6 +261,8 @@ def test_compute_and_apply_gradients_with_clipping_between(tmp_path):
     assert "v) for g, v in grads_and_vars]  # TODO(tfmigrate): TFM316" in source
     assert "train_op = opt.apply_gradients(clipped)" in step
     assert "value = train_step(x=np.ones([2, 4]), y=np.ones([2, 1])).numpy()" in source
+    # TF2 runs eagerly: the graph block goes, and the device Horovod pinned per process
+    assert not {"Graph", "as_default", "device"} & _code_names(source)
 
 
 def test_a_script_of_no_known_shape_is_left_with_the_reason(tmp_path):
