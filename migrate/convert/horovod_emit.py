@@ -354,7 +354,12 @@ class _Writer(cst.CSTTransformer):
         if action is Action.UNWRAP:
             return cst.FlattenSentinel(_dedented_body(updated_node, original_node))
         if action is Action.MONITORED:
-            return cst.FlattenSentinel(self._monitored(updated_node, original_node))
+            lines = self._monitored(updated_node, original_node)
+            todo = self.plan.session_todo
+            if todo is not None:
+                self.todos.append(todo)
+                lines[0] = _trailing(lines[0], todo)
+            return cst.FlattenSentinel(lines)
         if action is Action.SAVE_AT_CLOSE:
             if self.plan.checkpoint_dir is None:
                 return _carried(original_node)

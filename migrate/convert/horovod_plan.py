@@ -130,6 +130,7 @@ class HorovodPlan:
     last_step: cst.BaseExpression | None = None  # StopAtStepHook(last_step=...)
     logging: Logging | None = None
     checkpoint_dir: cst.BaseExpression | None = None
+    session_todo: Todo | None = None  # what the MonitoredTrainingSession did that is not converted
     decisions: dict[int, Decision] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -658,18 +659,17 @@ class _Planner:
         ):
             plan.checkpoint_dir = directory
         hooks = get_arg(call, None, "hooks")
-        if isinstance(hooks, cst.List | cst.Tuple):
-            unknown = self._hooks(hooks)
-            if unknown:
-                plan.notes.append(
-                    f"session hooks with no TF2 form were dropped: {', '.join(unknown)}"
-                )
+        left = self._hooks(hooks) if isinstance(hooks, cst.List | cst.Tuple) else []
         for arg in call.args:
             keyword = arg.keyword.value if arg.keyword is not None else None
             if keyword not in (None, "checkpoint_dir", "hooks", "config", "is_chief", "master"):
-                plan.notes.append(
-                    f"MonitoredTrainingSession's `{keyword}` has no TF2 counterpart here"
-                )
+                left.append(f"{keyword}={self.source.src(arg.value, 30)}")
+        if left:
+            plan.session_todo = Todo(
+                Leftover.SESSION,
+                f"MonitoredTrainingSession's {', '.join(left)}: no TF2 form here, do it in the loop",
+                commented=False,
+            )
 
     def _hooks(self, hooks: cst.List | cst.Tuple) -> list[str]:
         """The hooks the loop does itself: the broadcast goes, StopAtStepHook bounds the loop,

@@ -226,7 +226,11 @@ def test_unconvertible_shapes_are_left_alone_naming_line_and_reason(old, new, li
             "      hvd.BroadcastGlobalVariablesHook(0),\n      tf.train.NanTensorHook(loss),\n",
             "# TODO(tfmigrate): TFM310 session hooks with no TF2 form (tf.train.NanTensorHook)",
         ),
-        ("config=config,\n", "config=config, save_checkpoint_steps=100,\n", None),
+        (
+            "config=config,\n",
+            "config=config, save_checkpoint_steps=100,\n",
+            "# TODO(tfmigrate): TFM310 MonitoredTrainingSession's save_checkpoint_steps=100",
+        ),
         (
             "      _, step, loss_value = sess.run([train_op, global_step, loss])\n",
             "      _, step, loss_value = sess.run([train_op, global_step, loss])\n"
