@@ -41,7 +41,8 @@ class TF1Variables(tf.Module):
                 variable = context.merge_call(create)  # every replica asks; one makes it
             else:
                 variable = create(self.strategy)
-            self.by_name.setdefault(name, variable)
+            if name not in self.by_name:  # tracked (checkpointed) only when set through []
+                self.by_name[name] = variable
         return self.by_name[name]
 
     def scope(self):
@@ -521,6 +522,9 @@ class _Writer(cst.CSTTransformer):
             elif position < len(plan.outputs):
                 line = f"{name} = strategy.experimental_local_results({value})[-1]"
                 comment = "# The loop read the last tower's value."
+            elif name in plan.totals:
+                line = f'{plan.totals[name]} = {name} + strategy.reduce("SUM", {value}, axis=None)'
+                comment = "# The towers added their values to it."
             else:
                 line = f'{name} += strategy.reduce("SUM", {value}, axis=None)'
                 comment = "# The towers added their values up."
@@ -531,6 +535,8 @@ class _Writer(cst.CSTTransformer):
             )
         step.extend(s.visit(_Expressions(plan)) for s in plan.step_after)  # type: ignore[misc]
         values = self._returned_values()
+        if values is not None and plan.totals:
+            values = values.visit(_Renamed(plan.totals))  # type: ignore[assignment]
         if values is not None:
             step.append(cst.SimpleStatementLine([cst.Return(values)]))
         params = cst.Parameters(params=[cst.Param(cst.Name(name)) for name in plan.inputs])
@@ -565,6 +571,15 @@ class _Writer(cst.CSTTransformer):
         if len(elements) == 1:
             return elements[0]
         return cst.Tuple([cst.Element(e) for e in elements])
+
+
+class _Renamed(cst.CSTTransformer):
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def leave_Name(self, original_node, updated_node):
+        new = self.names.get(updated_node.value)
+        return updated_node.with_changes(value=new) if new else updated_node
 
 
 class _SaverCall(cst.CSTTransformer):
@@ -653,6 +668,7 @@ class _Replica:
         self.gone: set[str] = set()
         self.getter_placed = False
         self._grads_names: dict[int, str] = {}
+        self.deferred: list[cst.BaseStatement] = []  # the updates, after the store's scope
 
     def body(self) -> list[cst.BaseStatement]:
         plan = self.plan
@@ -690,7 +706,9 @@ class _Replica:
                     body=cst.IndentedBlock(body=body),
                 )
             ]
-        return statements + body
+        # The updates run outside the store's scope: the optimizer's slots are its own
+        # variables, not the model's.
+        return statements + body + self.deferred
 
     def _block(
         self, statements: list[cst.BaseStatement], top: bool = False
@@ -879,7 +897,8 @@ class _Replica:
         args[0] = args[0].with_changes(value=grads)
         update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])
         out.append(update)
-        return out
+        self.deferred.extend(out)
+        return []
 
     def _statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement] | None:
         plan = self.plan

@@ -165,6 +165,8 @@ class Plan:
     # `total += tower_value` in the towers: (total, tower_value), summed over the replicas
     sums: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
     accumulating: list[cst.SimpleStatementLine] = field(default_factory=list)
+    # sums into a value made once (a variable): the train step's name for value + sum
+    totals: dict[str, str] = field(default_factory=dict)
     decisions: dict[int, Decision] = field(default_factory=dict)
     dropped_in_loop: set[int] = field(default_factory=set)
     wrapper: cst.With | None = None  # the outermost graph wrapper (-> strategy.scope())
@@ -706,14 +708,14 @@ class _Planner:
             ):
                 continue
             init = _value(outside[small.target.value])
-            if not isinstance(init, cst.Integer | cst.Float):
-                raise NotPlanned(
-                    f"`{small.target.value}` sums the towers' values into a non-constant"
-                )
             assert isinstance(statement, cst.SimpleStatementLine)
             plan.sums.append((small.target.value, small.value))
             plan.accumulating.append(statement)
-            self.containers.add(small.target.value)
+            if isinstance(init, cst.Integer | cst.Float):
+                self.containers.add(small.target.value)  # the constant moves into the step
+            else:
+                # a variable (or tensor) made once: the step adds the replicas' sum to it
+                plan.totals[small.target.value] = f"{small.target.value}_total"
 
     def _step_runs(self) -> list[cst.Call]:
         """``Session.run`` calls of this function whose fetches name the update (or a

@@ -152,11 +152,6 @@ def test_the_converted_program_verifies_equivalent(name):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="tf.train.Checkpoint(model=tf1_variables) cannot save: the TF1Variables store's "
-    "dict of variables is tracked empty and filled later",
-)
 def test_the_converted_saver_writes_a_checkpoint(tmp_path):
     out, _ = rewritten(TOWERS / "module_script", "--unsafe-fixes", "--format", "json")
     run = subprocess.run(
