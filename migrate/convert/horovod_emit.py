@@ -28,6 +28,7 @@ from tfmigrate.convert.horovod_plan import Action, HorovodPlan, horovod_api, pla
 from tfmigrate.convert.plan import NotPlanned, _targets
 from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.names import NameResolver
 from tfmigrate.rule import RuleContext
 from tfmigrate.rules._towers import bound_names, free_names
 
@@ -94,10 +95,25 @@ def _tf2_spellings(context: RuleContext, module: cst.Module) -> cst.Module:
     whole-program rewrites do to the code they keep."""
     from tfmigrate.rules import tower_program
 
+    module = module.visit(_Tf2Import())
     renamed = tower_program._renamed(
-        RuleContext(context.path, context.resolver, module, context.options)
+        RuleContext(context.path, NameResolver.for_module(module), module, context.options)
     )
     return tower_program._v1_layers_to_tf_keras(renamed)
+
+
+class _Tf2Import(cst.CSTTransformer):
+    """``import tensorflow.compat.v1 as tf`` -> ``import tensorflow as tf``: the new code is TF2's;
+    the TF1 code it keeps is then spelled on tf.compat.v1 name by name (TFM301)."""
+
+    def leave_Import(self, original_node, updated_node):
+        names = [
+            alias.with_changes(name=cst.Name("tensorflow"))
+            if _dotted(alias.name) == "tensorflow.compat.v1" and alias.asname is not None
+            else alias
+            for alias in updated_node.names
+        ]
+        return updated_node.with_changes(names=names)
 
 
 def _unpinned(context: RuleContext) -> RuleContext:
@@ -207,7 +223,8 @@ def _strategy_at_top(module: cst.Module) -> cst.Module:
         if isinstance(statement, cst.FunctionDef | cst.ClassDef | cst.If):
             break
         at = position + 1
-    return module.with_changes(body=[*body[:at], *_strategy_lines(), *body[at:]])
+    lines = _strategy_lines([cst.EmptyLine(), cst.EmptyLine()])
+    return module.with_changes(body=[*body[:at], *lines, *body[at:]])
 
 
 class _Horovod(cst.CSTTransformer):

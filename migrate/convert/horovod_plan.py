@@ -49,6 +49,10 @@ _GLOBAL_STEP = frozenset(
     {"tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"}
 )
 _TRAINABLES = frozenset({"tensorflow.trainable_variables"})
+_GRAPH_MODE = frozenset(
+    {"tensorflow.disable_v2_behavior", "tensorflow.disable_eager_execution",
+     "tensorflow.disable_resource_variables"}
+)  # fmt: skip
 # Horovod calls the emitted program spells with the strategy (horovod_emit rewrites them).
 MAPPED = frozenset({"size", "rank", "local_rank", "local_size", "cross_rank", "cross_size"})
 _BROADCASTS = frozenset({"broadcast_global_variables", "broadcast_variables"})
@@ -772,6 +776,8 @@ class _Planner:
             return Decision(Action.MONITORED)
         if self._closes(statement, self.monitored):
             return Decision(Action.SAVE_AT_CLOSE)
+        if called in _GRAPH_MODE:
+            return Decision(Action.DROP, "the converted program runs eagerly, as TF2 does")
         if called in _INITIALIZERS:
             if name is not None:
                 self.dropped.add(name)

@@ -105,6 +105,20 @@ def test_module_level_script_becomes_one_train_step_with_todos():
     assert "the GPU pinning with hvd.local_rank() went" in text
 
 
+def test_a_program_on_the_compat_v1_alias_gets_tf2_with_its_tf1_code_on_compat_v1():
+    out, result = rewritten(REPO / "fixtures" / "shapes" / "horovod_monitored", "--unsafe-fixes")
+    source = (out / "train_hvd.py").read_text()
+    _assert_tf2_program(source)
+    assert "import tensorflow as tf\n" in source and "tensorflow.compat.v1 as" not in source
+    assert "opt = tf.compat.v1.train.MomentumOptimizer(" in source
+    # Horovod is used in another function too (the data's seed): the strategy is module-level
+    tree = ast.parse(source)
+    assert [ast.unparse(s) for s in tree.body if isinstance(s, ast.Assign)][:1] == [
+        "strategy = tf.distribute.MultiWorkerMirroredStrategy()"
+    ]
+    assert "rng = np.random.RandomState(strategy.cluster_resolver.task_id or 0)" in source
+
+
 def test_monitored_session_made_by_assignment_and_closed(tmp_path):
     text = (MODULE_LEVEL / "train_hvd.py").read_text()
     opened = (
