@@ -8,6 +8,7 @@ Emission never refuses: everything it needs was decided by the plan."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,13 +140,59 @@ def _unpinned(context: RuleContext) -> RuleContext:
     return RuleContext(context.path, context.resolver, module, context.options)
 
 
+_BLANK_NAME = "__tfmigrate_blank__"
+
+
 def _carried(statement: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
-    """A removed statement's blank lines stay (the block pass gives them to the next
-    statement); its comments go with it."""
+    """A removed statement's blank lines stay (``_Blanks`` gives them to the next statement);
+    its comments go with it."""
     blank = [line for line in getattr(statement, "leading_lines", ()) if line.comment is None]
     if not blank:
         return cst.RemoveFromParent()
-    return cst.SimpleStatementLine(body=[cst.Expr(cst.Name(_TODO_NAME))], leading_lines=blank)
+    return cst.SimpleStatementLine(body=[cst.Expr(cst.Name(_BLANK_NAME))], leading_lines=blank)
+
+
+class _Blanks(cst.CSTTransformer):
+    """Blank lines of removed statements before the next statement: as many as the most any
+    of them had, not their sum."""
+
+    def _fold(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        carried = 0
+        for statement in body:
+            if _is_named(statement, _BLANK_NAME):
+                assert isinstance(statement, cst.SimpleStatementLine)
+                carried = max(carried, len(statement.leading_lines))
+                continue
+            if carried:
+                lines = list(getattr(statement, "leading_lines", ()))
+                own = next(
+                    (i for i, line in enumerate(lines) if line.comment is not None), len(lines)
+                )
+                extra = max(0, carried - own)
+                blank = cst.EmptyLine(indent=False)
+                statement = statement.with_changes(leading_lines=[*[blank] * extra, *lines])
+                carried = 0
+            out.append(statement)
+        if not out:
+            out.append(cst.SimpleStatementLine([cst.Pass()]))
+        return out
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._fold(updated_node.body))
+
+    def leave_Module(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._fold(updated_node.body))
+
+
+def _is_named(statement: cst.CSTNode, name: str) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.Name)
+        and statement.body[0].value.value == name
+    )
 
 
 def _carried_statement(statement: cst.CSTNode) -> cst.BaseStatement:
@@ -175,7 +222,7 @@ def emit_horovod(plan: HorovodPlan) -> Emitted:
         module = _strategy_at_top(module)
     module = module.visit(_Horovod(plan.source))
     module = _with_store(module)
-    module = module.visit(_Commented())
+    module = module.visit(_Blanks()).visit(_Commented())
     if plan.inputs:
         writer.notes.append(
             "each replica gets the batch its worker feeds the train step, as each Horovod "
