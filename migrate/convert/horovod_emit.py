@@ -26,7 +26,7 @@ from tfmigrate.convert.emit import (
     _with_store,
 )
 from tfmigrate.convert.horovod_plan import Action, HorovodPlan, horovod_api, plan_horovod
-from tfmigrate.convert.plan import NotPlanned, _targets
+from tfmigrate.convert.plan import NotPlanned
 from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.names import NameResolver
@@ -319,6 +319,26 @@ def _dotted(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
+class _StepNumber(cst.CSTTransformer):
+    """``saver.save(..., global_step=global_step)``: the file is named by the step's number
+    (the variable's value), as the Saver named it."""
+
+    def __init__(self, step: cst.BaseExpression | None) -> None:
+        self.step = step
+
+    def leave_Arg(self, original_node, updated_node):
+        keyword = updated_node.keyword
+        if (
+            self.step is not None
+            and keyword is not None
+            and keyword.value == "global_step"
+            and updated_node.value.deep_equals(self.step)
+        ):
+            number = cst.Call(cst.Attribute(updated_node.value, cst.Name("numpy")))
+            return updated_node.with_changes(value=number)
+        return updated_node
+
+
 class _Trainables(cst.CSTTransformer):
     def __init__(self, source: SourceFile) -> None:
         self.source = source
@@ -433,9 +453,14 @@ class _Writer(cst.CSTTransformer):
         if action is Action.CHECKPOINT:
             return self._checkpoint(updated_node)
         if action is Action.SAVER_CALL:
-            return updated_node.visit(_SaverCall())
+            return updated_node.visit(_StepNumber(self.plan.global_step)).visit(_SaverCall())
         if action is Action.STEP_RUN:
-            return cst.FlattenSentinel(self._step_call(updated_node, decision))
+            lines = self._step_call(updated_node, decision)
+            if decision.todo is not None:
+                self.todos.append(decision.todo)
+                position = len(self.plan.batches)  # after the next() of each batch
+                lines[position] = _trailing(lines[position], decision.todo)
+            return cst.FlattenSentinel(lines)
         if action is Action.TRAIN_STEP:
             return cst.FlattenSentinel(self._train_step(original_node))
         return updated_node
@@ -687,7 +712,12 @@ class _Writer(cst.CSTTransformer):
             )
             self.todos.append(todo)
             out.append(_trailing(_visited(statement, trainables), todo))
-        out.append(_visited(plan.update, trainables).with_changes(leading_lines=[]))
+        update = _visited(plan.update, trainables)
+        assert isinstance(update, cst.SimpleStatementLine)
+        small = update.body[0]
+        if isinstance(small, cst.Assign):  # the op has no use in the replica: the call runs it
+            update = update.with_changes(body=[cst.Expr(small.value)])
+        out.append(update.with_changes(leading_lines=[]))
         return out
 
     def _decorator(self) -> cst.BaseExpression:
@@ -775,10 +805,8 @@ class _Writer(cst.CSTTransformer):
             func=call.func.with_changes(attr=cst.Name("apply_gradients")),
             args=[cst.Arg(cst.parse_expression("zip(gradients, variables)")), *keywords],
         )
-        targets = _targets(plan.update)
-        update: cst.BaseSmallStatement = (
-            cst.Assign([cst.AssignTarget(targets[0])], apply) if targets else cst.Expr(apply)
-        )
+        # the update's op (`train_op = ...`) has no use in the replica: the call runs it
+        update: cst.BaseSmallStatement = cst.Expr(apply)
         inner: list[cst.BaseStatement] = [
             tape,
             _statement("variables = {value}", value=variables),

@@ -917,24 +917,35 @@ class _Planner:
     def _step_run(
         self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
     ) -> Decision:
-        plan = self.plan_
         single = not isinstance(fetches, cst.List | cst.Tuple)
         elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[attr-defined]
         kept: list[cst.BaseExpression | None] = []
+        gone: list[str] = []
         for element in elements:
             names = free_names(element)
             if isinstance(element, cst.Name) and element.value in self.update_names:
                 kept.append(None)
                 continue
-            if names & plan.step_names and names - plan.step_names - _BUILTINS - self.live:
-                raise NotPlanned("a fetch mixes per-step and set-up values")
+            if names & set(self.gone) or names & self.dropped:
+                # its definition went under a TODO: the train step gives None in its place
+                gone.append(sorted(names & (set(self.gone) | self.dropped))[0])
+                kept.append(None)
+                continue
             kept.append(element)
         arguments = self._arguments(run)
         if arguments is None:
             raise NotPlanned("the training step's feed is not a dict of its placeholders")
         targets = _targets(statement)
+        todo = None
+        if gone:
+            todo = Todo(
+                Leftover.CASCADE,
+                f"fetched {', '.join(f'`{n}`' for n in gone)}, left under a TODO above: None now",
+                commented=False,
+            )
         return Decision(
             Action.STEP_RUN,
+            todo=todo,
             run=StepRun(
                 tuple(kept), single, tuple(arguments), targets[0] if len(targets) == 1 else None
             ),
