@@ -25,7 +25,7 @@ from tfmigrate.convert.emit import (
     _trailing,
     _with_store,
 )
-from tfmigrate.convert.horovod_plan import Action, HorovodPlan, horovod_api, plan_horovod
+from tfmigrate.convert.horovod_plan import MAPPED, Action, HorovodPlan, horovod_api, plan_horovod
 from tfmigrate.convert.plan import NotPlanned
 from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
@@ -39,13 +39,6 @@ _RESERVED = frozenset(
      "logged_tensors", "logging_iteration"}
 )  # fmt: skip
 _TRAINABLES = ("tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables")
-_TASK_ID = "(strategy.cluster_resolver.task_id or 0)"  # None without TF_CONFIG: one worker
-_MAPPING = {
-    "size": "strategy.num_replicas_in_sync",
-    "rank": _TASK_ID,
-    "local_rank": _TASK_ID,
-    "local_size": "len(strategy.extended.worker_devices)",
-}
 
 
 _PINNING = (
@@ -292,8 +285,8 @@ class _Horovod(cst.CSTTransformer):
 
     def leave_Call(self, original_node, updated_node):
         api = horovod_api(self.source, original_node)
-        if api in _MAPPING and not original_node.args:
-            return cst.parse_expression(_MAPPING[api])
+        if api in MAPPED and not original_node.args:
+            return cst.parse_expression(MAPPED[api])
         return updated_node
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
@@ -312,7 +305,7 @@ class _Horovod(cst.CSTTransformer):
 
 
 def _is_mapped(node: cst.CSTNode, source: SourceFile) -> bool:
-    return isinstance(node, cst.Call) and horovod_api(source, node) in _MAPPING
+    return isinstance(node, cst.Call) and horovod_api(source, node) in MAPPED
 
 
 def _dotted(node: cst.CSTNode) -> str:

@@ -53,8 +53,14 @@ _GRAPH_MODE = frozenset(
     {"tensorflow.disable_v2_behavior", "tensorflow.disable_eager_execution",
      "tensorflow.disable_resource_variables"}
 )  # fmt: skip
-# Horovod calls the emitted program spells with the strategy (horovod_emit rewrites them).
-MAPPED = frozenset({"size", "rank", "local_rank", "local_size", "cross_rank", "cross_size"})
+# Horovod calls the converted program spells with the strategy (horovod_emit rewrites them).
+_TASK_ID = "(strategy.cluster_resolver.task_id or 0)"  # None without TF_CONFIG: one worker
+MAPPED = {
+    "size": "strategy.num_replicas_in_sync",
+    "rank": _TASK_ID,
+    "local_rank": _TASK_ID,
+    "local_size": "len(strategy.extended.worker_devices)",
+}
 _BROADCASTS = frozenset({"broadcast_global_variables", "broadcast_variables"})
 # Arguments of minimize that apply_gradients takes too.
 _APPLY_KEYWORDS = ("global_step", "name")
