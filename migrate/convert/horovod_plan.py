@@ -2,10 +2,11 @@
 builds and runs the per-process step, decided from the IR's Horovod core (``towers is None``)
 and the code around it.
 
-A Horovod core converts when its update (``opt.minimize`` of a ``hvd.DistributedOptimizer``) is
-found in one function -- or at module level -- that also runs it (``Session.run`` /
-``MonitoredTrainingSession.run`` of the update). The per-step graph (from the per-step inputs,
-placeholders fed per step, to the loss) moves into the replica function of one
+A Horovod core converts when its update (``opt.minimize``, or ``opt.compute_gradients`` then
+``opt.apply_gradients``, of a ``hvd.DistributedOptimizer``) is found in one function -- or at
+module level -- that also runs it (``Session.run`` / ``MonitoredTrainingSession.run`` of the
+update). The per-step graph (from the per-step inputs, placeholders fed per step and tf.data
+``get_next()`` batches, to the loss) moves into the replica function of one
 ``@tf.function`` train step; Horovod's own calls become the strategy's (``hvd.init()`` makes it,
 ``hvd.size()`` is ``num_replicas_in_sync``, ``hvd.rank()`` the worker's task id), its broadcast,
 device pinning and session go, the session hooks become the loop's bound, a print, a
