@@ -11,6 +11,7 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import convert_module
+from tfmigrate.convert.todo import Leftover
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, RuleContext
@@ -45,15 +46,13 @@ from tfmigrate.rules._variable_names import VariableNames
 _Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement  # what a module's body holds
 
 # Names the converted program defines; a module already using them is not converted.
-_RESERVED_TOP = frozenset(
-    {"TF1Variables", "replica_index", "build_program", "make_parser", "tfmigrate_program"}
-)  # fmt: skip
+_RESERVED_TOP = frozenset({"TF1Variables", "replica_index"})
 _RESERVED_LOCAL = frozenset(
     {
-        "strategy", "program", "batches", "outputs", "train_step", "step_fn", "tower_fn",
-        "fed_batches", "build", "fetches", "tf1_variables", "variables", "legacy_name",
+        "strategy", "batches", "outputs", "train_step", "step_fn", "tower_fn",
+        "fed_batches", "create_variables", "fetches", "tf1_variables", "variables", "legacy_name",
         "checkpoint", "manager", "average", "summary_tag", "summary_value", "scalar_metadata",
-        "input_dataset", "weight_path", "one_step", "compiled_tower", "tape", "replica_loss",
+        "input_dataset", "weight_path", "compiled_tower", "tape", "replica_loss",
         "variables_to_train",
     }
 )  # fmt: skip
@@ -95,12 +94,10 @@ class TowerProgramToMirroredStrategy(TowerRule):
       ConfigProto becomes tf.config calls at the start of main(); `MaxBytesInUse` fetched in
       the loop is asked of tf.config (never compared by verify); `tf.app.flags` /
       `tf.app.run` become absl's (in the model module too; a `main(argv=None)` that only
-      calls `train()` is kept); argparse flags parsed into a module-level `FLAGS` keep their
-      parser in `make_parser()` and are parsed in the main block, and so does a parser built at
-      module level for a main block calling `main(parser.parse_args())` (refused, with the
-      line, when the parser is used for anything else); a launcher `def main():` that
-      builds the parser and ends `train(parser.parse_args())` (or `args = ...` then
-      `train(args)`) is kept, calling `train(make_parser().parse_args())`; plain arithmetic
+      calls `train()` is kept); argparse flags keep the legacy parsing code where it was (a
+      module-level `FLAGS`, a parser built at module level or in the main block, a launcher
+      `def main():` ending `train(parser.parse_args())`, a training function parsing its own
+      flags); plain arithmetic
       (`global_batch = args.batch_size * args.num_gpus`) between apply_gradients and the
       Session is computed before the graph;
     - `--batch-norm sync` (option `batch-norm`) gives every batch norm of a model converted to
@@ -129,8 +126,10 @@ class TowerProgramToMirroredStrategy(TowerRule):
       store (emitted into the program) that creates every variable once, mirrored, under its
       legacy name, and hands the same variable to every replica (the manifest says why it was
       not converted to Keras layers);
-    - the program gains `tfmigrate_program(strategy, argv)` (tfmigrate's verify protocol) and
-      the manifest entry verify needs: the variable mapping, the semantic notes;
+    - the training function builds the variables, the distributed dataset and ONE
+      `@tf.function` train step, and its legacy loop calls it; a `tf.train.Checkpoint` is made
+      only where the program saves or restores; the manifest carries what verify needs: the
+      variable mapping, the semantic notes;
     - with the option `strategy = "multi-worker"` (`rewrite --strategy multi-worker`) the program
       targets `MultiWorkerMirroredStrategy` instead: the cluster from `TF_CONFIG`, each worker
       keeping its replicas' slices of the global batch, every worker saving checkpoints (the
@@ -280,6 +279,8 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         emitted, _program = converted
         module = _tf2_spellings(emitted.module, self.context)
         commented = [t for t in emitted.todos if t.commented]
+        # Kept live but not working in TF2 (a queue input): as unsafe as commented-out code.
+        broken = [t for t in emitted.todos if t.commented or t.kind is Leftover.INPUT]
         codes = sorted({t.kind.code for t in emitted.todos})
         summary = "converted to MirroredStrategy (a tf.function train step, GradientTape replicas)"
         if emitted.todos:
@@ -295,7 +296,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             summary,
             replacement=module,
             target=self.context.module,
-            safety=FixSafety.UNSAFE if commented else FixSafety.SAFE,
+            safety=FixSafety.UNSAFE if broken else FixSafety.SAFE,
             manifest={"notes": notes} if notes else None,
         )
 
@@ -574,7 +575,7 @@ def _global_flags(rule: TowerRule, function: cst.FunctionDef) -> GlobalFlags | N
             if len(assigned[0]) > 1 and value.func.attr.value != "parse_known_args":
                 return None
             uses = _names_used(module)
-            if uses.get(parser, 0) != position - start + 1 or "make_parser" in uses:
+            if uses.get(parser, 0) != position - start + 1:
                 raise Blocked(statement, f"`{parser}` is used besides building and parsing")
             rest = assigned[0][1:]
             if at_module_level and any(uses.get(n, 0) > 1 for n in rest):
@@ -590,37 +591,6 @@ def _global_flags(rule: TowerRule, function: cst.FunctionDef) -> GlobalFlags | N
                 at_module_level,
             )
     return None
-
-
-def _global_flags_statement(
-    parsed: GlobalFlags, statement: cst.BaseStatement
-) -> cst.BaseStatement | None:
-    """A module statement around a module-level FLAGS: the parser's statements go (into
-    make_parser), the parse becomes ``FLAGS = None`` and moves first into the main block,
-    reading ``make_parser()``; None: the statement goes."""
-    # _ReplaceName renames one name: the line stays a line (so below)
-    parse = cast(
-        cst.SimpleStatementLine,
-        parsed.parse.visit(_ReplaceName(parsed.parser, cst.parse_expression("make_parser()"))),
-    )
-    if statement is parsed.main:
-        block = list(parsed.main.body.body)
-        if parsed.at_module_level:
-            block = [parse.with_changes(leading_lines=[]), *block]
-        else:
-            start = block.index(parsed.statements[0] if parsed.statements else parsed.parse)
-            end = block.index(parsed.parse)
-            block = [*block[:start], parse, *block[end + 1 :]]
-        return parsed.main.with_changes(body=parsed.main.body.with_changes(body=block))
-    if parsed.at_module_level and statement is parsed.parse:
-        first = parsed.statements[0] if parsed.statements else statement
-        none = cst.parse_statement(
-            f"{parsed.values} = None  # parsed in the main block (tfmigrate_program: from argv)\n"
-        )
-        return none.with_changes(leading_lines=_leading_lines(first))
-    if parsed.at_module_level and any(statement is s for s in parsed.statements):
-        return None
-    return statement
 
 
 def _argparse_call(rule: TowerRule, value: cst.BaseExpression) -> bool:
@@ -641,57 +611,6 @@ def _builds_parser(rule: TowerRule, statement: cst.CSTNode, parser: str) -> bool
         and isinstance(call.func.value, cst.Name)
         and call.func.value.value == parser
     )
-
-
-def _module_level_parser(
-    rule: TowerRule, main: cst.If | cst.FunctionDef, launch: Launch
-) -> list[cst.BaseStatement] | None:
-    """``parser = argparse.ArgumentParser(...)`` and the ``parser.add_argument(...)`` calls
-    right after it at module level, for a main block (or launcher) ending
-    ``train(parser.parse_args())``: those statements (they move into make_parser). None: no
-    module-level parser of that name. Blocked when the parser is used for anything else (its
-    line and what it does)."""
-    module = rule.context.module
-    parser = launch.parser
-    body: list[cst.BaseStatement] = list(module.body)
-    start = next(
-        (i for i, s in enumerate(body) if parser in bound_names(s) and _assign(s) is not None),
-        None,
-    )
-    if start is None:
-        return None
-    if not _builds_parser(rule, body[start], parser):
-        raise Blocked(body[start], f"`{parser}` is not built by `argparse.ArgumentParser()`")
-    end = start + 1
-    while end < len(body) and _builds_parser(rule, body[end], parser):
-        end += 1
-    built = body[start:end]
-    # Allowed: those statements, the main block's own add_argument calls, the final parse.
-    allowed = {id(s) for s in built}
-    allowed |= {id(s) for s in launch.statements if _builds_parser(rule, s, parser)}
-    for statement in [*body, *launch.statements]:
-        if statement is main or id(statement) in allowed:
-            continue
-        attributes = {id(n.attr) for n in walk(statement) if isinstance(n, cst.Attribute)}
-        use = next(
-            (
-                n
-                for n in walk(statement)
-                if isinstance(n, cst.Name) and n.value == parser and id(n) not in attributes
-            ),
-            None,
-        )
-        if use is not None:  # named by the statement that holds it, even inside a function
-            held = rule.enclosing_statement(use)
-            raise Blocked(
-                held,
-                f"`{parser}` is used besides building it at module level and parsing it in "
-                f"the main block (line {rule.line(use)}: `{rule.src(held, 40)}`)",
-            )
-    parse = _launch_body(main)[len(launch.statements) :]
-    if _names_used(*parse).get(parser, 0) != 1:
-        raise Blocked(parse[-1], f"`{parser}` is used besides being parsed in the main block")
-    return built
 
 
 def _check_batch_norm_mode(rule: TowerRule) -> None:
@@ -834,7 +753,7 @@ class Launch:
     """How the flags reach the training function: statements building the parser, then
     ``train(parser.parse_args())`` or ``args = parser.parse_args()`` and ``train(args)``."""
 
-    # before the parse (they move into make_parser); a one-line main block's are small statements
+    # before the parse; a one-line main block's are small statements
     statements: list[cst.CSTNode]
     parser: str
 
@@ -876,8 +795,8 @@ def _argparse_launcher(
     module: cst.Module, function: cst.FunctionDef, call: cst.Call | None
 ) -> cst.FunctionDef | None:
     """``def main():`` building an argparse parser and calling ``train(parser.parse_args())``
-    last, which the main block calls last (``main()``): kept, calling
-    ``train(make_parser().parse_args())`` (a setup.py entry point may name it)."""
+    last, which the main block calls last (``main()``): kept as it is (a setup.py entry point
+    may name it)."""
     if call is None or call.args or not isinstance(call.func, cst.Name):
         return None
     name = call.func.value
@@ -908,13 +827,6 @@ def _argparse_launcher(
             f"`{train}(args)` after building the parser (other code in it is not converted)",
         )
     return launcher
-
-
-def _slim_launcher(launcher: cst.FunctionDef, function: cst.FunctionDef) -> cst.FunctionDef:
-    """The launcher function, now parsing the flags from make_parser()."""
-    docstring = list(launcher.body.body[:1]) if launcher.get_docstring(clean=False) else []
-    call = cst.parse_statement(f"{function.name.value}(make_parser().parse_args())\n")
-    return launcher.with_changes(body=launcher.body.with_changes(body=[*docstring, call]))
 
 
 def _module_level_parse(module: cst.Module) -> str | None:
@@ -977,7 +889,6 @@ def _convert(
         raise Blocked(context.module, "the tower loop could not be found again after renaming")
     program, main, main_call, absl = _analyse(reader_rule, loops[0].replicator)
     parsed: GlobalFlags | None = absl if isinstance(absl, GlobalFlags) else None
-    module_parser: list[cst.BaseStatement] | None = None  # a parser built at module level
     absl = absl if isinstance(absl, AbslMain) else None
     unit = module.default_indent
     _number_after_variables(program, module, reader_rule)
@@ -1008,60 +919,23 @@ def _convert(
             )
         emitter.synchronized_statistics = batch_norm_sync.STATISTICS
     keys = emitter.fetch_keys()
-    needs = emitter.loop_needs()
     function = program.function
-    if absl is not None:
-        # tf.app.flags are absl's flags: defined at import, parsed by app.run (main) or by
-        # tfmigrate_program from its argv; the training code reads them as it did.
-        params, param = "", absl.values
-        parser_statements: list[cst.CSTNode] = []
-        parser_name, parse_line = "", ""
+    # The flags reach the training function as they did: the legacy parsing code stays.
+    parse_line = main_text = ""
+    if absl is not None and absl.launcher is None:
         main_text = f"""
 
 if __name__ == "__main__":
     app.run({function.name.value})
 """
-        if absl.launcher is not None:
-            main_text = ""  # the main block stays after the launcher, run by absl's app.run
-    elif parsed is not None:
-        # A module-level FLAGS the training code reads: parsed in the main block, as before,
-        # or by tfmigrate_program from its argv.
-        params, param, parser_name = "", parsed.values, parsed.parser
-        parser_statements, parse_line, main_text = list(parsed.statements), "", ""
-    elif program.parser is None:
-        params = module.code_for_node(function.params)
-        param = function.params.params[0].name.value
-        launch = _launch(_launch_body(main), function)
-        assert launch is not None
-        parser_name, parser_statements = launch.parser, launch.statements
-        if parser_name not in set().union(*(bound_names(s) for s in parser_statements)):
-            # Built at module level: those statements move into make_parser too.
-            module_parser = _module_level_parser(reader_rule, main, launch)
-            if module_parser is None:
-                raise Blocked(main, f"`{parser_name}` is not built in the main block")
-            parser_statements = [*module_parser, *parser_statements]
-        parse_line = ""
-        main_text = f"""
-
-if __name__ == "__main__":
-    {function.name.value}(make_parser().parse_args())
-"""
-        if isinstance(main, cst.FunctionDef):
-            main_text = ""  # the launcher stays, and the main block calling it
-    else:
-        # `def main():` parsed its own flags: it still does, with the parser made by make_parser.
-        params = param = program.parser.flags
-        parser_name = program.parser.name
-        parser_statements = list(program.parser.statements)
-        parse = cast(
-            cst.SimpleStatementLine,
-            program.parser.parse.visit(
-                _ReplaceName(parser_name, cst.parse_expression("make_parser()"))
-            ),
-        )
-        parse_line = f"    {module.code_for_node(parse).strip()}\n"
-        main_text = ""
-    parser_slot = emitter.slot(parser_statements) if absl is None else ""
+    elif parsed is None and program.parser is not None:
+        # `def main():` parsed its own flags: it still does, first thing.
+        parsing = [*program.parser.statements, program.parser.parse]
+        helper_function = program.parser.function
+        if helper_function is not None:  # `args = parse_args()`: the helper stays
+            call = f"{program.parser.flags} = {helper_function.name.value}()\n"
+            parsing = [cst.parse_statement(call)]
+        parse_line = f"    {emitter.slot(parsing)}\n"
     body_slot = emitter.slot(emitter.loop_body(keys))
     loop_prelude = loop_end = loop_comment = ""
     if program.monitored is None:
@@ -1076,7 +950,6 @@ if __name__ == "__main__":
             loop_prelude = (
                 "    # MonitoredTrainingSession(checkpoint_dir=...): resume from the latest\n"
                 "    # checkpoint there, save one when the loop ends.\n"
-                '    checkpoint = program["checkpoint"]\n'
                 f"    manager = tf.train.CheckpointManager(checkpoint, {folder}, max_to_keep=5)\n"
                 "    manager.restore_or_initialize()\n"
             )
@@ -1113,60 +986,38 @@ if __name__ == "__main__":
         loop_end += (
             "    # tf.train.Saver().save(sess, path) -> the same <path>.index/.data files, written\n"
             "    # by tf.train.Checkpoint (object-based: not readable by the legacy Saver).\n"
-            f'    program["checkpoint"].write({emitter.expr(program.final_save)})\n'
+            f"    checkpoint.write({emitter.expr(program.final_save)})\n"
         )
     for statement in program.logging.closing:  # the summary writer's close()/flush()
         loop_end += f"    {emitter.code(statement).strip()}\n"
-    unpack = "".join(f'    {name} = program["{name}"]\n' for name in needs)
     signature = module.code_for_node(function.params)
+    checkpointed = (
+        program.checkpoint_dir is not None
+        or program.final_save is not None
+        or emitter.saved_path() is not None
+    )
+    store = store_source(
+        emitter.uses_moving_averages(),
+        emitter.uses_regularization(),
+        keras is not None,
+        emitter.uses_tower_index(),
+    )
     text = (
-        store_source(
-            emitter.uses_moving_averages(),
-            emitter.uses_regularization(),
-            keras is not None,
-            emitter.uses_tower_index(),
-        )
+        store
         + (MEMORY_HELPER if program.memory_fetches else "")
-        + "\n\n\n"
-        + emitter.build_function(params, keys, needs)
-        .strip("\n")
-        .replace("def build_program(strategy, ):", "def build_program(strategy):")
-        + (
-            _absl_protocol(absl, context)
-            if absl is not None
-            else f"""
-
-
-def make_parser():
-    {parser_slot}
-    {parser_name}.add_argument(
-        "--restore_from", help="start from a checkpoint folder (tfmigrate convert-checkpoint)")
-    return {parser_name}
-
-
-def tfmigrate_program(strategy, argv):
-    \"\"\"tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`.\"\"\"
-    {"global " + param + chr(10) + "    " if parsed else ""}{param}, _ = make_parser().parse_known_args(argv)
-    return build_program(strategy{", " + param if params else ""})"""
-        )
-        + f"""
-
-
-def {function.name.value}({signature}):
+        + ("\n\n\n" if store or program.memory_fetches else "")
+        + f"""def {function.name.value}({signature}):
 {doc_line}{parse_line}    strategy = tf.distribute.MirroredStrategy()
-    program = build_program(strategy{", " + param if params else ""})
-    if {param}.restore_from:
-        with strategy.scope():  # optimizer slots restored now are created mirrored
-            program["checkpoint"].restore(
-                tf.train.latest_checkpoint({param}.restore_from)).assert_existing_objects_matched()
-{emitter.loop_setup()}{unpack}{loop_prelude}    {loop_header}:{loop_comment}
+{emitter.training_body(keys, checkpointed).rstrip()}
+
+{loop_prelude}    {loop_header}:{loop_comment}
         {body_slot}
 {loop_end}{main_text}"""
     )
     generated = _parse_generated(text, unit, emitter)
     multi_worker_notes: list[str] = []
     if context.options.get(multi_worker.OPTION) == multi_worker.MULTI_WORKER:
-        generated, multi_worker_notes = multi_worker.to_multi_worker(generated)
+        generated, multi_worker_notes = multi_worker.to_multi_worker(generated, function.name.value)
 
     helper = program.helper
     if helper is not None:
@@ -1175,29 +1026,15 @@ def {function.name.value}({signature}):
         )
         if uses > 2:  # its def and the aggregation call: anything more is another use
             helper = None
-    parse_helper = program.parser.function if program.parser is not None else None
-    if parse_helper is not None and _names_used(module).get(parse_helper.name.value, 0) > 2:
-        # its def and `args = parse_args()`: anything more is another use
-        parse_helper = None
     body: list[cst.BaseStatement] = []
     for statement in module.body:
         if absl is not None and absl.launcher is not None and statement is main:
             run = cst.parse_statement(f'if __name__ == "__main__":\n    app.run({absl.runs})\n')
             body.append(run.with_changes(leading_lines=statement.leading_lines))
             continue
-        if parsed is not None:
-            moved = _global_flags_statement(parsed, statement)
-            if moved is not statement:  # the parser's statements, the parse, the main block
-                body.extend([moved] if moved is not None else [])
-                continue
-        if statement is main and isinstance(main, cst.FunctionDef) and program.parser is None:
-            body.append(_slim_launcher(main, function))
-            continue
         if (
             statement is helper
-            or statement is parse_helper
-            or (statement is main and program.parser is None)
-            or (module_parser is not None and any(statement is s for s in module_parser))
+            or (absl is not None and statement is main)  # app.run(<training function>) now
             or (absl is not None and statement is absl.alias)
         ):
             continue
@@ -1295,21 +1132,6 @@ def memory_bytes(key):
     import resource  # Unix
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024'''
-
-
-def _absl_protocol(absl: AbslMain, context: RuleContext) -> str:
-    script = PurePosixPath(context.path).name
-    return f"""
-
-
-flags.DEFINE_string(
-    "restore_from", None, "start from a checkpoint folder (tfmigrate convert-checkpoint)")
-
-
-def tfmigrate_program(strategy, argv):
-    \"\"\"tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`.\"\"\"
-    {absl.values}([{script!r}, *argv], known_only=True)
-    return build_program(strategy)"""
 
 
 def _add_imports(module: cst.Module, lines: list[str]) -> cst.Module:
@@ -1489,7 +1311,6 @@ def _logging_prelude(emitter: Emitter, module: cst.Module) -> str:
         text += (
             "    # tf.train.Saver -> a CheckpointManager writing the same file names\n"
             "    # (<path>-<step>); object-based checkpoints, not readable by the legacy Saver.\n"
-            '    checkpoint = program["checkpoint"]\n'
             f"    manager = tf.train.CheckpointManager(\n"
             f"        checkpoint, os.path.dirname({code(path)}), max_to_keep={keep},\n"
             f"        checkpoint_name=os.path.basename({code(path)}))\n"

@@ -14,7 +14,7 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate.convert.plan import Action, Chain, Plan, Statement, _body, _calls, _targets
 from tfmigrate.convert.todo import Leftover, Todo
-from tfmigrate.rules._towers import free_names, method_name
+from tfmigrate.rules._towers import free_names, get_arg, method_name
 
 # The one helper a converted program gains: TF1 model code keeps making its variables with
 # tf.compat.v1.get_variable (tf_slim and tf.compat.v1.layers do too); this store makes each one
@@ -84,6 +84,7 @@ def emit(plan: Plan) -> Emitted:
     assert isinstance(module, cst.Module)
     module = _with_store(module)
     module = _placeholder_helpers_out(module, plan, writer)
+    module = _combination_helpers_out(module, plan, writer)
     marker = _MarkCollections(plan, writer)
     module = module.visit(marker)
     if plan.wrapper is None:
@@ -249,6 +250,39 @@ def _placeholder_helpers_out(module: cst.Module, plan: Plan, writer: _Writer) ->
     return module.with_changes(body=body)
 
 
+def _combination_helpers_out(module: cst.Module, plan: Plan, writer: _Writer) -> cst.Module:
+    """The towers' gradient-averaging helper, called by nothing now, goes -- in an entry script
+    (a module with a main block; a library module's helper may have other importers)."""
+    if not plan.combination_helpers or not any(_is_main_block(s) for s in module.body):
+        return module
+    counts: dict[str, int] = {}
+    for name in _all_names(module):
+        counts[name.value] = counts.get(name.value, 0) + 1
+    body = []
+    for statement in module.body:
+        if (
+            isinstance(statement, cst.FunctionDef)
+            and statement.name.value in plan.combination_helpers
+            and counts.get(statement.name.value) == 1
+        ):
+            writer.notes.append(
+                f"`{statement.name.value}` combined the towers' gradients: the strategy does it "
+                "now, the function went"
+            )
+            continue
+        body.append(statement)
+    return module.with_changes(body=body)
+
+
+def _is_main_block(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.If)
+        and isinstance(statement.test, cst.Comparison)
+        and isinstance(statement.test.left, cst.Name)
+        and statement.test.left.value == "__name__"
+    )
+
+
 def _all_names(node: cst.CSTNode) -> list[cst.Name]:
     found = []
     stack = [node]
@@ -395,9 +429,15 @@ class _Writer(cst.CSTTransformer):
                 return _replace_run(updated_node, cst.Name(decision.iterator or "iterator"))
             return _replace_run(updated_node, cst.parse_expression(f"next({decision.iterator})"))
         if action is Action.STEP_RUN:
-            return self._step_call(updated_node, decision)
+            call = self._step_call(updated_node, decision)
+            if decision.todo is not None:
+                self.todos.append(decision.todo)
+                return _trailing(call, decision.todo)
+            return call
         if action is Action.CHECKPOINT:
             return self._checkpoint(updated_node)
+        if action is Action.FED_VARIABLE:
+            return self._fed_variable(updated_node)
         if action is Action.SAVER_CALL:
             return updated_node.visit(_SaverCall())
         if action is Action.TRAIN_STEP:
@@ -440,6 +480,29 @@ class _Writer(cst.CSTTransformer):
                 "tf.train.Saver became tf.train.Checkpoint (object-based: a TF1 checkpoint is "
                 "read after `tfmigrate convert-checkpoint`)"
             )
+        return updated_node.with_changes(body=[small.with_changes(value=value)])
+
+    def _fed_variable(self, updated_node):
+        """``lr = tf.placeholder(tf.float32, [])`` that the optimizer reads: a variable made
+        once, which the train step assigns the fed value to."""
+        call = updated_node.body[0].value
+        dtype = get_arg(call, 0, "dtype") or cst.parse_expression("tf.float32")
+        shape = get_arg(call, 1, "shape")
+        name = get_arg(call, 2, "name")
+        scalar = shape is None or (isinstance(shape, cst.List | cst.Tuple) and not shape.elements)
+        initial = (
+            parse_template_expression("tf.constant(0, {dtype})", dtype=dtype)
+            if scalar
+            else parse_template_expression("tf.zeros({shape}, {dtype})", shape=shape, dtype=dtype)
+        )
+        args = [
+            cst.Arg(initial),
+            cst.Arg(cst.Name("False"), keyword=cst.Name("trainable"), equal=_equal()),
+        ]
+        if name is not None:
+            args.append(cst.Arg(name, keyword=cst.Name("name"), equal=_equal()))
+        value = cst.Call(cst.parse_expression("tf.Variable"), args)
+        small = updated_node.body[0]
         return updated_node.with_changes(body=[small.with_changes(value=value)])
 
     def _iterator(self, original_node, decision):
@@ -505,9 +568,9 @@ class _Writer(cst.CSTTransformer):
             leading_lines=[],
         )
         step: list[cst.BaseStatement] = [
-            s.visit(_Expressions(plan))
-            for s in plan.step_before  # type: ignore[misc]
+            _statement(f"{name}.assign({param})") for name, param in plan.fed_variables.items()
         ]
+        step += [s.visit(_Expressions(plan)) for s in plan.step_before]  # type: ignore[misc]
         step.append(replica_def)
         if not returned:
             step.append(_statement("strategy.run(replica_step)"))
@@ -862,7 +925,9 @@ class _Replica:
         replaced = gradient.statement.visit(_ReplaceNode(gradient.call, value))
         if gradient.statement is chain.append:
             taken = _names_of(plan.loop.body)
-            name = chain.combined if chain.combined not in taken else "replica_grads"
+            name = next(
+                n for n in (chain.combined, "grads", "replica_grads") if n and n not in taken
+            )
             appended = replaced.body[0].value.args[0].value  # type: ignore[attr-defined]
             replaced = _statement("{name} = {value}", name=cst.Name(name), value=appended)
             self._grads_names[id(chain)] = name
