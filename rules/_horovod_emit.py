@@ -1,8 +1,9 @@
 """Writing the MultiWorkerMirroredStrategy program for a Horovod script (TFM401's conversion; not a
 rule module).
 
-The program follows tfmigrate's verify protocol (``tfmigrate_program``) like TFM303's output and
-reuses its pieces: the ``TF1Variables`` store that keeps the TF1 model code with mirrored
+The program is a plain TF2 program like TFM303's output (the variables, the distributed
+dataset and one ``tf.function`` train step made in the training function, the legacy loop calling
+it, the legacy main block kept) and reuses TFM303's pieces: the ``TF1Variables`` store that keeps the TF1 model code with mirrored
 variables under their legacy names, the ``tf_keras`` import of ``tf.compat.v1.layers``, and the
 multi-worker checkpoints (every worker saves, the chief into the real folder). Horovod's pieces:
 
@@ -49,9 +50,9 @@ def first_replica(strategy, value):
 
 _RESERVED = frozenset(
     {
-        "TF1Variables", "replica_index", "build_program", "make_parser", "tfmigrate_program",
-        "first_rank", "first_replica", "is_chief", "WorkerCheckpoints", "strategy", "program",
-        "batches", "outputs", "train_step", "step_fn", "model_fn", "build", "rank_input",
+        "TF1Variables", "replica_index", "first_rank", "first_replica", "is_chief",
+        "WorkerCheckpoints", "strategy", "batches", "outputs", "train_step", "step_fn",
+        "model_fn", "create_variables", "rank_input",
         "worker_input", "tf1_variables", "variables", "checkpoint", "manager", "rank",
         "context", "local", "fetches", "batch", "spec", "j",
     }
@@ -164,13 +165,26 @@ def emit(
     )
     doc = program.function.get_docstring(clean=False)
     doc_line = f'    """{doc}"""\n' if doc is not None else ""
-    checkpoint_prelude = checkpoint_end = ""
+    checkpoint_prelude = checkpoint_end = trace = ""
     if program.checkpoint_dir is not None:
         folder = code(program.checkpoint_dir)
+        # The checkpoint lists the variables: they are made before the first step for it.
+        trace = """
+    @tf.function
+    def create_variables(*batch):
+        strategy.run(model_fn, args=batch)
+
+    # The TF1 model code makes its variables on first use: a trace of one replica step
+    # (nothing runs) makes them now, mirrored, for the checkpoint.
+    create_variables.get_concrete_function(*[
+        tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
+        for spec in tf.nest.flatten(rank_input(0).element_spec)])
+"""
         checkpoint_prelude = (
+            "    checkpoint = tf.train.Checkpoint(\n"
+            f"        variables=tf1_variables.variables, optimizer={program.optimizer})\n"
             "    # MonitoredTrainingSession(checkpoint_dir=...) on rank 0: every worker saves,\n"
             "    # the chief into that folder; all resume from its latest checkpoint.\n"
-            '    checkpoint = program["checkpoint"]\n'
             f"    manager = tf.train.CheckpointManager(checkpoint, {folder}, max_to_keep=5)\n"
             "    manager.restore_or_initialize()\n"
         )
@@ -192,30 +206,10 @@ def emit(
             cast(cst.BaseExpression, program.last_step.visit(_HorovodCalls(qualify, first)))
         )
         loop_line = f"while int({gs}.numpy()) < {last}:  # StopAtStepHook(last_step=...)"
-    global_step_key = f'        "global_step": {gs},\n' if gs is not None else ""
-    global_step_line = f'    {gs} = program["global_step"]\n' if gs is not None else ""
-    with_flags = f", {flags}" if flags else ""
-    if flags:
-        entry = (
-            "def make_parser():\n    __slot_parser__\n"
-            f"    return {program.parser}\n\n\n"
-            "def tfmigrate_program(strategy, argv):\n"
-            '    """tfmigrate\'s verify protocol: the program under `strategy`, flags parsed from'
-            ' `argv`."""\n'
-            f"    {flags}, _ = make_parser().parse_known_args(argv)\n"
-            f"    return build_program(strategy, {flags})\n"
-        )
-    else:
-        entry = (
-            "def tfmigrate_program(strategy, argv):\n"
-            '    """tfmigrate\'s verify protocol: the program under `strategy` (it takes no'
-            ' flags)."""\n'
-            "    return build_program(strategy)\n"
-        )
     text = _indent(
         f'''
-def build_program(strategy{with_flags}):
-    """The training program under `strategy` (its variables, one step, the batches)."""
+def {program.function.name.value}({flags or ""}):
+{doc_line}{gone}    strategy = tf.distribute.MirroredStrategy()
     __slot_setup__
     tf1_variables = TF1Variables(strategy)
 
@@ -232,7 +226,7 @@ def build_program(strategy{with_flags}):
         # distribute_datasets_from_function hands the elements to the replicas in turn
         return tf.data.Dataset.choose_from_datasets(ranks, tf.data.Dataset.range(local).repeat())
 
-    batches = strategy.distribute_datasets_from_function(worker_input)
+    batches = iter(strategy.distribute_datasets_from_function(worker_input))
     with strategy.scope(), tf1_variables.scope():
         __slot_build__
 
@@ -241,16 +235,7 @@ def build_program(strategy{with_flags}):
         with tf1_variables.scope():
             __slot_model__
         return {returns}
-
-    @tf.function
-    def build(*batch):
-        strategy.run(model_fn, args=batch)
-
-    # Trace once, without training: creates the variables under their legacy names.
-    build.get_concrete_function(*[
-        tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
-        for spec in tf.nest.flatten(rank_input(0).element_spec)])
-
+{trace}
     def step_fn({inputs}):
         {returns} = model_fn({inputs})
         fetches = {{{fetch_items}}}  # read before the update, as the legacy fetches were
@@ -261,29 +246,10 @@ def build_program(strategy{with_flags}):
     def train_step(batch):
         return strategy.run(step_fn, args={element})
 
-    return {{
-        "variables": dict(tf1_variables.variables),
-        "train_step": train_step,
-        "batches": batches,
-        "checkpoint": tf.train.Checkpoint(variables=tf1_variables.variables, optimizer={program.optimizer}),
-{global_step_key}    }}
-
-
-{entry}
-
-def {program.function.name.value}({flags or ""}):
-{doc_line}{gone}    strategy = tf.distribute.MirroredStrategy()
-    program = build_program(strategy{with_flags})
-    train_step = program["train_step"]
-    batches = iter(program["batches"])
-{global_step_line}{checkpoint_prelude}    {loop_line}
+{checkpoint_prelude}    {loop_line}
         outputs = train_step(next(batches))
 {unpack}        __slot_loop__
-{checkpoint_end}
-
-if __name__ == "__main__":
-    {program.function.name.value}({"make_parser().parse_args()" if flags else ""})
-''',
+{checkpoint_end}''',
         unit,
     )
     slots = {
@@ -293,7 +259,6 @@ if __name__ == "__main__":
         "__slot_build__": _statements(program.build, qualify, first, unit),
         "__slot_model__": _statements(program.model, qualify, first, unit),
         "__slot_minimize__": _minimize(program, qualify),
-        "__slot_parser__": _statements(program.parser_statements, qualify, "0", unit),
         "__slot_loop__": _statements(program.loop_rest, qualify, first, unit)
         if program.loop_rest
         else "",
@@ -377,7 +342,9 @@ def convert(
         if carried and statement is not program.function:
             statement = statement.with_changes(leading_lines=[*carried, *statement.leading_lines])
             carried = []
-        if statement is program.main:
+        if statement is program.main:  # its parser's defaults may read hvd.size()
+            main = statement.visit(_HorovodCalls(qualify, "0"))
+            body.append(cast(cst.BaseStatement, main).with_changes(leading_lines=two))
             continue
         if statement is program.function:
             for extra in [*store, *helpers, *generated.body]:

@@ -77,7 +77,7 @@ class HorovodProgram:
     main: cst.If  # `if __name__ == '__main__':`
     parser: str | None  # the argparse parser the main block builds (with flags)
     parser_statements: list[cst.BaseStatement]
-    setup: list[cst.BaseStatement]  # before the input: kept in build_program
+    setup: list[cst.BaseStatement]  # before the input: kept in the training function
     rank_input: list[cst.BaseStatement]  # what one process ran to build its dataset
     dataset: str
     inputs: list[str]  # what get_next() gave: the replica function's parameters

@@ -62,7 +62,9 @@ class TF1Variables:
         variable = self.variables.get(name)
         if variable is None:
             def create(strategy):
-                with tf.init_scope(), strategy.scope():
+                # name_scope(None): the legacy name alone (the variable scope's name scope,
+                # still open here, would prefix it again: model/model/w)
+                with tf.init_scope(), tf.compat.v1.name_scope(None), strategy.scope():
                     return getter(name, *args, **kwargs)
 
             context = tf.distribute.get_replica_context()
@@ -87,8 +89,11 @@ def first_replica(strategy, value):
     return strategy.experimental_local_results(value)[0].numpy()
 
 
-def build_program(strategy, flags):
-    """The training program under `strategy` (its variables, one step, the batches)."""
+def train(flags):
+    # Gone with Horovod (see the manifest's notes):
+    # `hvd.init()` goes: the cluster comes from TF_CONFIG
+    # `hvd.BroadcastGlobalVariablesHook` goes: every worker starts from the same initial values
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     x, y = make_data()
     tf1_variables = TF1Variables(strategy)
 
@@ -107,7 +112,7 @@ def build_program(strategy, flags):
         # distribute_datasets_from_function hands the elements to the replicas in turn
         return tf.data.Dataset.choose_from_datasets(ranks, tf.data.Dataset.range(local).repeat())
 
-    batches = strategy.distribute_datasets_from_function(worker_input)
+    batches = iter(strategy.distribute_datasets_from_function(worker_input))
     with strategy.scope(), tf1_variables.scope():
         global_step = tf.compat.v1.train.get_or_create_global_step()
         opt = tf.compat.v1.train.GradientDescentOptimizer(0.1 * strategy.num_replicas_in_sync)
@@ -117,15 +122,6 @@ def build_program(strategy, flags):
         with tf1_variables.scope():
             loss = tf.compat.v1.losses.mean_squared_error(labels, model(features))
         return loss
-
-    @tf.function
-    def build(*batch):
-        strategy.run(model_fn, args=batch)
-
-    # Trace once, without training: creates the variables under their legacy names.
-    build.get_concrete_function(*[
-        tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
-        for spec in tf.nest.flatten(rank_input(0).element_spec)])
 
     def step_fn(features, labels):
         loss = model_fn(features, labels)
@@ -139,40 +135,12 @@ def build_program(strategy, flags):
     def train_step(batch):
         return strategy.run(step_fn, args=batch)
 
-    return {
-        "variables": dict(tf1_variables.variables),
-        "train_step": train_step,
-        "batches": batches,
-        "checkpoint": tf.train.Checkpoint(variables=tf1_variables.variables, optimizer=opt),
-        "global_step": global_step,
-    }
-
-
-def make_parser():
-    parser = argparse.ArgumentParser()
-    return parser
-
-
-def tfmigrate_program(strategy, argv):
-    """tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`."""
-    flags, _ = make_parser().parse_known_args(argv)
-    return build_program(strategy, flags)
-
-
-def train(flags):
-    # Gone with Horovod (see the manifest's notes):
-    # `hvd.init()` goes: the cluster comes from TF_CONFIG
-    # `hvd.BroadcastGlobalVariablesHook` goes: every worker starts from the same initial values
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    program = build_program(strategy, flags)
-    train_step = program["train_step"]
-    batches = iter(program["batches"])
-    global_step = program["global_step"]
     while int(global_step.numpy()) < 100:  # StopAtStepHook(last_step=...)
         outputs = train_step(next(batches))
         loss_value = first_replica(strategy, outputs['loss'])
 
 
-if __name__ == "__main__":
-    train(make_parser().parse_args())
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser()
+    train(parser.parse_args())
 '''

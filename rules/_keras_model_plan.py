@@ -39,7 +39,7 @@ _VARIABLE_SCOPE = "tensorflow.variable_scope"
 @dataclass
 class KerasPlan:
     model: KerasModel
-    instance: str  # the model object's name in build_program
+    instance: str  # the model object's name in the training function
     model_name: str  # its Keras name (the legacy scope)
     tower_body: list[cst.BaseStatement]
     graph_setup: list[cst.BaseStatement]

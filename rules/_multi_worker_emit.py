@@ -2,8 +2,8 @@
 MultiWorkerMirroredStrategy one (not a rule module: the leading underscore keeps the registry
 from loading it).
 
-What changes is small because the generated program already takes its strategy as an argument
-(the verify protocol) and divides each replica's loss by ``num_replicas_in_sync``, which under
+What changes is small because the generated program builds everything under the one strategy it
+makes and divides each replica's loss by ``num_replicas_in_sync``, which under
 MultiWorkerMirroredStrategy counts the replicas of every worker:
 
 - ``main`` builds ``tf.distribute.MultiWorkerMirroredStrategy()``: the cluster comes from
@@ -118,8 +118,11 @@ class _ToMultiWorker(cst.CSTTransformer):
         return updated
 
 
-def to_multi_worker(generated: cst.Module) -> tuple[cst.Module, list[str]]:
-    """The generated program for MultiWorkerMirroredStrategy, and the manifest notes saying so."""
+def to_multi_worker(
+    generated: cst.Module, training: str | None = None
+) -> tuple[cst.Module, list[str]]:
+    """The generated program for MultiWorkerMirroredStrategy, and the manifest notes saying so.
+    The helpers go right before the function named `training` (else first)."""
     transformer = _ToMultiWorker()
     module = generated.visit(transformer)
     helpers = (_SHARDING if transformer.distributed else "") + (
@@ -127,12 +130,12 @@ def to_multi_worker(generated: cst.Module) -> tuple[cst.Module, list[str]]:
     )
     body = list(module.body)
     if helpers:
-        # right before build_program: after the emitted store class, before its first user
+        # right before the training function: after the emitted store class, before its user
         at = next(
             (
                 i
                 for i, s in enumerate(body)
-                if isinstance(s, cst.FunctionDef) and s.name.value == "build_program"
+                if isinstance(s, cst.FunctionDef) and s.name.value == training
             ),
             0,
         )

@@ -46,7 +46,9 @@ class TF1Variables:
             regularizer = kwargs.pop("regularizer", None)  [regularization]
 [regularization]
             def create(strategy):
-                with tf.init_scope(), strategy.scope():
+                # name_scope(None): the legacy name alone (the variable scope's name scope,
+                # still open here, would prefix it again: model/model/w)
+                with tf.init_scope(), tf.compat.v1.name_scope(None), strategy.scope():
                     return getter(name, *args, **kwargs)
 
             context = tf.distribute.get_replica_context()
@@ -168,7 +170,7 @@ def _unsynchronized_build(tower: str, model: str) -> str:
     """The build trace of a model with synchronized batch norms (rewrite --batch-norm sync) runs
     them unsynchronized: a weight made after a cross-replica sum inside that trace cannot be
     lifted out of it (TF 2.21: UnliftableError on the next layer's kernel)."""
-    trace = "build.get_concrete_function(*["
+    trace = "create_variables.get_concrete_function(*["
     start = tower.index(trace)
     end = tower.index("\n", tower.index("element_spec])", start)) + 1
     before = (
@@ -454,8 +456,10 @@ class Emitter:
                         return self._name_of(ret, depth + 1)
         return None
 
-    def build_function(self, params: str, keys: dict[str, str], loop_needs: list[str]) -> str:
-        """``build_program(strategy, flags)``: the variables, the input, one train step.
+    def training_body(self, keys: dict[str, str], checkpointed: bool) -> str:
+        """The training function's set-up: the variables, the input, one tf.function train step
+        (and, `checkpointed`, the tf.train.Checkpoint the loop saves or restores) -- at the
+        function's indent, 4 spaces.
 
         One template for both kinds of input; only the input section differs (a generator of
         the fed batches, or the legacy tf.data dataset itself); the strategy's distributed dataset
@@ -473,24 +477,26 @@ class Emitter:
             )
             input_section = (
                 f"# Replica i receives {given}.\n"
-                f"batches = strategy.experimental_distribute_dataset({p.dataset})\n"
+                f"batches = iter(strategy.experimental_distribute_dataset({p.dataset}))\n"
             )
             spec_source = p.dataset
         store = (
             "with strategy.scope():"
             if self.keras is not None
             else "tf1_variables = TF1Variables(strategy)\n"
-            "                with strategy.scope(), tf1_variables.scope():"
+            "            with strategy.scope(), tf1_variables.scope():"
         )
-        head = textwrap.dedent(f'''
-            def build_program(strategy, {params}):
-                """The training program under `strategy` (its variables, one step, the batches)."""
-                {python_setup}
-                {store}
-                    {graph_setup}
-            ''').strip("\n")
-        sections = [input_section, self._tower_section(keys, spec_source, loop_needs)]
-        return head + "\n\n" + "\n\n".join(textwrap.indent(s.strip("\n"), "    ") for s in sections)
+        head = textwrap.dedent(f"""
+            {python_setup}
+            {store}
+                {graph_setup}
+            """).strip("\n")
+        sections = [input_section, self._tower_section(keys, spec_source, checkpointed)]
+        return "\n\n".join(textwrap.indent(s.strip("\n"), "    ") for s in [head, *sections])
+
+    def built_at_construction(self) -> bool:
+        """The Keras model makes its weights in its constructor (no shape read from a batch)."""
+        return self.keras is not None and "self.build(None)" in self.keras.model.source
 
     def _fed_input(self) -> str:
         """A generator of what the legacy loop fed (its own feed code), as a dataset."""
@@ -544,11 +550,12 @@ class Emitter:
         return (
             generator + "\n"
             "dataset = tf.data.Dataset.from_generator(\n" + dataset + f"# {slicing}\n"
-            "batches = strategy.experimental_distribute_dataset(dataset)\n"
+            "batches = iter(strategy.experimental_distribute_dataset(dataset))\n"
         )
 
-    def _tower_section(self, keys: dict[str, str], spec_source: str, loop_needs: list[str]) -> str:
-        """The replica function, the variable-creating trace, the EMA, the train step."""
+    def _tower_section(self, keys: dict[str, str], spec_source: str, checkpointed: bool) -> str:
+        """The replica function, the variable-creating trace (when the variables must exist
+        before the first step), the EMA, the train step, the checkpoint."""
         p = self.p
         inputs = ", ".join(ph.name for ph in p.placeholders)
         scale = " / strategy.num_replicas_in_sync" if p.averaged else ""
@@ -566,7 +573,6 @@ class Emitter:
             if (t not in p.reductions or t in sources) and t not in setup_fetches
         }
         fetched = ", ".join(f"{key!r}: {tensor}" for tensor, key in tower_keys.items())
-        extra = "".join(f'\n    "{name}": {name},' for name in loop_needs)
         keras = self.keras
         # both rewrite expressions inside the statements, removing none
         body = self.slot(
@@ -593,7 +599,14 @@ class Emitter:
             run = f"outputs = strategy.run(step_fn, args=batch){reduced}\n    return outputs"
         else:
             run = "return strategy.run(step_fn, args=batch)"
-        variables = "dict(tf1_variables.variables)"
+        # The variables exist before the first step only where something needs them then:
+        # the EMA's shadows, the checkpoint's list of them, a synchronized batch norm (whose
+        # weights cannot be made inside a trace that sums across replicas).
+        trace = not self.built_at_construction() and bool(
+            p.ema is not None or checkpointed or self.synchronized_statistics
+        )
+        variables = "variables"
+        listed = (checkpointed or p.ema is not None) and keras is None
         ema = ""
         if p.ema is not None:
             name = p.ema[0]
@@ -614,7 +627,10 @@ class Emitter:
                 "    if average is not None:\n"
                 f'        variables[f"{{legacy_name}}/{{{name}.name}}"] = average\n'
             )
-            if keras is not None:  # the shadows named after the Keras weight paths
+            listed = False
+            if not checkpointed:  # the shadows are listed for the checkpoint only
+                ema = ema[: ema.index("variables = dict(")]
+            elif keras is not None:  # the shadows named after the Keras weight paths
                 ema = (
                     ema.replace("variables = dict(tf1_variables.variables)\n", "")
                     .replace(
@@ -623,10 +639,7 @@ class Emitter:
                     )
                     .replace("{legacy_name}", "{weight_path}")
                 )
-            variables = "variables"
         loss = self.expr(p.loss)
-        if keras is not None:
-            variables = "variables"
         tower = textwrap.dedent('''
             def tower_fn({inputs}):
                 """One tower of the legacy loop, now one replica."""
@@ -639,17 +652,22 @@ class Emitter:
                 {p.grads_name} = list(zip(
                     tape.gradient(replica_loss, variables_to_train), variables_to_train))
                 return {p.grads_name}, {{{fetched}}}
-
-            @tf.function
-            def build(*batch):
-                strategy.run(tower_fn, args=batch)
-
-            # Trace once, without training: creates the variables under their legacy names.
-            build.get_concrete_function(*[
-                tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in {spec_source}.element_spec])
             ''')
+        if trace:
+            tower += textwrap.dedent("""
+                @tf.function
+                def create_variables(*batch):
+                    strategy.run(tower_fn, args=batch)
+
+                # The model code makes its variables on first use: a trace of one replica step
+                # (nothing runs) makes them now, mirrored, before training reads them.
+                create_variables.get_concrete_function(*[
+                    tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in {spec_source}.element_spec])
+                """)
+        if listed:
+            tower += "variables = dict(tf1_variables.variables)\n"
         if keras is not None:
-            tower = self._keras_tower(tower, withs, keras)
+            tower = self._keras_tower(tower, withs, keras, checkpointed)
         statistics = ""
         if p.update_ops is not None:
             lines = textwrap.wrap(
@@ -664,51 +682,44 @@ class Emitter:
                 {apply}{statistics}
                 return fetches
 
-            def one_step(batch):
+            @tf.function
+            def train_step(batch):
                 {run}
-
-            train_step = tf.function(one_step)
-
-            return {{
-                "variables": {variables},
-                "train_step": train_step,
-                "one_step": one_step,{jit_key}
-                "batches": batches,
-                # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
-                "checkpoint": tf.train.Checkpoint(variables={variables}, optimizer={p.optimizer}),{extra}
-            }}
             """)
-        compiled, tower_call, rezip, jit_key = "", "tower_fn", "", ""
+        if checkpointed:
+            step += (
+                "\ncheckpoint = tf.train.Checkpoint(variables={variables}, "
+                "optimizer={p.optimizer})\n"
+            )
+        compiled, tower_call, rezip = "", "tower_fn", ""
         if self.jit:
             trainable = keras.trainable if keras is not None else "tf1_variables.trainable"
             compiled = JIT_TOWER.format(grads=p.grads_name, inputs=inputs)
-            tower_call, jit_key = "compiled_tower", '\n    "jit_compile": True,'
+            tower_call = "compiled_tower"
             rezip = f"\n    {p.grads_name} = list(zip({p.grads_name}, {trainable}))"
         values = dict(
             p=p, inputs=inputs, withs=withs, body=body, scale_note=scale_note, loss=loss,
-            compiled=compiled, tower_call=tower_call, rezip=rezip, jit_key=jit_key,
+            compiled=compiled, tower_call=tower_call, rezip=rezip,
             scale=scale, fetched=fetched, spec_source=spec_source, reads=reads, apply=apply,
-            run=run, variables=variables, extra=extra, statistics=statistics,
+            run=run, variables=variables, statistics=statistics,
             keras_withs=withs[2:] + ", " if withs else "",
             var_list=keras.trainable if keras is not None else "tf1_variables.trainable",
         )  # fmt: skip
         return tower.format(**values) + ema + step.format(**values)
 
-    def _keras_tower(self, tower: str, withs: str, keras: KerasPlan) -> str:
+    def _keras_tower(self, tower: str, withs: str, keras: KerasPlan, listed: bool) -> str:
         """The tower template for a Keras model: no variable store; the model's weights are
-        what the optimizer updates and verify reads (by Keras weight path)."""
-        tower = tower.replace(
-            "# Trace once, without training: creates the variables under their legacy names.",
-            "# Trace once, without training: builds the Keras model (its weights, mirrored).",
-        )
+        what the optimizer updates (and, `listed`, what the checkpoint and the EMA take, by
+        Keras weight path)."""
         if self.synchronized_statistics:
             tower = _unsynchronized_build(tower, keras.instance)
-        tower += (
-            # (doubled braces: the template is formatted after this)
-            f"variables = {{{{weight.path: weight.value for weight in {keras.instance}.weights}}}}\n"
-        )
-        if keras.global_step is not None:  # a TF1 variable verify compares too
-            tower += f'variables["global_step"] = {keras.global_step}\n'
+        if listed:
+            tower += (
+                # (doubled braces: the template is formatted after this)
+                f"variables = {{{{weight.path: weight.value for weight in {keras.instance}.weights}}}}\n"
+            )
+            if keras.global_step is not None:  # a TF1 variable the checkpoint keeps too
+                tower += f'variables["global_step"] = {keras.global_step}\n'
         if not self.uses_tower_index():  # it only chose the variable scope's reuse
             tower = tower.replace("{p.tower_index} = replica_index()\n    ", "")
         if "get_concrete_function(" in keras.model.source:
@@ -932,10 +943,6 @@ class Emitter:
             return f"outputs[{key!r}]"
         return f"strategy.experimental_local_results(outputs[{key!r}])[{replica}]"
 
-    def loop_setup(self) -> str:
-        """main()'s lines before the loop that take the steps' values (4-space indents)."""
-        return '    train_step = program["train_step"]\n    batches = iter(program["batches"])\n'
-
     def saved_path(self) -> cst.BaseExpression | None:
         """The path the loop's ``saver.save(sess, path, global_step=...)`` writes to."""
         if self.p.logging.saver is None:
@@ -972,18 +979,6 @@ class Emitter:
             and node.elements
             for node in walk(statement)
         )
-
-    def loop_needs(self) -> list[str]:
-        """Names the eager loop reads that the build made (returned in the program dict)."""
-        made = set().union(*(bound_names(s) for s in [*self.p.python_setup, *self.p.graph_setup]))
-        used: set[str] = set()
-        for statement in self.loop_body_sources():
-            used |= free_names(statement)
-        if isinstance(self.p.step_loop, cst.For):
-            used |= free_names(self.p.step_loop.iter)
-        if self.p.monitored is not None:
-            used |= {self.global_step()} | free_names(self.p.monitored)
-        return sorted(used & made)
 
     def loop_body_sources(self) -> list[cst.CSTNode]:
         p = self.p

@@ -84,7 +84,9 @@ class TF1Variables:
         variable = self.variables.get(name)
         if variable is None:
             def create(strategy):
-                with tf.init_scope(), strategy.scope():
+                # name_scope(None): the legacy name alone (the variable scope's name scope,
+                # still open here, would prefix it again: model/model/w)
+                with tf.init_scope(), tf.compat.v1.name_scope(None), strategy.scope():
                     return getter(name, *args, **kwargs)
 
             context = tf.distribute.get_replica_context()
@@ -110,8 +112,8 @@ def replica_index():
     return int(tf.get_static_value(context.replica_id_in_sync_group))
 
 
-def build_program(strategy, flags):
-    """The training program under `strategy` (its variables, one step, the batches)."""
+def train(flags):
+    strategy = tf.distribute.MirroredStrategy()
     tf1_variables = TF1Variables(strategy)
     with strategy.scope(), tf1_variables.scope():
         x_all = np.ones([64, 4], np.float32)
@@ -131,7 +133,7 @@ def build_program(strategy, flags):
         ),
     )
     # Replica i receives the i-th slice of each global batch, as tower i did.
-    batches = strategy.experimental_distribute_dataset(dataset)
+    batches = iter(strategy.experimental_distribute_dataset(dataset))
 
     def tower_fn(x, y):
         """One tower of the legacy loop, now one replica."""
@@ -146,64 +148,24 @@ def build_program(strategy, flags):
             tape.gradient(replica_loss, variables_to_train), variables_to_train))
         return grads, {'loss': loss}
 
-    @tf.function
-    def build(*batch):
-        strategy.run(tower_fn, args=batch)
-
-    # Trace once, without training: creates the variables under their legacy names.
-    build.get_concrete_function(*[
-        tf.TensorSpec([None, *spec.shape[1:]], spec.dtype) for spec in dataset.element_spec])
-
     def step_fn(x, y):
         grads, fetches = tower_fn(x, y)
         train_op = opt.apply_gradients(grads)
         return fetches
 
-    def one_step(batch):
+    @tf.function
+    def train_step(batch):
         return strategy.run(step_fn, args=batch)
 
-    train_step = tf.function(one_step)
-
-    return {
-        "variables": dict(tf1_variables.variables),
-        "train_step": train_step,
-        "one_step": one_step,
-        "batches": batches,
-        # What `tfmigrate convert-checkpoint` writes and main() restores (--restore_from).
-        "checkpoint": tf.train.Checkpoint(variables=dict(tf1_variables.variables), optimizer=opt),
-    }
-
-
-def make_parser():
-    parser = argparse.ArgumentParser()
-    parser.add_argument('--num_gpus', type=int, default=2)
-    parser.add_argument('--steps', type=int, default=10)
-    parser.add_argument(
-        "--restore_from", help="start from a checkpoint folder (tfmigrate convert-checkpoint)")
-    return parser
-
-
-def tfmigrate_program(strategy, argv):
-    """tfmigrate's verify protocol: the program under `strategy`, flags parsed from `argv`."""
-    flags, _ = make_parser().parse_known_args(argv)
-    return build_program(strategy, flags)
-
-
-def train(flags):
-    strategy = tf.distribute.MirroredStrategy()
-    program = build_program(strategy, flags)
-    if flags.restore_from:
-        with strategy.scope():  # optimizer slots restored now are created mirrored
-            program["checkpoint"].restore(
-                tf.train.latest_checkpoint(flags.restore_from)).assert_existing_objects_matched()
-    train_step = program["train_step"]
-    batches = iter(program["batches"])
     for step in range(flags.steps):
         outputs = train_step(next(batches))
         loss_value = strategy.experimental_local_results(outputs['loss'])[-1].numpy()
         print(step, loss_value)
 
 
-if __name__ == "__main__":
-    train(make_parser().parse_args())
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--num_gpus', type=int, default=2)
+    parser.add_argument('--steps', type=int, default=10)
+    train(parser.parse_args())
 '''

@@ -48,8 +48,9 @@ class HorovodTraining(Rule):
     `StopAtStepHook` (and `BroadcastGlobalVariablesHook`), checkpoints from rank 0, or a plain
     `tf.Session` that runs the initializer and `hvd.broadcast_global_variables(0)` before its
     `for` loop -- into a
-    `tf.distribute.MultiWorkerMirroredStrategy` program that follows tfmigrate's verify
-    protocol: the TF1 model code is kept (its variables mirrored under their legacy names, as
+    plain `tf.distribute.MultiWorkerMirroredStrategy` program (one `tf.function` train step
+    made in the training function, the legacy loop calling it, the main block kept): the TF1
+    model code is kept (its variables mirrored under their legacy names, as
     TFM303 does), `hvd.size()` becomes `strategy.num_replicas_in_sync`, each worker builds the
     dataset of each of its replicas with the statements Horovod process `rank` ran
     (`distribute_datasets_from_function`), the averaging of `DistributedOptimizer` becomes the

@@ -221,6 +221,7 @@ class AsWritten:
         self.keras: list[Any] = []
         self.optimizers: list[Any] = []
         self.metrics: list[Any] = []  # Keras metrics (fit's loss tracker): never compared
+        self.emas: list[Any] = []  # ExponentialMovingAverage objects: their shadows' names
         self.step_functions: dict[int, tuple[Any, bool]] = {}  # id -> (Function, is a step)
         self.saw_update = False
         self.calling = 0  # depth of top-level tf.function calls (nested ones are not steps)
@@ -249,9 +250,17 @@ class AsWritten:
         from tensorflow.python.distribute import mirrored_strategy, values
         from tensorflow.python.eager import backprop
         from tensorflow.python.eager.polymorphic_function import polymorphic_function
+        from tensorflow.python.training import moving_averages
         from tensorflow.python.training import optimizer as v1_optimizer
 
         me = self
+        orig_ema = moving_averages.ExponentialMovingAverage.__init__
+
+        def ema_init(ema: Any, *args: Any, **kwargs: Any) -> None:
+            orig_ema(ema, *args, **kwargs)
+            me.emas.append(ema)
+
+        moving_averages.ExponentialMovingAverage.__init__ = ema_init
         orig_mirrored = mirrored_strategy.MirroredStrategy.__init__
 
         def mirrored_init(strategy: Any, devices: Any = None, cross_device_ops: Any = None) -> None:
@@ -666,7 +675,9 @@ class AsWritten:
         kinds: dict[str, str] = {}
         candidates = [(kv.path, kv) for kv in self.keras] + [
             (v.name.split(":")[0], v) for v in [*self.distributed, *self.plain] if id(v) not in hidden]
+        shadows = self._shadow_names(candidates)
         for name, var in candidates:
+            name = shadows.get(id(var), name)
             if id(var) in slots or name.endswith("seed_generator_state"):
                 continue
             base, n = name, 1
@@ -676,6 +687,21 @@ class AsWritten:
             named[name] = var
             kinds[name] = "weight" if bool(getattr(var, "trainable", False)) else "other"
         self.variables, self.kinds = named, kinds
+
+    def _shadow_names(self, candidates: list[tuple[str, Any]]) -> dict[int, str]:
+        """id -> name of each EMA shadow: ``<its variable's name>/<EMA name>``, as TF1 named it
+        (TF2 names it after the variable's tf.Variable name, which for a Keras weight is not
+        its path, and repeats across layers)."""
+        names = {id(var): name for name, var in candidates}
+        for kv in self.keras:  # an EMA of Keras weights averages their tf.Variables
+            names.setdefault(id(kv.value), kv.path)
+        shadows: dict[int, str] = {}
+        for ema in self.emas:
+            for key, average in getattr(ema, "_averages", {}).items():
+                primary = key.deref() if hasattr(key, "deref") else key
+                if id(primary) in names:
+                    shadows[id(average)] = f"{names[id(primary)]}/{ema.name}"
+        return shadows
 
     def read(self, names: list[str]) -> dict[str, np.ndarray]:
         return {n: self._parts(self.variables[n])[0] for n in names}

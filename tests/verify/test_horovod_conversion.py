@@ -64,9 +64,13 @@ def test_scan_offers_the_conversion_and_rewrite_applies_it_only_when_unsafe(cli,
         "while int(global_step.numpy()) < flags.max_steps // strategy.num_replicas_in_sync:",
         "manager = WorkerCheckpoints(strategy, checkpoint, flags.train_dir, max_to_keep=5)",
         "if step % 100 == 0 and first_rank(strategy) == 0:",
-        "def tfmigrate_program(strategy, argv):",
+        "checkpoint = tf.train.Checkpoint(\n",
+        "  def train_step(batch):",
+        "if __name__ == '__main__':\n  parser = argparse.ArgumentParser()",  # kept as it was
     ):
         assert piece in text, piece
+    for gone in ("tfmigrate_program", "build_program", "make_parser", 'program["'):
+        assert gone not in text, gone
     entry = json.loads((out / "tfmigrate.json").read_text())["files"]["train.py"]
     assert entry["variables"] == {"*": "*"}
     notes = " ".join(entry["notes"])
@@ -186,8 +190,9 @@ def test_training_function_without_flags_and_a_bare_run_converts():
     # input_fn(rank, size): a helper's parameters do not clash with the emitted names
     converted, message = _convert(NO_FLAGS)
     assert converted is not None, message
-    assert "make_parser" not in converted and "argv" in converted
-    assert "def build_program(strategy):" in converted
+    assert "make_parser" not in converted and "argv" not in converted
+    assert "build_program" not in converted and "def train_step(batch):" in converted
+    assert "create_variables" not in converted  # no checkpoint: nothing needs them earlier
     # the dataset made in place gets a name in the rank's input function
     assert "dataset = input_fn(rank, strategy.num_replicas_in_sync)\n" in converted
     assert "def train():" in converted and converted.rstrip().endswith("train()")
