@@ -6,6 +6,9 @@ identified."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
+
+import libcst as cst
 
 from tfmigrate.convert import ir
 from tfmigrate.convert.emit import Emitted, emit
@@ -138,18 +141,18 @@ def _device_settings_first(context: RuleContext) -> RuleContext:
     tf = context.resolver.local_name_for("tensorflow") or "tf"
     for _ in range(8):
         current = RuleContext(context.path, context.resolver, module, context.options)
-        config = DeviceConfig(
-            module,
-            current.resolver,
-            current.parent_of,
-            lambda node, c=current: c.position_of(node).start.line,
-            tf,
-        )
+
+        def line(node: cst.CSTNode, current: RuleContext = current) -> int:
+            return current.position_of(node).start.line
+
+        config = DeviceConfig(module, current.resolver, current.parent_of, line, tf)
         fixable = [g for g in config.groups if g.consumers and config.why_not(g) is None]
         if not fixable:
             return current
         block, replacement = config.rewrite(fixable[0])
-        module = module.deep_replace(block, replacement)  # type: ignore[assignment]
+        replaced = module.deep_replace(block, cast(cst.Module, replacement))
+        assert isinstance(replaced, cst.Module)
+        module = replaced
     return RuleContext(context.path, context.resolver, module, context.options)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
@@ -77,7 +78,7 @@ def emit(plan: Plan) -> Emitted:
         raise NotPlanned(f"the tower function already uses `{sorted(clash)[0]}`")
     writer = _Writer(plan)
     scope = plan.scope.visit(writer) if isinstance(plan.scope, cst.FunctionDef) else None
-    if scope is not None:
+    if isinstance(scope, cst.FunctionDef):
         module = module.visit(_Replace(plan.scope, scope))
     else:
         module = module.visit(writer)
@@ -105,7 +106,7 @@ def _clashes(plan: Plan) -> set[str]:
     in_scope = bound_names(scope) - bound_names(plan.loop) | from_outside
     if isinstance(scope, cst.FunctionDef):
         in_scope |= {p.name.value for p in scope.params.params}
-    return (
+    return set(
         (_REPLICA_NAMES & in_loop)
         | (_STEP_NAMES & (from_outside | in_scope))
         | (_SCOPE_NAMES & (in_scope | in_loop))
@@ -147,7 +148,7 @@ def _with_store(module: cst.Module) -> cst.Module:
 
 def _commented(node: cst.CSTNode, todo: Todo, module: cst.Module) -> cst.SimpleStatementLine:
     """A placeholder statement the block pass turns into the TODO and the code commented out."""
-    code = module.code_for_node(node.with_changes(leading_lines=()))  # type: ignore[call-arg]
+    code = module.code_for_node(node.with_changes(leading_lines=()))
     lines = [todo.marker()] + [
         "# " + line if line.strip() else "#" for line in code.rstrip("\n").splitlines()
     ]
@@ -158,6 +159,14 @@ def _commented(node: cst.CSTNode, todo: Todo, module: cst.Module) -> cst.SimpleS
             *[cst.EmptyLine(comment=cst.Comment(_strip_indent(line))) for line in lines],
         ],
     )
+
+
+def _prepend_lines(
+    statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]
+) -> cst.BaseStatement:
+    """``statement`` with ``lines`` (comments, blank lines) before its own."""
+    own = getattr(statement, "leading_lines", ())
+    return statement.with_changes(leading_lines=[*lines, *own])
 
 
 def _strip_indent(line: str) -> str:
@@ -175,7 +184,7 @@ def _trailing(statement: cst.BaseStatement, todo: Todo) -> cst.BaseStatement:
         )
     body = getattr(statement, "body", None)
     if isinstance(body, cst.IndentedBlock):
-        return statement.with_changes(  # type: ignore[return-value]
+        return statement.with_changes(
             body=body.with_changes(
                 header=cst.TrailingWhitespace(
                     whitespace=cst.SimpleWhitespace("  "), comment=comment
@@ -198,9 +207,7 @@ class _Commented(cst.CSTTransformer):
                 pending.extend(statement.leading_lines)
                 continue
             if pending:
-                statement = statement.with_changes(
-                    leading_lines=[*pending, *statement.leading_lines]
-                )
+                statement = _prepend_lines(statement, pending)
                 pending = []
             out.append(statement)
         if pending:
@@ -229,8 +236,7 @@ def _placeholder_helpers_out(module: cst.Module, plan: Plan, writer: _Writer) ->
     TODO, commented out (another script may still import it)."""
     if not plan.placeholder_helpers:
         return module
-    used = {n.value for n in _all_names(module) if isinstance(n, cst.Name)}
-    body = []
+    body: list[cst.BaseStatement] = []
     for statement in module.body:
         if (
             isinstance(statement, cst.FunctionDef)
@@ -246,7 +252,6 @@ def _placeholder_helpers_out(module: cst.Module, plan: Plan, writer: _Writer) ->
             body.append(_commented(statement, todo, module))
         else:
             body.append(statement)
-    del used
     return module.with_changes(body=body)
 
 
@@ -474,7 +479,10 @@ class _Writer(cst.CSTTransformer):
                     parts.append("global_step={step}")
                     values["step"] = arg.value
         small = updated_node.body[0]
-        value = parse_template_expression(f"tf.train.Checkpoint({', '.join(parts)})", **values)
+        value = parse_template_expression(
+            f"tf.train.Checkpoint({', '.join(parts)})",
+            **values,  # type: ignore[arg-type]  # template values: expressions
+        )
         if not any("TF1 checkpoints" in note for note in self.notes):
             self.notes.append(
                 "tf.train.Saver became tf.train.Checkpoint (object-based: a TF1 checkpoint is "
@@ -490,11 +498,12 @@ class _Writer(cst.CSTTransformer):
         shape = get_arg(call, 1, "shape")
         name = get_arg(call, 2, "name")
         scalar = shape is None or (isinstance(shape, cst.List | cst.Tuple) and not shape.elements)
-        initial = (
-            parse_template_expression("tf.constant(0, {dtype})", dtype=dtype)
-            if scalar
-            else parse_template_expression("tf.zeros({shape}, {dtype})", shape=shape, dtype=dtype)
-        )
+        if scalar or shape is None:
+            initial = parse_template_expression("tf.constant(0, {dtype})", dtype=dtype)
+        else:
+            initial = parse_template_expression(
+                "tf.zeros({shape}, {dtype})", shape=shape, dtype=dtype
+            )
         args = [
             cst.Arg(initial),
             cst.Arg(cst.Name("False"), keyword=cst.Name("trainable"), equal=_equal()),
@@ -539,9 +548,12 @@ class _Writer(cst.CSTTransformer):
             if self.return_nones:
                 kept = list(target.elements)
             kept = [e.with_changes(comma=cst.MaybeSentinel.DEFAULT) for e in kept]
+            only = kept[0].value
             new_target: cst.BaseAssignTargetExpression = (
-                kept[0].value
-                if len(kept) == 1 and not self.return_nones
+                only
+                if len(kept) == 1
+                and not self.return_nones
+                and isinstance(only, cst.BaseAssignTargetExpression)
                 else target.with_changes(elements=kept)
             )
         else:
@@ -577,19 +589,19 @@ class _Writer(cst.CSTTransformer):
         else:
             step.append(_statement("outputs = strategy.run(replica_step)"))
         for position, name in enumerate([*plan.outputs, *(n for n, _ in plan.sums)]):
-            value = "outputs" if len(returned) == 1 else f"outputs[{position}]"
+            each = "outputs" if len(returned) == 1 else f"outputs[{position}]"
             if position < len(plan.outputs) and name in plan.first_tower:
                 tower = plan.first_tower[name]
-                line = f"{name} = strategy.experimental_local_results({value})[{tower}]"
+                line = f"{name} = strategy.experimental_local_results({each})[{tower}]"
                 comment = f"# The loop read tower {tower}'s value (every replica computes it now)."
             elif position < len(plan.outputs):
-                line = f"{name} = strategy.experimental_local_results({value})[-1]"
+                line = f"{name} = strategy.experimental_local_results({each})[-1]"
                 comment = "# The loop read the last tower's value."
             elif name in plan.totals:
-                line = f'{plan.totals[name]} = {name} + strategy.reduce("SUM", {value}, axis=None)'
+                line = f'{plan.totals[name]} = {name} + strategy.reduce("SUM", {each}, axis=None)'
                 comment = "# The towers added their values to it."
             else:
-                line = f'{name} += strategy.reduce("SUM", {value}, axis=None)'
+                line = f'{name} += strategy.reduce("SUM", {each}, axis=None)'
                 comment = "# The towers added their values up."
             step.append(
                 _statement(line).with_changes(
@@ -685,15 +697,13 @@ def _replace_run(statement: cst.CSTNode, value: cst.BaseExpression) -> cst.CSTNo
                 return value
             return updated_node
 
-    return statement.visit(_Run())
+    return cast(cst.CSTNode, statement.visit(_Run()))
 
 
 def _dedented_body(updated_node, original_node) -> list[cst.BaseStatement]:
     body = list(updated_node.body.body) if isinstance(updated_node.body, cst.IndentedBlock) else []
     if body:
-        body[0] = body[0].with_changes(
-            leading_lines=[*original_node.leading_lines, *body[0].leading_lines]
-        )
+        body[0] = _prepend_lines(body[0], original_node.leading_lines)
     return body
 
 
@@ -928,7 +938,8 @@ class _Replica:
             name = next(
                 n for n in (chain.combined, "grads", "replica_grads") if n and n not in taken
             )
-            appended = replaced.body[0].value.args[0].value  # type: ignore[attr-defined]
+            appended = cast(cst.Call, chain.append.body[0].value).args[0].value  # type: ignore[attr-defined]
+            appended = appended.visit(_ReplaceNode(gradient.call, value))  # type: ignore[assignment]
             replaced = _statement("{name} = {value}", name=cst.Name(name), value=appended)
             self._grads_names[id(chain)] = name
         out.append(replaced)  # type: ignore[arg-type]
@@ -985,7 +996,7 @@ class _Replica:
             if isinstance(statement, cst.SimpleStatementLine)
             and isinstance(statement.body[0], cst.Expr | cst.Assign)
             else None
-        )  # type: ignore[union-attr]
+        )
         if isinstance(value, cst.Call) and method_name(value) == "reuse_variables":
             return []
         if isinstance(statement, cst.SimpleStatementLine):
@@ -1028,9 +1039,7 @@ class _Replica:
                 else []
             )
             if body:
-                body[0] = body[0].with_changes(
-                    leading_lines=[*statement.leading_lines, *body[0].leading_lines]
-                )
+                body[0] = _prepend_lines(body[0], statement.leading_lines)
             return body
         if isinstance(statement, cst.If | cst.For | cst.While | cst.Try):
             return [self._compound(statement)]
@@ -1070,9 +1079,7 @@ class _Replica:
         )
         if not items:
             if body:
-                body[0] = body[0].with_changes(
-                    leading_lines=[*statement.leading_lines, *body[0].leading_lines]
-                )
+                body[0] = _prepend_lines(body[0], statement.leading_lines)
             return body
         items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return [

@@ -249,10 +249,6 @@ def _blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
         part = getattr(statement, name, None)
         if isinstance(part, cst.IndentedBlock):
             found.append(part.body)
-        elif isinstance(part, cst.BaseSuite) and hasattr(part, "body"):
-            body = part.body
-            if isinstance(body, Sequence) and all(isinstance(s, cst.BaseStatement) for s in body):
-                found.append(body)  # type: ignore[arg-type]
         elif isinstance(part, cst.Else | cst.Finally):
             found.extend(_blocks(part))
     for handler in getattr(statement, "handlers", ()):
@@ -266,7 +262,7 @@ def _body(
     node: cst.FunctionDef | cst.Module | cst.BaseCompoundStatement,
 ) -> Sequence[cst.BaseStatement]:
     if isinstance(node, cst.Module):
-        return node.body  # type: ignore[return-value]
+        return node.body
     body = node.body
     if isinstance(body, cst.IndentedBlock):
         return body.body
@@ -325,7 +321,7 @@ class _Planner:
         self.body = list(statements_in(_body(scope)))
         index, enumerated = self._index(loop)
         chains: list[Chain] = []
-        drops: list[tuple[Statement, str]] = []
+        drops: list[tuple[Statement | None, str]] = []
         for gradient in self._gradients(loop):
             append, appended, tower_list = self._append(loop, gradient)
             combination, combined = self._combination(tower_list, None)
@@ -377,12 +373,10 @@ class _Planner:
         )
         self.plan_ = plan
         plan.decide(loop, Decision(Action.TRAIN_STEP))
-        for chain, (combination, tower_list) in zip(chains, drops, strict=True):
-            if combination is not None:
-                plan.decide(
-                    combination, Decision(Action.DROP, "the strategy combines the replicas")
-                )
-            for call in _calls(chain.update if combination is None else combination):
+        for chain, (dropped, tower_list) in zip(chains, drops, strict=True):
+            if dropped is not None:
+                plan.decide(dropped, Decision(Action.DROP, "the strategy combines the replicas"))
+            for call in _calls(chain.update if dropped is None else dropped):
                 if isinstance(call.func, cst.Name) and self.source.top_level(call.func.value):
                     plan.combination_helpers.add(call.func.value)
             plan.decide(chain.update, Decision(Action.UPDATE))
@@ -630,6 +624,16 @@ class _Planner:
                 self.after_loop = True
                 for name in self.combined_names:
                     self.gone.setdefault(name, self.combined_todo)
+                for chain in plan.chains:
+                    for moved in chain.between:
+                        for name in bound_names(moved) - self.combined_names:
+                            self.gone.setdefault(
+                                name,
+                                Todo(
+                                    Leftover.TOWER_VALUE,
+                                    f"reads `{name}`, which each replica computes now",
+                                ),
+                            )
                 continue
             if self._inside_decided(statement):
                 continue
@@ -787,7 +791,9 @@ class _Planner:
             _target_name(s): _value(s) for s in self.body if isinstance(_value(s), cst.Dict)
         }
         placeholders = {
-            _target_name(s) for s in self.body if self.call_q(_value(s)) in _PLACEHOLDERS
+            name
+            for s in self.body
+            if (name := _target_name(s)) is not None and self.call_q(_value(s)) in _PLACEHOLDERS
         }
         self.fed_state: set[str] = set()
         for statement in self.body:
@@ -795,8 +801,12 @@ class _Planner:
                 break
             value = _value(statement)
             called = self.call_q(value)
-            if called is not None and _builds_state(called) and value is not None:
-                self.fed_state |= free_names(value) & placeholders - {None}  # type: ignore[operator]
+            if (
+                called is not None
+                and value is not None
+                and (called.endswith("Optimizer") or called in _SCHEDULES)
+            ):
+                self.fed_state |= free_names(value) & placeholders
         for run in runs:
             self.fetched |= free_names(get_arg(run, 0, "fetches") or run)
             feed = get_arg(run, 1, "feed_dict")
@@ -954,7 +964,9 @@ class _Planner:
             self.sessions.add(name)
             return Decision(Action.DROP, "TF2 runs eagerly: no session")
         if called in _INITIALIZERS or (
-            called == "tensorflow.group" and value is not None and self._all_initializers(value)
+            called == "tensorflow.group"
+            and isinstance(value, cst.Call)
+            and self._all_initializers(value)
         ):
             if name is not None:
                 self.initializers.add(name)
@@ -965,7 +977,11 @@ class _Planner:
             return Decision(Action.DROP, "no queue runners in TF2")
         if self._is_reuse(value):
             return Decision(Action.DROP, "variables are made once")
-        if called == "tensorflow.get_collection" and self._update_ops(value):
+        if (
+            called == "tensorflow.get_collection"
+            and isinstance(value, cst.Call)
+            and self._update_ops(value)
+        ):
             if name is not None:
                 self.initializers.add(name)  # control_dependencies([]) reads it: dropped too
             return Decision(Action.DROP, "batch-norm updates run where the layers run")
@@ -976,7 +992,11 @@ class _Planner:
             return self._session_statement(statement, session_call)
         if self._session_method(statement):
             return Decision(Action.DROP, "the session goes")
-        if called == "tensorflow.group" and value is not None and self._groups_update(value):
+        if (
+            called == "tensorflow.group"
+            and isinstance(value, cst.Call)
+            and self._groups_update(value)
+        ):
             if name is not None:
                 self.updates.add(name)
             return Decision(Action.DROP, "the update runs in the train step")
@@ -1264,7 +1284,11 @@ class _Planner:
     ) -> Decision:
         plan = self.plan_
         single = not isinstance(fetches, cst.List | cst.Tuple)
-        elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[union-attr]
+        elements = (
+            [e.value for e in fetches.elements]
+            if isinstance(fetches, cst.List | cst.Tuple)
+            else [fetches]
+        )
         values: list[cst.BaseExpression] = []
         run_only: list[int] = []
         missing: list[str] = []
@@ -1401,7 +1425,7 @@ def _target_tuple(statement: cst.CSTNode) -> list[str] | None:
     if isinstance(target, cst.Tuple) and all(
         isinstance(e.value, cst.Name) for e in target.elements
     ):
-        return [e.value.value for e in target.elements]  # type: ignore[union-attr]
+        return [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
     return None
 
 
