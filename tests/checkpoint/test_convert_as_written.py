@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -195,41 +194,39 @@ def test_what_cannot_be_converted_writes_nothing(legacy_checkpoint, tmp_path):
     assert "TypeError" in crash and "Classifier(3)" in crash  # the user's own traceback
 
 
-SAME_CHECKPOINTS = """
-import json, sys
-import numpy as np
-import tensorflow as tf
-a, b = (tf.train.load_checkpoint(p) for p in json.load(sys.stdin))
-keys = set(a.get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}
-assert keys == set(b.get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}
-print("RESULT " + json.dumps({k: bool(np.array_equal(a.get_tensor(k), b.get_tensor(k))) for k in keys}))
-"""
-
-
 @pytest.mark.slow
-def test_a_rewritten_program_without_its_protocol_converts_the_same(tmp_path):
-    """TFM303's output of cifar_average, its tfmigrate_program removed (main() does not use it):
-    run as written with its manifest, it gets the same checkpoint, Momentum slots included, as
-    through the protocol."""
-    made, result = rewritten(FIXTURES / "towers" / "cifar_average")
+def test_a_rewritten_program_converts_as_written_and_resumes(tmp_path):
+    """TFM303's output of sum_ema_decay, a plain TF2 program whose CheckpointManager resumes from
+    --train_dir (the legacy MonitoredTrainingSession did): its weights, EMA shadows and global
+    step get the legacy values through the manifest, and its own restore resumes from them."""
+    made, result = rewritten(FIXTURES / "towers" / "sum_ema_decay")
     assert (made / "tfmigrate.json").exists(), result
-    protocol = made / "train.py"
-    text = protocol.read_text()
-    entry = text[text.index("def tfmigrate_program("): text.index("def train(")]
-    shutil.copytree(made, tmp_path / "as_written")
-    (tmp_path / "as_written" / "train.py").write_text(text.replace(entry, ""))
-    prefix = _save_legacy_checkpoint(FIXTURES / "towers" / "cifar_average" / "train.py",
+    script = made / "train.py"
+    prefix = _save_legacy_checkpoint(FIXTURES / "towers" / "sum_ema_decay" / "train.py",
                                      tmp_path / "legacy")  # fmt: skip
-    results = _convert_all(prefix, {"protocol": (protocol,),
-                                    "as_written": (tmp_path / "as_written" / "train.py",)},
-                           tmp_path / "out")  # fmt: skip
-    for result in results.values():
-        assert result.returncode == 0, result
-        assert "(7 variables, 6 optimizer state variables)" in result.stdout
-    assert "it makes no CheckpointManager" in results["as_written"].stdout
-    same = run_harness(SAME_CHECKPOINTS, [str(tmp_path / "out" / n / f"ckpt-{LEGACY_STEPS}")
-                                          for n in ("protocol", "as_written")])  # fmt: skip
-    assert len(same) == 14 and all(same.values()), same  # 7 variables, 6 slots, save_counter
+    out = tmp_path / "out"
+    converted = _convert(prefix, script, out)
+    assert converted.returncode == 0, converted
+    assert "(9 variables)" in converted.stdout  # 4 weights, their 4 shadows, the global step
+    assert "as its CheckpointManager saves it ('ckpt-N')" in converted.stdout
+    report = json.loads((out / "conversion.json").read_text())
+    pairs = {a["source"]: a["target"] for a in report["converted"]}
+    assert pairs["net/hidden/kernel/ExponentialMovingAverage"] == (
+        "net/hidden/kernel/ExponentialMovingAverage"
+    )
+    assert pairs["global_step"] == "global_step"
+    # Resumed at the legacy global step: with --max_steps at that step it trains no step more
+    # (a fresh start trains and logs step 0).
+    runs = {}
+    for name, folder in (("resumed", out), ("fresh", tmp_path / "fresh")):
+        proc = subprocess.run(
+            [sys.executable, str(script), "--train_dir", str(folder),
+             "--max_steps", str(LEGACY_STEPS)],
+            cwd=tmp_path, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = proc.stdout
+    assert "step 0 " not in runs["resumed"] and "step 0 " in runs["fresh"]
 
 
 def test_check_needs_the_protocol_and_says_so(tmp_path):
