@@ -299,12 +299,18 @@ def _all_names(node: cst.CSTNode) -> list[cst.Name]:
     return found
 
 
-class _MarkCollections(cst.CSTTransformer):
-    """Graph collections in the functions the towers call (outside the tower function): they
-    still work inside the train step's graph, so the code stays, marked."""
+_COLLECTIONS = frozenset({"tensorflow.get_collection", "tensorflow.add_to_collection",
+                          "tensorflow.get_collection_ref"})  # fmt: skip
+_SESSION_CALLS = frozenset({"tensorflow.Session", "tensorflow.InteractiveSession",
+                            "tensorflow.train.MonitoredTrainingSession"})  # fmt: skip
+_PLACEHOLDER_CALLS = frozenset({"tensorflow.placeholder", "tensorflow.placeholder_with_default"})
 
-    _NAMES = ("tensorflow.get_collection", "tensorflow.add_to_collection",
-              "tensorflow.compat.v1.get_collection", "tensorflow.compat.v1.add_to_collection")  # fmt: skip
+
+class _MarkCollections(cst.CSTTransformer):
+    """What the conversion did not reach and TF2 does not have, kept live and marked: graph
+    collections in the functions the towers call (they still work inside the train step's
+    graph), sessions and placeholders in code the converted training does not run (an eval
+    function, a model class's own placeholders)."""
 
     def __init__(self, plan: Plan, writer: _Writer) -> None:
         self.plan = plan
@@ -319,19 +325,41 @@ class _MarkCollections(cst.CSTTransformer):
         self.depth -= 1
         return updated_node
 
+    def _todo(self, node: cst.CSTNode) -> Todo | None:
+        names = set()
+        for call in _calls(node):
+            name = self.plan.source.qualify(call.func)
+            if name is not None:
+                names.add(name.replace("tensorflow.compat.v1.", "tensorflow."))
+        if names & _SESSION_CALLS:
+            why = "a TF1 session in code the converted training does not run: run its ops eagerly or in a tf.function"
+            return Todo(Leftover.SESSION, why, commented=False)
+        if names & _PLACEHOLDER_CALLS:
+            why = "a placeholder: TF2 has none; pass the value to this code as an argument"
+            return Todo(Leftover.SESSION, why, commented=False)
+        if names & _COLLECTIONS and self.depth:
+            why = "a graph collection: it now lives in the train step's graph; return the values instead"
+            return Todo(Leftover.GRAPH, why, commented=False)
+        return None
+
     def leave_SimpleStatementLine(self, original_node, updated_node):
-        if not self.depth or _is_placeholder(updated_node):
+        if _is_placeholder(updated_node) or updated_node.trailing_whitespace.comment is not None:
             return updated_node
-        if updated_node.trailing_whitespace.comment is not None:
+        todo = self._todo(updated_node)
+        if todo is None:
             return updated_node
-        qualify = self.plan.source.qualify
-        if not any(qualify(call.func) in self._NAMES for call in _calls(updated_node)):
+        self.writer.todos.append(todo)
+        return _trailing(updated_node, todo)
+
+    def leave_With(self, original_node, updated_node):
+        body = updated_node.body
+        if not isinstance(body, cst.IndentedBlock) or body.header.comment is not None:
             return updated_node
-        todo = Todo(
-            Leftover.GRAPH,
-            "a graph collection: it now lives in the train step's graph; return the values instead",
-            commented=False,
-        )
+        todo = None
+        for item in updated_node.items:
+            todo = todo or self._todo(item.item)
+        if todo is None or todo.kind is not Leftover.SESSION:
+            return updated_node
         self.writer.todos.append(todo)
         return _trailing(updated_node, todo)
 

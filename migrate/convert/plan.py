@@ -640,6 +640,19 @@ class _Planner:
             self._decide(statement)
         if not any(d.action is Action.STEP_RUN for d in plan.decisions.values()):
             raise NotPlanned("the training step's Session.run could not be converted")
+        for chain in plan.chains:
+            # the optimizer, the global step, the variables differentiated -- not the gradients
+            needed = free_names(chain.update_call.func).union(
+                *(free_names(a.value) for a in chain.update_call.args[1:])
+            )
+            if chain.gradient.variables is not None:
+                needed |= free_names(chain.gradient.variables)
+            lost = sorted(needed & set(self.gone))
+            if lost:
+                raise NotPlanned(
+                    f"the update reads `{lost[0]}`, which has no TF2 form here "
+                    f"({self.gone[lost[0]].why})"
+                )
         self._fold_commented()
 
     def _fold_commented(self) -> None:
