@@ -241,6 +241,7 @@ class AsWritten:
         self.eager_step_args: Any = None
         self.problem: str | None = None  # the first Problem's own message
         self.xla = False  # a jit_compile function was seen (see allow_xla)
+        self.compiling = threading.local()  # .depth: inside a jit_compile function's trace
         self.trained_before_stop = False  # stop_before_training came one step late (see call_function)
         self._write_progress()
 
@@ -362,7 +363,17 @@ class AsWritten:
 
         def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
             if me.calling or not tf.executing_eagerly():
-                return orig_call(fn, *args, **kwargs)
+                if not getattr(fn, "_jit_compile", False):
+                    return orig_call(fn, *args, **kwargs)
+                # a jit_compile function called by the step (rewrite --jit's compiled_tower):
+                # XLA compiles no numpy_function, so nothing is captured inside it
+                if not me.xla:
+                    me.allow_xla()
+                me.compiling.depth = getattr(me.compiling, "depth", 0) + 1
+                try:
+                    return orig_call(fn, *args, **kwargs)
+                finally:
+                    me.compiling.depth -= 1
             return me.call_function(orig_call, fn, args, kwargs)
 
         polymorphic_function.Function.__call__ = call
@@ -467,6 +478,8 @@ class AsWritten:
 
     def capture_target(self, target: Any) -> None:
         tf = self.tf
+        if getattr(self.compiling, "depth", 0):
+            return  # inside an XLA-compiled function (see install's call)
         leaves = [t for t in tf.nest.flatten(target) if t is not None]
         floats = [tf.cast(tf.reduce_sum(t), tf.float64) for t in leaves
                   if getattr(t, "dtype", None) is not None and t.dtype.is_floating]

@@ -189,7 +189,7 @@ def test_watched_steps_train_what_one_step_per_call_trains(tmp_path: Path):
 
 def test_jit_compiles_the_replicas_forward_and_backward_pass_only():
     """`rewrite --jit` (option jit = on): tower_fn under XLA, the update outside; said in the
-    manifest and to verify (the protocol's jit_compile). Without it, nothing of XLA."""
+    manifest; verify sees the jit_compile function itself. Without it, nothing of XLA."""
     rules = (TowerProgramToMirroredStrategy,)
     jit = process_source(
         example.LEGACY, "train.py", Settings(rules=rules, fix=True, options={"jit": "on"})
@@ -198,7 +198,7 @@ def test_jit_compiles_the_replicas_forward_and_backward_pass_only():
     assert "@tf.function(jit_compile=True)\n    def compiled_tower(x, y):" in code
     assert "grads, fetches = compiled_tower(x, y)\n" in code
     assert "grads = list(zip(grads, tf1_variables.trainable))\n" in code
-    assert code.count("jit_compile=True") == 1 and '"jit_compile": True,' in code
+    assert code.count("jit_compile=True") == 1 and "jit_compile\": True" not in code
     assert any("rewrite --jit" in note for note in jit.manifest["notes"])
     plain = process_source(example.LEGACY, "train.py", Settings(rules=rules, fix=True))
     assert "jit" not in (plain.new_code or "") and plain.new_code == example.CONVERTED
