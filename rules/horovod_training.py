@@ -307,26 +307,16 @@ if hvd.rank() == 0:
         if isinstance(converted, str):
             self.report(init, f"{start}; {refusal} (staged converter: {converted})")
             return
-        commented = [t for t in converted.todos if t.commented]
         summary = (
             f"{start}; converted to a MultiWorkerMirroredStrategy program (a tf.function train "
             "step, GradientTape replica)"
         )
-        if converted.todos:
-            codes = sorted({t.kind.code for t in converted.todos})
-            summary += (
-                f" with {len(converted.todos)} TODO(tfmigrate) marker(s) ({', '.join(codes)}); "
-                f"{len(commented)} statement(s) commented out"
-            )
-        notes = [f"TFM401: {t.kind.code} {t.why}" for t in converted.todos] + [
-            f"TFM401: {note}" for note in converted.notes
-        ]
         self.report(
             init,
-            summary,
+            summary + converted.todo_summary(),
             replacement=converted.module,
             target=self.context.module,
-            manifest={"notes": notes},
+            manifest={"notes": converted.manifest_notes("TFM401")},
         )
 
     def _report_once(self, node: cst.CSTNode, message: str) -> None:

@@ -278,22 +278,13 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             return
         emitted, _program = converted
         module = _tf2_spellings(emitted.module, self.context)
-        commented = [t for t in emitted.todos if t.commented]
         # Kept live but not working in TF2 (a queue input): as unsafe as commented-out code.
         broken = [t for t in emitted.todos if t.commented or t.kind is Leftover.INPUT]
-        codes = sorted({t.kind.code for t in emitted.todos})
         summary = "converted to MirroredStrategy (a tf.function train step, GradientTape replicas)"
-        if emitted.todos:
-            summary += (
-                f" with {len(emitted.todos)} TODO(tfmigrate) marker(s) ({', '.join(codes)}); "
-                f"{len(commented)} statement(s) commented out"
-            )
-        notes = [f"TFM303: {t.kind.code} {t.why}" for t in emitted.todos] + [
-            f"TFM303: {note}" for note in emitted.notes
-        ]
+        notes = emitted.manifest_notes("TFM303")
         self.report(
             node,
-            summary,
+            summary + emitted.todo_summary(),
             replacement=module,
             target=self.context.module,
             safety=FixSafety.UNSAFE if broken else FixSafety.SAFE,

@@ -5,6 +5,7 @@ identified."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -13,7 +14,7 @@ import libcst as cst
 from tfmigrate.convert import ir
 from tfmigrate.convert.emit import Emitted, emit
 from tfmigrate.convert.plan import NotPlanned, plan_core
-from tfmigrate.convert.project import Project
+from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.recognize import (
     ProgramReading,
     may_hold_core,
@@ -115,23 +116,41 @@ def convert_module(context: RuleContext) -> tuple[Emitted, ir.Program] | str:
     unsupported = _unsupported_options(context.options)
     if unsupported:
         return unsupported
+    read = read_staged(context)
+    if isinstance(read, str):
+        return read
+    source, program = read
+    cores = [c for c in program.cores if c.towers is not None and c.towers.where.file == source.rel]
+    emitted = first_converted(
+        cores, lambda core: emit(plan_core(source, program, core)), "no tower core in this file"
+    )
+    return emitted if isinstance(emitted, str) else (emitted, program)
+
+
+def first_converted(
+    cores: list[ir.TowerCore], convert: Callable[[ir.TowerCore], Emitted], none: str
+) -> Emitted | str:
+    """The first of ``cores`` that plans and emits; else why each did not, or ``none`` when
+    there is none."""
+    reasons = []
+    for core in cores:
+        try:
+            return convert(core)
+        except NotPlanned as refused:
+            reasons.append(str(refused))
+    return "; ".join(reasons) or none
+
+
+def read_staged(context: RuleContext) -> tuple[SourceFile, ir.Program] | str:
+    """The file ``context`` holds, with its sessions' device settings moved first, read with
+    the repo modules it imports (from disk) into the IR; a string says why it was not."""
     path = Path(str(context.path))
     project = Project.for_path(path)
     source = project.adopt(path, _device_settings_first(context))
     reading_ = read_program(project, source)
     if reading_.program is None:
         return str(reading_.refusal)
-    program = reading_.program
-    reasons = []
-    for core in program.cores:
-        if core.towers is None or core.towers.where.file != source.rel:
-            continue
-        try:
-            plan = plan_core(source, program, core)
-            return emit(plan), program
-        except NotPlanned as refused:
-            reasons.append(str(refused))
-    return "; ".join(reasons) or "no tower core in this file"
+    return source, reading_.program
 
 
 def _device_settings_first(context: RuleContext) -> RuleContext:

@@ -68,6 +68,23 @@ class Emitted:
     todos: list[Todo]
     notes: list[str]
 
+    def todo_summary(self) -> str:
+        """What a finding's summary adds about the TODOs (nothing when there are none)."""
+        if not self.todos:
+            return ""
+        codes = sorted({t.kind.code for t in self.todos})
+        commented = sum(1 for t in self.todos if t.commented)
+        return (
+            f" with {len(self.todos)} TODO(tfmigrate) marker(s) ({', '.join(codes)}); "
+            f"{commented} statement(s) commented out"
+        )
+
+    def manifest_notes(self, rule: str) -> list[str]:
+        """The manifest's notes: each TODO's code and why, then the conversion's notes."""
+        return [f"{rule}: {t.kind.code} {t.why}" for t in self.todos] + [
+            f"{rule}: {note}" for note in self.notes
+        ]
+
 
 def emit(plan: Plan) -> Emitted:
     module = plan.source.module
@@ -173,6 +190,30 @@ def _strip_indent(line: str) -> str:
     return line if line.startswith("#") else "# " + line
 
 
+def _left(
+    original: cst.CSTNode,
+    updated: cst.BaseStatement,
+    todo: Todo,
+    todos: list[Todo],
+    module: cst.Module,
+) -> cst.BaseStatement:
+    """A statement left to the user (``todo`` joins ``todos``): commented out, or kept with
+    the marker at the end of its line."""
+    todos.append(todo)
+    if todo.commented:
+        return _commented(original, todo, module)
+    return _trailing(updated, todo)
+
+
+def _marked(
+    statement: cst.BaseStatement, kind: Leftover, why: str, todos: list[Todo]
+) -> cst.BaseStatement:
+    """A statement kept live with a new TODO (it joins ``todos``) at the end of its line."""
+    todo = Todo(kind, why, commented=False)
+    todos.append(todo)
+    return _trailing(statement, todo)
+
+
 def _trailing(statement: cst.BaseStatement, todo: Todo) -> cst.BaseStatement:
     """A kept statement with its TODO at the end of its (first) line."""
     comment = cst.Comment(todo.marker())
@@ -194,7 +235,20 @@ def _trailing(statement: cst.BaseStatement, todo: Todo) -> cst.BaseStatement:
     return statement
 
 
-class _Commented(cst.CSTTransformer):
+class _BlockPass(cst.CSTTransformer):
+    """A pass over every statement list of a module: ``_fold`` gives each its new body."""
+
+    def _fold(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        raise NotImplementedError
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._fold(updated_node.body))
+
+    def leave_Module(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._fold(updated_node.body))
+
+
+class _Commented(_BlockPass):
     """Placeholders of commented-out statements become comment lines of the next statement in
     their block (or of a ``pass`` when nothing follows)."""
 
@@ -214,20 +268,19 @@ class _Commented(cst.CSTTransformer):
             out.append(cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=pending))
         return out
 
-    def leave_IndentedBlock(self, original_node, updated_node):
-        return updated_node.with_changes(body=self._fold(updated_node.body))
-
-    def leave_Module(self, original_node, updated_node):
-        return updated_node.with_changes(body=self._fold(updated_node.body))
-
 
 def _is_placeholder(statement: cst.CSTNode) -> bool:
+    return _is_named(statement, _TODO_NAME)
+
+
+def _is_named(statement: cst.CSTNode, name: str) -> bool:
+    """``name`` alone on a line: the placeholder a pass left for a later one."""
     return (
         isinstance(statement, cst.SimpleStatementLine)
         and len(statement.body) == 1
         and isinstance(statement.body[0], cst.Expr)
         and isinstance(statement.body[0].value, cst.Name)
-        and statement.body[0].value.value == _TODO_NAME
+        and statement.body[0].value.value == name
     )
 
 
@@ -444,10 +497,7 @@ class _Writer(cst.CSTTransformer):
             return cst.RemoveFromParent()
         if action is Action.TODO:
             assert decision.todo is not None
-            self.todos.append(decision.todo)
-            if decision.todo.commented:
-                return _commented(original_node, decision.todo, self.module)
-            return _trailing(updated_node, decision.todo)
+            return _left(original_node, updated_node, decision.todo, self.todos, self.module)
         if action is Action.UNWRAP:
             return cst.FlattenSentinel(_dedented_body(updated_node, original_node))
         if action is Action.SCOPE:
@@ -986,14 +1036,12 @@ class _Replica:
                     _statement("{name} = {value}", name=cst.Name(chain.combined), value=grads)
                 )
                 grads = cst.Name(chain.combined)
-            todo = Todo(
-                Leftover.PER_REPLICA,
+            why = (
                 "the legacy ran this once on the combined gradients; it now runs on each "
-                "replica's, before they are summed",
-                commented=False,
+                "replica's, before they are summed"
             )
-            self.writer.todos.append(todo)
-            out.append(_trailing(statement.visit(_Expressions(plan)), todo))  # type: ignore[arg-type]
+            visited = statement.visit(_Expressions(plan))
+            out.append(_marked(visited, Leftover.PER_REPLICA, why, self.writer.todos))  # type: ignore[arg-type]
         if chain.between:
             grads = cst.Name(chain.combined)
         call = chain.update_call
@@ -1011,14 +1059,11 @@ class _Replica:
         if _is_reuse_flag(statement, plan):
             return []  # `reuse = True` after the first tower: the store shares the variables
         if plan.source.line(statement) in plan.input_lines:
-            todo = Todo(
-                Leftover.INPUT,
+            why = (
                 "each tower dequeued its own batch: feed the train step from a tf.data "
-                "pipeline that gives replica i what tower i dequeued",
-                commented=False,
+                "pipeline that gives replica i what tower i dequeued"
             )
-            self.writer.todos.append(todo)
-            return [_trailing(statement, todo)]
+            return [_marked(statement, Leftover.INPUT, why, self.writer.todos)]
         value = (
             statement.body[0].value
             if isinstance(statement, cst.SimpleStatementLine)

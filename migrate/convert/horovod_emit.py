@@ -9,8 +9,6 @@ Emission never refuses: everything it needs was decided by the plan."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
@@ -18,16 +16,20 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 from tfmigrate.convert import ir
 from tfmigrate.convert.emit import (
     _TODO_NAME,
+    Emitted,
+    _BlockPass,
     _Commented,
-    _commented,
     _dedented_body,
+    _is_named,
+    _left,
+    _marked,
     _SaverCall,
     _trailing,
     _with_store,
 )
 from tfmigrate.convert.horovod_plan import MAPPED, Action, HorovodPlan, horovod_api, plan_horovod
 from tfmigrate.convert.plan import NotPlanned
-from tfmigrate.convert.project import Project, SourceFile
+from tfmigrate.convert.project import SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.names import NameResolver
 from tfmigrate.rule import RuleContext
@@ -47,41 +49,32 @@ _PINNING = (
 )
 
 
-@dataclass(frozen=True)
-class Emitted:
-    module: cst.Module
-    todos: list[Todo]
-    notes: list[str]
-
-
 def convert_horovod_module(context: RuleContext) -> Emitted | str:
     """The staged conversion of the Horovod TF1 program in the file ``context`` holds: read
     (with the repo modules it imports, from disk), plan, emit. A string says why not."""
-    from tfmigrate.convert import _device_settings_first
-    from tfmigrate.convert.recognize import read_program
+    from tfmigrate.convert import first_converted, read_staged
 
-    path = Path(str(context.path))
-    project = Project.for_path(path)
     unpinned = _unpinned(context)
-    source = project.adopt(path, _device_settings_first(unpinned))
-    reading = read_program(project, source)
-    if reading.program is None:
-        return str(reading.refusal)
-    program = reading.program
-    reasons = []
-    for core in program.cores:
-        if core.towers is not None or core.combination.kind is not ir.CombineKind.HOROVOD:
-            continue
-        try:
-            emitted = emit_horovod(plan_horovod(source, program, core))
-        except NotPlanned as refused:
-            reasons.append(str(refused))
-            continue
-        notes = emitted.notes
-        if unpinned is not context:
-            notes = [_PINNING, *notes]
-        return Emitted(_tf2_spellings(context, emitted.module), emitted.todos, notes)
-    return "; ".join(reasons) or "no Horovod core in this file"
+    read = read_staged(unpinned)
+    if isinstance(read, str):
+        return read
+    source, program = read
+    cores = [
+        c
+        for c in program.cores
+        if c.towers is None and c.combination.kind is ir.CombineKind.HOROVOD
+    ]
+    emitted = first_converted(
+        cores,
+        lambda core: emit_horovod(plan_horovod(source, program, core)),
+        "no Horovod core in this file",
+    )
+    if isinstance(emitted, str):
+        return emitted
+    notes = emitted.notes
+    if unpinned is not context:
+        notes = [_PINNING, *notes]
+    return Emitted(_tf2_spellings(context, emitted.module), emitted.todos, notes)
 
 
 def _tf2_spellings(context: RuleContext, module: cst.Module) -> cst.Module:
@@ -145,7 +138,7 @@ def _carried(statement: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
     return cst.SimpleStatementLine(body=[cst.Expr(cst.Name(_BLANK_NAME))], leading_lines=blank)
 
 
-class _Blanks(cst.CSTTransformer):
+class _Blanks(_BlockPass):
     """Blank lines of removed statements before the next statement: as many as the most any
     of them had, not their sum."""
 
@@ -170,22 +163,6 @@ class _Blanks(cst.CSTTransformer):
         if not out:
             out.append(cst.SimpleStatementLine([cst.Pass()]))
         return out
-
-    def leave_IndentedBlock(self, original_node, updated_node):
-        return updated_node.with_changes(body=self._fold(updated_node.body))
-
-    def leave_Module(self, original_node, updated_node):
-        return updated_node.with_changes(body=self._fold(updated_node.body))
-
-
-def _is_named(statement: cst.CSTNode, name: str) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, cst.Name)
-        and statement.body[0].value.value == name
-    )
 
 
 def _carried_statement(statement: cst.CSTNode) -> cst.BaseStatement:
@@ -398,10 +375,7 @@ class _Writer(cst.CSTTransformer):
             return _carried(original_node)
         if action is Action.TODO:
             assert decision.todo is not None
-            self.todos.append(decision.todo)
-            if decision.todo.commented:
-                return _commented(original_node, decision.todo, self.module)
-            return _trailing(updated_node, decision.todo)
+            return _left(original_node, updated_node, decision.todo, self.todos, self.module)
         if action is Action.INIT:
             if (
                 self.plan.strategy_at_module
@@ -522,13 +496,9 @@ class _Writer(cst.CSTTransformer):
         plan = self.plan
         step = plan.global_step
         if plan.last_step is None or step is None:
-            todo = Todo(
-                Leftover.SESSION,
-                "the MonitoredTrainingSession's hooks ended this loop: bound it",
-                commented=False,
-            )
-            self.todos.append(todo)
-            return _trailing(updated_node.with_changes(test=cst.Name("True")), todo)
+            why = "the MonitoredTrainingSession's hooks ended this loop: bound it"
+            unbound = updated_node.with_changes(test=cst.Name("True"))
+            return _marked(unbound, Leftover.SESSION, why, self.todos)
         test = parse_template_expression("{step}.numpy() < {last}", step=step, last=plan.last_step)
         loop = updated_node.with_changes(test=test)
         return loop
@@ -697,14 +667,13 @@ class _Writer(cst.CSTTransformer):
             plan.gradient.with_changes(body=[small.with_changes(value=pairs)], leading_lines=[]),
         ]
         for statement in plan.between:
-            todo = Todo(
-                Leftover.PER_REPLICA,
+            why = (
                 "the legacy ran this on the workers' averaged gradients; it now runs on each "
-                "replica's, before the strategy sums them",
-                commented=False,
+                "replica's, before the strategy sums them"
             )
-            self.todos.append(todo)
-            out.append(_trailing(_visited(statement, trainables), todo))
+            out.append(
+                _marked(_visited(statement, trainables), Leftover.PER_REPLICA, why, self.todos)
+            )
         update = _visited(plan.update, trainables)
         assert isinstance(update, cst.SimpleStatementLine)
         small = update.body[0]

@@ -28,15 +28,29 @@ from tfmigrate.convert.plan import (
     _INITIALIZERS,
     _PLACEHOLDERS,
     _SESSIONS,
-    _TF1_ONLY,
+    Decisions,
     NotPlanned,
     Statement,
     _blocks,
     _body,
     _calls,
+    _header,
+    _subscript_reads,
     _target_name,
     _targets,
     _value,
+    feed_items,
+    gone_reads,
+    method_receiver,
+    qualify,
+    reads_todo,
+    receiver_call,
+    saver_action,
+    session_method,
+    session_run_todo,
+    simple_line,
+    tf1_only,
+    with_names,
 )
 from tfmigrate.convert.project import SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
@@ -117,7 +131,7 @@ class Logging:
 
 
 @dataclass
-class HorovodPlan:
+class HorovodPlan(Decisions[Decision]):
     source: SourceFile
     scope: cst.FunctionDef | cst.Module
     update: cst.SimpleStatementLine  # `train_op = opt.minimize(loss, ...)`
@@ -144,12 +158,6 @@ class HorovodPlan:
     session_todo: Todo | None = None  # what the MonitoredTrainingSession did that is not converted
     decisions: dict[int, Decision] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-
-    def decide(self, statement: cst.CSTNode, decision: Decision) -> None:
-        self.decisions[id(statement)] = decision
-
-    def decision(self, statement: cst.CSTNode) -> Decision | None:
-        return self.decisions.get(id(statement))
 
     @property
     def global_step(self) -> cst.BaseExpression | None:
@@ -203,10 +211,7 @@ class _Planner:
         self.iterators: dict[str, cst.SimpleStatementLine] = {}  # iterator -> where it is made
 
     def q(self, node: cst.BaseExpression) -> str | None:
-        name = self.source.qualify(node)
-        if name is not None and name.startswith("tensorflow.compat.v1."):
-            name = "tensorflow." + name[len("tensorflow.compat.v1.") :]
-        return name
+        return qualify(self.source, node)
 
     def call_q(self, node: cst.CSTNode | None) -> str | None:
         return self.q(node.func) if isinstance(node, cst.Call) else None
@@ -477,13 +482,7 @@ class _Planner:
         return found
 
     def _tf1_only(self, statement: cst.CSTNode) -> Todo | None:
-        for q in (self.call_q(c) for c in _calls(statement)):
-            for prefix, kind, why in _TF1_ONLY:
-                if q is not None and (
-                    q == prefix or (prefix.endswith(".") and q.startswith(prefix))
-                ):
-                    return Todo(kind, why)
-        return None
+        return tf1_only(self.call_q(c) for c in _calls(statement))
 
     def _reads_of_value(self, statement: cst.SimpleStatementLine) -> set[str]:
         value = _value(statement)
@@ -584,13 +583,10 @@ class _Planner:
             plan.decide(statement, Decision(Action.KEEP))
             self.live |= {statement.name.value}
             return
-        if isinstance(statement, cst.With):
-            self._with(statement)
+        line = simple_line(statement, self._with, self._compound)
+        if line is None:
             return
-        if not isinstance(statement, cst.SimpleStatementLine):
-            self._compound(statement)
-            return
-        decision = self._simple(statement)
+        decision = self._simple(line)
         plan.decide(statement, decision)
         if decision.action is Action.TODO and decision.todo is not None and decision.todo.commented:
             self._gone(statement, decision.todo)
@@ -612,11 +608,11 @@ class _Planner:
         plan = self.plan_
         items = [item.item for item in statement.items]
         if all(self.call_q(item) in _SESSIONS for item in items):
-            self._session_names(statement)
+            self.sessions |= with_names(statement)
             plan.decide(statement, Decision(Action.UNWRAP, "the session goes"))
             return
         if len(items) == 1 and self.call_q(items[0]) in _MONITORED:
-            self._session_names(statement)
+            self.sessions |= with_names(statement)
             self._monitored(statement, items[0])
             return
         if all(self._graph_wrapper(item) for item in items):
@@ -654,11 +650,6 @@ class _Planner:
                 "the strategy places each replica"
             )
         return True
-
-    def _session_names(self, statement: cst.With) -> None:
-        for item in statement.items:
-            if item.asname is not None and isinstance(item.asname.name, cst.Name):
-                self.sessions.add(item.asname.name.value)
 
     def _monitored(self, statement: cst.CSTNode, call: cst.BaseExpression) -> None:
         plan = self.plan_
@@ -723,7 +714,7 @@ class _Planner:
         if isinstance(statement, cst.While) and self._should_stop(statement.test):
             plan.decide(statement, Decision(Action.STOP_LOOP))
             return
-        gone = self._gone_reads(reads)
+        gone = gone_reads(reads, self.sessions, self.gone)
         if gone is None:
             gone = self._horovod_todo([c for node in header for c in _calls(node)])
         if gone is not None:
@@ -736,22 +727,7 @@ class _Planner:
     def _should_stop(self, test: cst.BaseExpression) -> bool:
         if not isinstance(test, cst.UnaryOperation) or not isinstance(test.operator, cst.Not):
             return False
-        call = test.expression
-        return (
-            isinstance(call, cst.Call)
-            and method_name(call) == "should_stop"
-            and isinstance(call.func, cst.Attribute)
-            and isinstance(call.func.value, cst.Name)
-            and call.func.value.value in self.sessions
-        )
-
-    def _gone_reads(self, reads: set[str]) -> Todo | None:
-        for name in sorted(reads):
-            if name in self.sessions:
-                return Todo(Leftover.SESSION, f"uses the TF1 session `{name}`")
-            if name in self.gone:
-                return Todo(Leftover.CASCADE, f"uses `{name}`, left under a TODO above")
-        return None
+        return method_receiver(test.expression, "should_stop", self.sessions) is not None
 
     def _simple(self, statement: cst.SimpleStatementLine) -> Decision:
         plan = self.plan_
@@ -781,7 +757,7 @@ class _Planner:
             self.monitored.add(name)
             self._monitored(statement, value)
             return Decision(Action.MONITORED)
-        if self._closes(statement, self.monitored):
+        if method_receiver(_value(statement), "close", self.monitored) is not None:
             return Decision(Action.SAVE_AT_CLOSE)
         if called in _GRAPH_MODE:
             return Decision(Action.DROP, "the converted program runs eagerly, as TF2 does")
@@ -799,38 +775,28 @@ class _Planner:
                 Leftover.SESSION, f"session hooks with no TF2 form ({', '.join(unknown)}): do "
                 "what they did in the loop (the broadcast, StopAtStepHook and LoggingTensorHook "
                 "are converted)"))  # fmt: skip
-        run = self._session_run(statement)
+        run = receiver_call(statement, self.sessions | self.dropped, ("run",))
         if run is not None:
             return self._run(statement, run)
-        if self._session_method(statement):
+        if session_method(_value(statement), self.sessions):
             return Decision(Action.DROP, "the session goes")
-        if called == "tensorflow.train.Saver" and name is not None:
-            self.savers.add(name)
-            return Decision(Action.CHECKPOINT)
-        saver = self._saver_use(statement)
+        saver = saver_action(statement, called, name, self.savers)
+        if isinstance(saver, Todo):
+            return Decision(Action.TODO, todo=saver)
         if saver is not None:
-            return saver
+            return Decision(Action[saver])
         if reads & self.dropped and not reads - self.dropped - self.live - _BUILTINS:
             return Decision(Action.DROP, "uses only what went")
-        tf1 = self._tf1_only(statement)
-        if tf1 is not None:
-            return Decision(Action.TODO, todo=tf1)
-        gone = self._gone_reads(reads)
-        if gone is not None:
-            return Decision(Action.TODO, todo=gone)
+        todo = self._tf1_only(statement) or gone_reads(reads, self.sessions, self.gone)
+        if todo is not None:
+            return Decision(Action.TODO, todo=todo)
         horovod = self._horovod_todo(list(_calls(statement)))
         if horovod is not None:
             return Decision(Action.TODO, todo=horovod)
         step = reads & plan.step_names
         if step:
-            first = sorted(step)[0]
-            return Decision(
-                Action.TODO,
-                todo=Todo(
-                    Leftover.TOWER_VALUE,
-                    f"reads `{first}`, a value of the per-step graph: it now lives in the train step",
-                ),
-            )
+            why = "a value of the per-step graph: it now lives in the train step"
+            return Decision(Action.TODO, todo=reads_todo(step, why))
         return Decision(Action.KEEP)
 
     def _pinning(self, statement: cst.SimpleStatementLine) -> bool:
@@ -860,41 +826,6 @@ class _Planner:
             return None
         return self._hooks(value)
 
-    def _session_run(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
-        for call in _calls(statement):
-            func = call.func
-            if (
-                isinstance(func, cst.Attribute)
-                and func.attr.value == "run"
-                and isinstance(func.value, cst.Name)
-                and (func.value.value in self.sessions or func.value.value in self.dropped)
-            ):
-                return call
-        return None
-
-    def _closes(self, statement: cst.SimpleStatementLine, sessions: set[str]) -> bool:
-        value = _value(statement)
-        return (
-            isinstance(value, cst.Call)
-            and method_name(value) == "close"
-            and isinstance(value.func, cst.Attribute)
-            and isinstance(value.func.value, cst.Name)
-            and value.func.value.value in sessions
-        )
-
-    def _session_method(self, statement: cst.SimpleStatementLine) -> bool:
-        value = _value(statement)
-        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
-            return False
-        receiver = value.func.value
-        if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
-            return receiver.value.value in self.sessions and receiver.attr.value == "graph"
-        return (
-            isinstance(receiver, cst.Name)
-            and receiver.value in self.sessions
-            and value.func.attr.value in ("close", "request_stop", "join")
-        )
-
     def _run(self, statement: cst.SimpleStatementLine, run: cst.Call) -> Decision:
         func = run.func
         assert isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
@@ -902,7 +833,7 @@ class _Planner:
             return Decision(Action.DROP, "the broadcast goes")
         fetches = get_arg(run, 0, "fetches")
         if fetches is None:
-            return Decision(Action.TODO, todo=Todo(Leftover.SESSION, "a Session.run"))
+            return Decision(Action.TODO, todo=session_run_todo(run=True))
         names = free_names(fetches)
         if run in self.runs and _value(statement) is run:
             return self._step_run(statement, run, fetches)
@@ -915,11 +846,7 @@ class _Planner:
             or self.call_q(fetches) in _INITIALIZERS
         ):
             return Decision(Action.DROP, "initializers and the broadcast go")
-        return Decision(
-            Action.TODO,
-            todo=Todo(Leftover.SESSION, "runs graph ops in the TF1 session: call them eagerly or "
-                      "in a tf.function"),
-        )  # fmt: skip
+        return Decision(Action.TODO, todo=session_run_todo())
 
     def _step_run(
         self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
@@ -962,14 +889,10 @@ class _Planner:
         feed = get_arg(run, 1, "feed_dict")
         given: dict[str, cst.BaseExpression] = {}
         if isinstance(feed, cst.Dict):
-            for element in feed.elements:
-                if not isinstance(element, cst.DictElement) or not isinstance(
-                    element.key, cst.Name
-                ):
-                    return None
-                if element.key.value not in self.plan_.inputs:
-                    return None
-                given[element.key.value] = element.value
+            items = feed_items(feed)
+            if items is None or any(key not in self.plan_.inputs for key, _ in items):
+                return None
+            given.update(items)
         elif feed is not None:
             return None
         batched = {n for target, _ in self.plan_.batches for n in free_names(target)}
@@ -977,35 +900,8 @@ class _Planner:
             return None
         return [(name, given[name]) for name in self.plan_.inputs if name in given]
 
-    def _saver_use(self, statement: cst.SimpleStatementLine) -> Decision | None:
-        for call in _calls(statement):
-            func = call.func
-            if not (
-                isinstance(func, cst.Attribute)
-                and isinstance(func.value, cst.Name)
-                and func.value.value in self.savers
-            ):
-                continue
-            if func.attr.value in ("save", "restore") and len(call.args) >= 2:
-                return Decision(Action.SAVER_CALL)
-            return Decision(
-                Action.TODO,
-                todo=Todo(Leftover.CHECKPOINT, f"`{func.attr.value}` of a tf.train.Saver"),
-            )
-        return None
-
 
 _BUILTINS = frozenset({"None", "True", "False", "str", "int", "float", "len", "print"})
-
-
-def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
-    if isinstance(statement, cst.For):
-        return [statement.iter]
-    if isinstance(statement, cst.While | cst.If):
-        return [statement.test]
-    if isinstance(statement, cst.With):
-        return [item.item for item in statement.items]
-    return []
 
 
 def _header_calls(statement: cst.BaseStatement) -> list[cst.Call]:
@@ -1023,11 +919,3 @@ def _loop_targets(statement: cst.BaseStatement) -> set[str]:
             for n in free_names(item.asname.name)
         }
     return set()
-
-
-def _subscript_reads(statement: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-    for target in _targets(statement):
-        if isinstance(target, cst.Subscript | cst.Attribute):
-            found |= free_names(target)
-    return found

@@ -11,9 +11,10 @@ only decides; ``emit`` writes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Generic, TypeVar
 
 import libcst as cst
 
@@ -139,8 +140,23 @@ class Chain:
     averaged: bool
 
 
+_D = TypeVar("_D")
+
+
+class Decisions(Generic[_D]):
+    """What a plan decided for each statement, by the statement's identity (both plans)."""
+
+    decisions: dict[int, _D]
+
+    def decide(self, statement: cst.CSTNode, decision: _D) -> None:
+        self.decisions[id(statement)] = decision
+
+    def decision(self, statement: cst.CSTNode) -> _D | None:
+        return self.decisions.get(id(statement))
+
+
 @dataclass
-class Plan:
+class Plan(Decisions[Decision]):
     source: SourceFile
     scope: cst.FunctionDef | cst.Module
     loop: cst.For
@@ -182,12 +198,6 @@ class Plan:
     fed_variables: dict[str, str] = field(default_factory=dict)
     combination_helpers: set[str] = field(default_factory=set)  # average_gradients & co.
     notes: list[str] = field(default_factory=list)
-
-    def decide(self, statement: cst.CSTNode, decision: Decision) -> None:
-        self.decisions[id(statement)] = decision
-
-    def decision(self, statement: cst.CSTNode) -> Decision | None:
-        return self.decisions.get(id(statement))
 
     @property
     def todos(self) -> list[Todo]:
@@ -279,6 +289,169 @@ def statements_in(block: Iterable[cst.BaseStatement]) -> Iterator[cst.BaseStatem
             yield from statements_in(inner)
 
 
+# -- what both planners read the same way (the tower one here, horovod_plan's too) ---------------
+def qualify(source: SourceFile, node: cst.BaseExpression) -> str | None:
+    """The qualified name ``node`` spells, ``tf.compat.v1.`` read as ``tf.``."""
+    name = source.qualify(node)
+    if name is not None and name.startswith("tensorflow.compat.v1."):
+        name = "tensorflow." + name[len("tensorflow.compat.v1.") :]
+    return name
+
+
+def tf1_only(called: Iterable[str | None]) -> Todo | None:
+    """The TODO of the first TF1-only API among the qualified names of a statement's calls."""
+    for name in called:
+        for prefix, kind, why in _TF1_ONLY:
+            if name is not None and (
+                name == prefix or (prefix.endswith(".") and name.startswith(prefix))
+            ):
+                return Todo(kind, why)
+    return None
+
+
+def gone_reads(reads: set[str], sessions: set[str], gone: dict[str, Todo]) -> Todo | None:
+    """Why a statement reading ``reads`` goes under a TODO: it uses a TF1 session, or a name
+    whose definition went under one."""
+    for name in sorted(reads):
+        if name in sessions:
+            return Todo(Leftover.SESSION, f"uses the TF1 session `{name}`")
+        if name in gone:
+            return Todo(Leftover.CASCADE, f"uses `{name}`, left under a TODO above")
+    return None
+
+
+def simple_line(
+    statement: cst.BaseStatement,
+    with_: Callable[[cst.With], None],
+    compound: Callable[[cst.BaseStatement], None],
+) -> cst.SimpleStatementLine | None:
+    """A simple statement line, for the caller to decide; a with-statement or another compound
+    statement goes to its own planner (None)."""
+    if isinstance(statement, cst.With):
+        with_(statement)
+        return None
+    if not isinstance(statement, cst.SimpleStatementLine):
+        compound(statement)
+        return None
+    return statement
+
+
+def reads_todo(names: set[str], why: str) -> Todo:
+    """The TODO of a statement reading ``names`` (the first named), values that moved with the
+    step: ``why`` says where they live now."""
+    return Todo(Leftover.TOWER_VALUE, f"reads `{sorted(names)[0]}`, {why}")
+
+
+def method_receiver(node: cst.CSTNode | None, method: str, receivers: Container[str]) -> str | None:
+    """``r`` when ``node`` is the call ``r.method(...)`` with ``r`` one of ``receivers``."""
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == method
+        and isinstance(node.func.value, cst.Name)
+        and node.func.value.value in receivers
+    ):
+        return node.func.value.value
+    return None
+
+
+def receiver_call(
+    statement: cst.CSTNode, receivers: set[str], methods: Iterable[str] | None = None
+) -> cst.Call | None:
+    """The first call ``r.method(...)`` in ``statement`` with ``r`` one of ``receivers`` (and
+    the method one of ``methods``, when given)."""
+    for call in _calls(statement):
+        func = call.func
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value in receivers
+            and (methods is None or func.attr.value in methods)
+        ):
+            return call
+    return None
+
+
+def saver_action(
+    statement: cst.CSTNode, called: str | None, name: str | None, savers: set[str]
+) -> str | Todo | None:
+    """What becomes of a statement about a tf.train.Saver, as the name of both plans' action:
+    ``CHECKPOINT`` for ``saver = tf.train.Saver(...)`` (``saver`` joins ``savers``),
+    ``SAVER_CALL`` for ``saver.save(sess, path[, global_step=n])`` / ``saver.restore(sess,
+    path)``; the TODO of any other method; None when the statement is about no saver."""
+    if called == "tensorflow.train.Saver" and name is not None:
+        savers.add(name)
+        return "CHECKPOINT"
+    call = receiver_call(statement, savers)
+    if call is None:
+        return None
+    assert isinstance(call.func, cst.Attribute)
+    method = call.func.attr.value
+    if method in ("save", "restore") and len(call.args) >= 2:
+        return "SAVER_CALL"
+    return Todo(Leftover.CHECKPOINT, f"`{method}` of a tf.train.Saver")
+
+
+def session_run_todo(run: bool = False) -> Todo:
+    """A Session.run that stays (``run``: one with no fetches named)."""
+    if run:
+        return Todo(Leftover.SESSION, "a Session.run")
+    return Todo(
+        Leftover.SESSION, "runs graph ops in the TF1 session: call them eagerly or in a tf.function"
+    )
+
+
+def feed_items(feed: cst.Dict) -> list[tuple[str, cst.BaseExpression]] | None:
+    """A feed_dict's (placeholder, fed value) pairs; None unless every key is a name."""
+    items = []
+    for element in feed.elements:
+        if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.Name):
+            return None
+        items.append((element.key.value, element.value))
+    return items
+
+
+def session_method(value: cst.BaseExpression | None, sessions: set[str]) -> bool:
+    """``sess.close()``, ``sess.request_stop()``, ``sess.join()``, ``sess.graph.finalize()``."""
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+        return False
+    receiver = value.func.value
+    if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
+        return receiver.value.value in sessions and receiver.attr.value == "graph"
+    return (
+        isinstance(receiver, cst.Name)
+        and receiver.value in sessions
+        and value.func.attr.value in ("close", "request_stop", "join")
+    )
+
+
+def with_names(statement: cst.With) -> set[str]:
+    """The names a with-statement binds with ``as``."""
+    return {
+        item.asname.name.value
+        for item in statement.items
+        if item.asname is not None and isinstance(item.asname.name, cst.Name)
+    }
+
+
+def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
+    if isinstance(statement, cst.For):
+        return [statement.iter]
+    if isinstance(statement, cst.While | cst.If):
+        return [statement.test]
+    if isinstance(statement, cst.With):
+        return [item.item for item in statement.items]
+    return []
+
+
+def _subscript_reads(statement: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+    for target in _targets(statement):
+        if isinstance(target, cst.Subscript | cst.Attribute):
+            found |= free_names(target)
+    return found
+
+
 # -- the planner ----------------------------------------------------------------------------------
 class _Planner:
     def __init__(self, source: SourceFile, program: ir.Program, core: ir.TowerCore) -> None:
@@ -287,10 +460,7 @@ class _Planner:
         self.core = core
 
     def q(self, node: cst.BaseExpression) -> str | None:
-        name = self.source.qualify(node)
-        if name is not None and name.startswith("tensorflow.compat.v1."):
-            name = "tensorflow." + name[len("tensorflow.compat.v1.") :]
-        return name
+        return qualify(self.source, node)
 
     def call_q(self, node: cst.CSTNode | None) -> str | None:
         return self.q(node.func) if isinstance(node, cst.Call) else None
@@ -489,19 +659,7 @@ class _Planner:
                 if reads & derived:
                     derived |= bound_names(statement)
                 continue
-            holder: Statement = statement
-            parent = self.source.parent(statement)
-            block = self.source.parent(parent) if parent is not None else None
-            if (
-                isinstance(block, cst.With)
-                and len(_body(block)) == 1
-                and all(
-                    self.call_q(item.item) == "tensorflow.control_dependencies"
-                    for item in block.items
-                )
-            ):
-                holder = block
-            return holder, value
+            return self._holder(statement), value
         raise NotPlanned(f"no apply_gradients after the loop reads `{combined}`")
 
     def _inline_update(self, statement: Statement, tower_list: str) -> cst.Call | None:
@@ -598,9 +756,8 @@ class _Planner:
         self._accumulators()
         self.after_loop = False
         self.loop_blocks = {id(a) for a in self.source.ancestors(self.loop)}
-        combined_todo = Todo(
-            Leftover.TOWER_VALUE,
-            f"reads `{plan.combined}`, the combined gradients: each replica has its own now",
+        combined_todo = reads_todo(
+            {plan.combined}, "the combined gradients: each replica has its own now"
         )
         self.combined_names = {c.combined for c in plan.chains}
         self.combined_todo = combined_todo
@@ -628,11 +785,7 @@ class _Planner:
                     for moved in chain.between:
                         for name in bound_names(moved) - self.combined_names:
                             self.gone.setdefault(
-                                name,
-                                Todo(
-                                    Leftover.TOWER_VALUE,
-                                    f"reads `{name}`, which each replica computes now",
-                                ),
+                                name, reads_todo({name}, "which each replica computes now")
                             )
                 continue
             if self._inside_decided(statement):
@@ -845,30 +998,25 @@ class _Planner:
         if isinstance(statement, cst.FunctionDef | cst.ClassDef):
             plan.decide(statement, Decision(Action.KEEP))
             return
-        if isinstance(statement, cst.With):
-            self._with(statement)
+        line = simple_line(statement, self._with, self._compound)
+        if line is None:
             return
-        if not isinstance(statement, cst.SimpleStatementLine):
-            self._compound(statement)
-            return
-        decision = self._simple_statement(statement)
+        decision = self._simple_statement(line)
         plan.decide(statement, decision)
         if decision.todo is not None and decision.todo.commented:
             for name in bound_names(statement):
                 self.gone.setdefault(name, decision.todo)
         if decision.action is Action.STEP:
-            plan.step_before.append(statement)
+            plan.step_before.append(line)
             self.step_names |= bound_names(statement)
         elif decision.action is Action.POST:
-            plan.step_after.append(statement)
+            plan.step_after.append(line)
             self.step_names |= bound_names(statement)
 
     def _with(self, statement: cst.With) -> None:
         plan = self.plan_
         if all(self.call_q(item.item) in _SESSIONS for item in statement.items):
-            for item in statement.items:
-                if item.asname is not None and isinstance(item.asname.name, cst.Name):
-                    self.sessions.add(item.asname.name.value)
+            self.sessions |= with_names(statement)
             plan.decide(statement, Decision(Action.UNWRAP, "the session goes"))
             return
         if self._is_wrapper(statement) and plan.decision(statement) is None:
@@ -893,27 +1041,16 @@ class _Planner:
         plan = self.plan_
         header = _header(statement)
         reads = set().union(*(free_names(node) for node in header)) if header else set()
-        gone = self._gone_reads(reads)
+        gone = gone_reads(reads, self.sessions, self.gone)
         inside = reads & (self.containers | self.step_names | self._tower_only())
         if gone is None and self.after_loop and inside:
-            gone = Todo(
-                Leftover.TOWER_VALUE,
-                f"reads `{sorted(inside)[0]}`, which the train step computes now",
-            )
+            gone = reads_todo(inside, "which the train step computes now")
         if gone is not None:
             plan.decide(statement, Decision(Action.TODO, todo=gone))
             for name in bound_names(statement):
                 self.gone.setdefault(name, gone)
             return
         plan.decide(statement, Decision(Action.KEEP))
-
-    def _gone_reads(self, reads: set[str]) -> Todo | None:
-        for name in sorted(reads):
-            if name in self.sessions:
-                return Todo(Leftover.SESSION, f"uses the TF1 session `{name}`")
-            if name in self.gone:
-                return Todo(Leftover.CASCADE, f"uses `{name}`, left under a TODO above")
-        return None
 
     def _simple_statement(self, statement: cst.SimpleStatementLine) -> Decision:
         value = _value(statement)
@@ -977,42 +1114,27 @@ class _Planner:
             self.sessions.add(name)
             return Decision(Action.DROP, "TF2 runs eagerly: no session")
         if called in _INITIALIZERS or (
-            called == "tensorflow.group"
-            and isinstance(value, cst.Call)
-            and self._all_initializers(value)
+            called == "tensorflow.group" and self._all_initializers(value)
         ):
-            if name is not None:
-                self.initializers.add(name)
-            return Decision(Action.DROP, "variables are initialized when made")
+            return self._dropped(self.initializers, name, "variables are initialized when made")
         if called in _QUEUE_PLUMBING:
-            if name is not None:
-                self.sessions.add(name)
-            return Decision(Action.DROP, "no queue runners in TF2")
+            return self._dropped(self.sessions, name, "no queue runners in TF2")
         if self._is_reuse(value):
             return Decision(Action.DROP, "variables are made once")
-        if (
-            called == "tensorflow.get_collection"
-            and isinstance(value, cst.Call)
-            and self._update_ops(value)
-        ):
-            if name is not None:
-                self.initializers.add(name)  # control_dependencies([]) reads it: dropped too
-            return Decision(Action.DROP, "batch-norm updates run where the layers run")
+        if called == "tensorflow.get_collection" and self._update_ops(value):
+            # control_dependencies([]) reads it: dropped too
+            return self._dropped(
+                self.initializers, name, "batch-norm updates run where the layers run"
+            )
         if called in _SCHEDULES and name is not None:
             self.schedules.add(name)
-        session_call = self._session_call(statement)
+        session_call = receiver_call(statement, self.sessions, ("run",))
         if session_call is not None:
             return self._session_statement(statement, session_call)
         if self._session_method(statement):
             return Decision(Action.DROP, "the session goes")
-        if (
-            called == "tensorflow.group"
-            and isinstance(value, cst.Call)
-            and self._groups_update(value)
-        ):
-            if name is not None:
-                self.updates.add(name)
-            return Decision(Action.DROP, "the update runs in the train step")
+        if called == "tensorflow.group" and self._groups_update(value):
+            return self._dropped(self.updates, name, "the update runs in the train step")
         if self.line(statement) in self.input_lines:
             return Decision(
                 Action.TODO,
@@ -1023,32 +1145,23 @@ class _Planner:
                     commented=False,
                 ),
             )
-        if called == "tensorflow.train.Saver" and name is not None:
-            self.savers.add(name)
-            return Decision(Action.CHECKPOINT)
-        saver_use = self._saver_use(statement)
-        if saver_use is not None:
-            return saver_use
+        saver = saver_action(statement, called, name, self.savers)
+        if isinstance(saver, Todo):
+            return Decision(Action.TODO, todo=saver)
+        if saver is not None:
+            return Decision(Action[saver])
         # values for the train step
         if isinstance(value, cst.Dict) and name is not None and self._is_feed(name):
             self.feeds[name] = value
             return Decision(Action.DROP, "the feed becomes the train step's arguments")
-        tf1 = self._tf1_only(statement)
-        if tf1 is not None:
-            return Decision(Action.TODO, todo=tf1)
-        gone = self._gone_reads(reads)
-        if gone is not None:
-            return Decision(Action.TODO, todo=gone)
+        todo = self._tf1_only(statement) or gone_reads(reads, self.sessions, self.gone)
+        if todo is not None:
+            return Decision(Action.TODO, todo=todo)
         if not self.after_loop:
             beside = id(self.source.parent(statement)) in self.loop_blocks
             if not beside and reads & self.step_names:
-                first = sorted(reads & self.step_names)[0]
-                return Decision(
-                    Action.TODO,
-                    todo=Todo(
-                        Leftover.TOWER_VALUE,
-                        f"reads `{first}`, which only the train step has (an input of each step)",
-                    ),
+                return self._reads(
+                    reads & self.step_names, "which only the train step has (an input of each step)"
                 )
             if name in self.fetched and called is not None and not _builds_state(called) and beside:
                 return Decision(Action.STEP, "an op the step ran")
@@ -1061,43 +1174,22 @@ class _Planner:
         if reads & (self.containers | self.step_names) and not reads & self._tower_only():
             if name is not None and name in self.fetched and not self.sessions:
                 return Decision(Action.POST)
-            first = sorted(reads & (self.containers | self.step_names))[0]
-            return Decision(
-                Action.TODO,
-                todo=Todo(
-                    Leftover.TOWER_VALUE,
-                    f"reads `{first}`, which the train step computes now",
-                ),
+            return self._reads(
+                reads & (self.containers | self.step_names), "which the train step computes now"
             )
         tower = reads & self._tower_only()
         if tower:
-            first = sorted(tower)[0]
-            return Decision(
-                Action.TODO,
-                todo=Todo(
-                    Leftover.TOWER_VALUE,
-                    f"reads `{first}`, a value of the tower loop: it now lives in a replica",
-                ),
-            )
+            return self._reads(tower, "a value of the tower loop: it now lives in a replica")
         return Decision(Action.KEEP)
 
-    def _saver_use(self, statement: cst.SimpleStatementLine) -> Decision | None:
-        """``saver.save(sess, path[, global_step=n])`` / ``saver.restore(sess, path)``."""
-        for call in _calls(statement):
-            func = call.func
-            if not (
-                isinstance(func, cst.Attribute)
-                and isinstance(func.value, cst.Name)
-                and func.value.value in self.savers
-            ):
-                continue
-            if func.attr.value in ("save", "restore") and len(call.args) >= 2:
-                return Decision(Action.SAVER_CALL)
-            return Decision(
-                Action.TODO,
-                todo=Todo(Leftover.CHECKPOINT, f"`{func.attr.value}` of a tf.train.Saver"),
-            )
-        return None
+    def _reads(self, names: set[str], why: str) -> Decision:
+        return Decision(Action.TODO, todo=reads_todo(names, why))
+
+    def _dropped(self, names: set[str], name: str | None, why: str) -> Decision:
+        """A dropped statement; its name (when it binds one) joins ``names``."""
+        if name is not None:
+            names.add(name)
+        return Decision(Action.DROP, why)
 
     def _tower_only(self) -> set[str]:
         outside = set()
@@ -1121,24 +1213,32 @@ class _Planner:
             return value.func.value
         return None
 
-    def _all_initializers(self, call: cst.Call) -> bool:
-        return bool(call.args) and all(
-            self.call_q(arg.value) in _INITIALIZERS
-            or (isinstance(arg.value, cst.Name) and arg.value.value in self.initializers)
-            for arg in call.args
+    def _all_initializers(self, call: cst.BaseExpression | None) -> bool:
+        return (
+            isinstance(call, cst.Call)
+            and bool(call.args)
+            and all(
+                self.call_q(arg.value) in _INITIALIZERS
+                or (isinstance(arg.value, cst.Name) and arg.value.value in self.initializers)
+                for arg in call.args
+            )
         )
 
     def _is_reuse(self, value: cst.BaseExpression | None) -> bool:
         return isinstance(value, cst.Call) and method_name(value) == "reuse_variables"
 
-    def _update_ops(self, call: cst.Call) -> bool:
+    def _update_ops(self, call: cst.BaseExpression | None) -> bool:
+        if not isinstance(call, cst.Call):
+            return False
         first = call.args[0].value if call.args else None
         return first is not None and (
             self.q(first) == "tensorflow.GraphKeys.UPDATE_OPS"
             or (isinstance(first, cst.SimpleString) and "update_ops" in first.value)
         )
 
-    def _groups_update(self, call: cst.Call) -> bool:
+    def _groups_update(self, call: cst.BaseExpression | None) -> bool:
+        if not isinstance(call, cst.Call):
+            return False
         names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
         return bool(names & self.updates)
 
@@ -1150,10 +1250,9 @@ class _Planner:
         return False
 
     def _tf1_only(self, statement: cst.SimpleStatementLine) -> Todo | None:
-        for called in self.qualified_calls(statement):
-            for prefix, kind, why in _TF1_ONLY:
-                if called == prefix or (prefix.endswith(".") and called.startswith(prefix)):
-                    return Todo(kind, why)
+        todo = tf1_only(self.qualified_calls(statement))
+        if todo is not None:
+            return todo
         for call in _calls(statement):
             if method_name(call) == "apply" and isinstance(call.func, cst.Attribute):
                 receiver = call.func.value
@@ -1161,18 +1260,6 @@ class _Planner:
                     return Todo(
                         Leftover.CASCADE, f"uses `{receiver.value}`, left under a TODO above"
                     )
-        return None
-
-    def _session_call(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
-        for call in _calls(statement):
-            func = call.func
-            if (
-                isinstance(func, cst.Attribute)
-                and func.attr.value == "run"
-                and isinstance(func.value, cst.Name)
-                and func.value.value in self.sessions
-            ):
-                return call
         return None
 
     def _placeholders_made_by(self, value: cst.BaseExpression | None) -> int | None:
@@ -1242,19 +1329,12 @@ class _Planner:
             and value.func.attr.value == "run"
         ):
             return True  # init.run()
-        if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
-            # sess.graph.finalize()
-            return receiver.value.value in self.sessions and receiver.attr.value == "graph"
-        return (
-            isinstance(receiver, cst.Name)
-            and receiver.value in self.sessions
-            and value.func.attr.value in ("close", "request_stop", "join")
-        )
+        return session_method(value, self.sessions)
 
     def _session_statement(self, statement: cst.SimpleStatementLine, run: cst.Call) -> Decision:
         fetches = get_arg(run, 0, "fetches")
         if fetches is None:
-            return Decision(Action.TODO, todo=Todo(Leftover.SESSION, "a Session.run"))
+            return Decision(Action.TODO, todo=session_run_todo(run=True))
         names = free_names(fetches)
         if run in self.step_runs and _value(statement) is run:
             return self._step_run(statement, run, fetches)
@@ -1269,28 +1349,18 @@ class _Planner:
         ):
             iterator = fetches.value.value
             return Decision(Action.ITERATOR, dataset=self.iterators[iterator], iterator=iterator)
-        if (
-            isinstance(fetches, cst.Call)
-            and method_name(fetches) == "string_handle"
-            and isinstance(fetches.func, cst.Attribute)
-            and isinstance(fetches.func.value, cst.Name)
-            and fetches.func.value.value in self.iterators
-            and _value(statement) is run
-        ):
+        handled = method_receiver(fetches, "string_handle", self.iterators)
+        if handled is not None and _value(statement) is run:
             # the handle of an iterator fed to the step: the iterator itself, which a
             # tf.function takes as an argument
-            return Decision(Action.NEXT, iterator=fetches.func.value.value, why="handle")
+            return Decision(Action.NEXT, iterator=handled, why="handle")
         if (
             isinstance(fetches, cst.Name)
             and fetches.value in self.batches
             and _value(statement) is run
         ):
             return Decision(Action.NEXT, iterator=self.batches[fetches.value])
-        return Decision(
-            Action.TODO,
-            todo=Todo(Leftover.SESSION, "runs graph ops in the TF1 session: call them eagerly or "
-                      "in a tf.function"),
-        )  # fmt: skip
+        return Decision(Action.TODO, todo=session_run_todo())
 
     def _step_run(
         self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
@@ -1389,15 +1459,14 @@ class _Planner:
             feed = self.feeds.get(feed.value)
         given: dict[str, cst.BaseExpression] = {}
         if isinstance(feed, cst.Dict):
-            for element in feed.elements:
-                if not isinstance(element, cst.DictElement) or not isinstance(
-                    element.key, cst.Name
-                ):
-                    return None
-                key = self.plan_.fed_variables.get(element.key.value, element.key.value)
+            items = feed_items(feed)
+            if items is None:
+                return None
+            for placeholder, fed in items:
+                key = self.plan_.fed_variables.get(placeholder, placeholder)
                 if key not in self.plan_.inputs:
                     return None
-                given[key] = element.value
+                given[key] = fed
         elif feed is not None:
             return None
         for batch, iterator in self.batches.items():
@@ -1442,27 +1511,9 @@ def _target_tuple(statement: cst.CSTNode) -> list[str] | None:
     return None
 
 
-def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
-    if isinstance(statement, cst.For):
-        return [statement.iter]
-    if isinstance(statement, cst.While | cst.If):
-        return [statement.test]
-    if isinstance(statement, cst.With):
-        return [item.item for item in statement.items]
-    return []
-
-
 def _targets_names(statement: cst.CSTNode) -> set[str]:
     if isinstance(statement, cst.With):
         body = _body(statement)
         return _targets_names(body[0]) if body else set()
     name = _target_name(statement)
     return {name} if name else set()
-
-
-def _subscript_reads(statement: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-    for target in _targets(statement):
-        if isinstance(target, cst.Subscript | cst.Attribute):
-            found |= free_names(target)
-    return found
