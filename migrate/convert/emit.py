@@ -426,7 +426,9 @@ class _Replace(cst.CSTTransformer):
 
 
 class _StrategyFirst(cst.CSTTransformer):
-    """Without a graph wrapper, the strategy is made at the start of the tower function."""
+    """Without a graph wrapper to become ``strategy.scope()``, the strategy is made at the start
+    of the tower function (or of the main block holding a script's towers) and the rest of it
+    runs in ``with strategy.scope():``."""
 
     def __init__(self, plan: Plan, writer: _Writer) -> None:
         self.plan = plan
@@ -439,18 +441,53 @@ class _StrategyFirst(cst.CSTTransformer):
         if updated_node.name.value != scope.name.value:
             return updated_node
         self.done = True
-        body = list(updated_node.body.body)
-        at = 1 if body and _is_docstring(body[0]) else 0
-        return updated_node.with_changes(
-            body=updated_node.body.with_changes(body=[*body[:at], *_strategy_lines(), *body[at:]])
-        )
+        return updated_node.with_changes(body=_scoped(updated_node.body))
+
+    def leave_If(self, original_node, updated_node):
+        # a script's towers in `if __name__ == "__main__":`
+        if (
+            self.done
+            or not isinstance(self.plan.scope, cst.Module)
+            or not _is_main_block(updated_node)
+        ):
+            return updated_node
+        if not any(n is self.plan.loop for n in _walk_statements(original_node)):
+            return updated_node
+        self.done = True
+        return updated_node.with_changes(body=_scoped(updated_node.body))
 
     def leave_Module(self, original_node, updated_node):
         if self.done or not isinstance(self.plan.scope, cst.Module):
             return updated_node
         body = list(updated_node.body)
         first = _first_code(self.plan, body)
-        return updated_node.with_changes(body=[*body[:first], *_strategy_lines(), *body[first:]])
+        scope = cst.With(
+            items=[cst.WithItem(cst.parse_expression("strategy.scope()"))],
+            body=cst.IndentedBlock(body=body[first:]),
+        )
+        return updated_node.with_changes(body=[*body[:first], *_strategy_lines(), scope])
+
+
+def _scoped(block: cst.BaseSuite) -> cst.BaseSuite:
+    """A block's statements (after its docstring) under ``with strategy.scope():``, the
+    strategy made just before."""
+    if not isinstance(block, cst.IndentedBlock):
+        return block
+    body = list(block.body)
+    at = 1 if body and _is_docstring(body[0]) else 0
+    if at < len(body):
+        first = body[at]
+        lines = getattr(first, "leading_lines", ())
+        body[at] = first.with_changes(leading_lines=[])
+    else:
+        lines = ()
+    strategy = _strategy_lines()
+    strategy[0] = strategy[0].with_changes(leading_lines=list(lines))
+    scope = cst.With(
+        items=[cst.WithItem(cst.parse_expression("strategy.scope()"))],
+        body=cst.IndentedBlock(body=body[at:] or [cst.SimpleStatementLine([cst.Pass()])]),
+    )
+    return block.with_changes(body=[*body[:at], *strategy, scope])
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:
@@ -595,7 +632,7 @@ class _Writer(cst.CSTTransformer):
     def _iterator(self, original_node, decision):
         assert decision.dataset is not None
         targets = _targets(original_node)
-        name = targets[0] if targets else cst.Name(decision.iterator or "iterator")
+        name = cst.Name(decision.iterator) if decision.iterator else targets[0]
         return _statement(
             "{name} = iter({dataset})", name=name, dataset=decision.dataset
         ).with_changes(leading_lines=original_node.leading_lines)

@@ -491,6 +491,7 @@ class _Planner:
         self.body = list(statements_in(_body(scope)))
         index, enumerated = self._index(loop)
         chains: list[Chain] = []
+        self.plan_inits: list[str] = []  # lists an inline combination loop fills
         drops: list[tuple[Statement | None, str]] = []
         for gradient in self._gradients(loop):
             append, appended, tower_list = self._append(loop, gradient)
@@ -553,6 +554,8 @@ class _Planner:
             for statement in chain.between:
                 plan.decide(statement, Decision(Action.UPDATE))
             self._tower_list_init(tower_list)
+        for combined_list in self.plan_inits:
+            self._tower_list_init(combined_list)
         self._phases()
         return plan
 
@@ -704,6 +707,25 @@ class _Planner:
                     return statement, name
                 if self._inline_update(statement, tower_list) is not None:
                     return statement, ""
+            if (
+                after
+                and isinstance(statement, cst.For)
+                and tower_list in free_names(statement.iter)
+            ):
+                # `for pairs in zip(*tower_grads): ... averaged.append((g, v))`
+                filled = {
+                    call.func.value.value
+                    for inner in statements_in(_body(statement))
+                    for call in _calls(inner)
+                    if isinstance(call.func, cst.Attribute)
+                    and call.func.attr.value == "append"
+                    and isinstance(call.func.value, cst.Name)
+                }
+                outside = filled - bound_names(statement)
+                if len(outside) == 1:
+                    combined = outside.pop()
+                    self.plan_inits.append(combined)
+                    return statement, combined
         raise NotPlanned(f"no statement after the loop combines `{tower_list}`")
 
     def _between(self, combination: Statement, update: Statement) -> list[Statement]:
@@ -1098,10 +1120,9 @@ class _Planner:
                 ),
             )
         if isinstance(value, cst.Call) and method_name(value) == "get_next":
-            receiver = value.func.value if isinstance(value.func, cst.Attribute) else None
-            if isinstance(receiver, cst.Name) and receiver.value in self.iterators and name:
-                self.batches[name] = receiver.value
-                return Decision(Action.DROP, "a batch: next(iterator)")
+            batch = self._batch(statement, value, name)
+            if batch is not None:
+                return batch
         if isinstance(value, cst.Call) and name is not None:
             dataset = self._iterator_dataset(value)
             if dataset is not None:
@@ -1190,6 +1211,45 @@ class _Planner:
         if name is not None:
             names.add(name)
         return Decision(Action.DROP, why)
+
+    def _batch(
+        self, statement: cst.SimpleStatementLine, value: cst.Call, name: str | None
+    ) -> Decision | None:
+        """``x = it.get_next()`` (also ``a, b = ds.make_one_shot_iterator().get_next()``): the
+        batch is the train step's argument, ``next(it)`` at the call."""
+        receiver = value.func.value if isinstance(value.func, cst.Attribute) else None
+        iterator = receiver.value if isinstance(receiver, cst.Name) else None
+        chained = None
+        if iterator not in self.iterators and isinstance(receiver, cst.Call):
+            chained = self._iterator_dataset(receiver)
+            if chained is None:
+                return None
+            iterator = self._fresh("iterator")
+            self.iterators[iterator] = chained
+        if iterator is None or iterator not in self.iterators:
+            return None
+        if name is None:
+            small = statement.body[0]
+            param = self._fresh("batch")
+            self.batches[param] = iterator
+            self.plan_.step_before.append(
+                statement.with_changes(body=[small.with_changes(value=cst.Name(param))])
+            )
+            self.step_names |= bound_names(statement)
+        else:
+            self.batches[name] = iterator
+        if chained is not None:
+            return Decision(Action.ITERATOR, dataset=chained, iterator=iterator)
+        return Decision(Action.DROP, "a batch: next(iterator) at the train step's call")
+
+    def _fresh(self, base: str) -> str:
+        taken = bound_names(self.source.module) | bound_names(self.scope) | set(self.iterators)
+        taken |= set(self.batches)
+        name, count = base, 1
+        while name in taken:
+            count += 1
+            name = f"{base}_{count}"
+        return name
 
     def _tower_only(self) -> set[str]:
         outside = set()
