@@ -119,4 +119,8 @@ def _convertible(text: str, name: str, _cwd: str, rule: type) -> bool:
         result = process_source(text, name, Settings(rules=(rule,), fix=False))
     except Exception:  # noqa: BLE001 - an unreadable neighbour only means "no importer"
         return False
-    return any(f.message.startswith("convertible:") for f in result.findings)
+    # the whole-program reader's "convertible", or the staged converter's conversion
+    return any(
+        f.message.startswith(("convertible:", "converted to MirroredStrategy"))
+        for f in result.findings
+    )

@@ -278,8 +278,11 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             return
         emitted, _program = converted
         module = _tf2_spellings(emitted.module, self.context)
-        # Kept live but not working in TF2 (a queue input): as unsafe as commented-out code.
-        broken = [t for t in emitted.todos if t.commented or t.kind is Leftover.INPUT]
+        # Kept live but not working in TF2 (a queue input), or changing what runs once into
+        # per replica (clipping the combined gradients): as unsafe as commented-out code.
+        broken = [
+            t for t in emitted.todos if t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
+        ]
         summary = "converted to MirroredStrategy (a tf.function train step, GradientTape replicas)"
         notes = emitted.manifest_notes("TFM303")
         self.report(

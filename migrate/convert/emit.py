@@ -6,7 +6,7 @@ Emission never refuses: everything it needs was decided by the plan."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -107,9 +107,98 @@ def emit(plan: Plan) -> Emitted:
     module = module.visit(marker)
     if plan.wrapper is None:
         module = module.visit(_StrategyFirst(plan, writer))
+    module = _device_settings_first(module, plan)
     module = module.visit(_Commented())
     notes = list(plan.notes) + writer.notes
     return Emitted(module, writer.todos, notes)
+
+
+_DEVICE_SETTINGS = ("tensorflow.config.", "tensorflow.debugging.set_log_device_placement")
+
+
+def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
+    """The session's device settings (now tf.config calls, where the ConfigProto was) go before
+    the strategy is made: GPUs cannot be configured once the strategy has initialized them."""
+    qualify = plan.source.qualify
+    strategy: cst.SimpleStatementLine | None = None
+    moved: list[cst.BaseStatement] = []
+    bound_before: set[str] = set()
+    from tfmigrate.rules._towers import bound_names
+
+    for statement in _in_order(module.body):
+        if isinstance(statement, cst.FunctionDef | cst.ClassDef):
+            continue
+        if strategy is None:
+            if (
+                isinstance(statement, cst.SimpleStatementLine)
+                and isinstance(statement.body[0], cst.Assign)
+                and module.code_for_node(statement.body[0].value).strip()
+                == "tf.distribute.MirroredStrategy()"
+            ):
+                strategy = statement
+            continue
+        if not isinstance(statement, cst.SimpleStatementLine | cst.For):
+            bound_before |= (
+                bound_names(statement) if isinstance(statement, cst.SimpleStatementLine) else set()
+            )
+            continue
+        calls = [qualify(c.func) or "" for c in _calls(statement)]
+        setting = calls and all(
+            name.startswith(_DEVICE_SETTINGS) or name == "tensorflow.config.list_physical_devices"
+            for name in calls
+        )
+        if setting and not (free_names(statement) - bound_names(statement)) & _locals(plan):
+            moved.append(statement)
+    if strategy is None or not moved:
+        return module
+    ids = {id(s) for s in moved}
+    target = strategy
+
+    class _Move(cst.CSTTransformer):
+        def on_leave(self, original_node, updated_node):
+            if id(original_node) in ids:
+                return cst.RemoveFromParent()
+            if original_node is target:
+                first = moved[0]
+                lines = [
+                    cst.EmptyLine(
+                        comment=cst.Comment(
+                            "# The legacy session's device settings, before the strategy uses the devices."
+                        )
+                    )
+                ]
+                return cst.FlattenSentinel(
+                    [
+                        _prepend_lines(first.with_changes(leading_lines=[]), lines),
+                        *(m.with_changes(leading_lines=[]) for m in moved[1:]),
+                        updated_node,
+                    ]
+                )
+            return updated_node
+
+    del bound_before
+    return module.visit(_Move())
+
+
+def _in_order(body: Sequence[cst.BaseStatement]) -> Iterator[cst.BaseStatement]:
+    """Every statement, in source order, into function bodies too."""
+    for statement in body:
+        yield statement
+        inner = getattr(statement, "body", None)
+        if isinstance(statement, cst.FunctionDef) and isinstance(inner, cst.IndentedBlock):
+            yield from _in_order(inner.body)
+            continue
+        for block in _inner_blocks(statement):
+            yield from _in_order(block)
+
+
+def _locals(plan: Plan) -> set[str]:
+    """Names the tower function binds (its parameters are there from the start)."""
+    from tfmigrate.rules._towers import bound_names
+
+    if isinstance(plan.scope, cst.FunctionDef):
+        return bound_names(plan.scope)
+    return set()
 
 
 def _clashes(plan: Plan) -> set[str]:
@@ -1117,6 +1206,11 @@ class _Replica:
                     first = args[0].value if args else None
                     if first is not None and "UPDATE_OPS" in self.module.code_for_node(first):
                         self.gone.update(_names_of(statement))
+                        self.writer.notes.append(
+                            "the towers' UPDATE_OPS go: TF2 layers update their batch-norm "
+                            "statistics where they run, in every replica, so the moving "
+                            "statistics can differ from the legacy run's"
+                        )
                         return []
                     return self._todo(
                         statement, Todo(Leftover.GRAPH, "graph collections do not exist in TF2")

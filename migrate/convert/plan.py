@@ -1144,6 +1144,7 @@ class _Planner:
             return Decision(Action.DROP, "variables are made once")
         if called == "tensorflow.get_collection" and self._update_ops(value):
             # control_dependencies([]) reads it: dropped too
+            self._note_update_ops(statement)
             return self._dropped(
                 self.initializers, name, "batch-norm updates run where the layers run"
             )
@@ -1205,6 +1206,28 @@ class _Planner:
 
     def _reads(self, names: set[str], why: str) -> Decision:
         return Decision(Action.TODO, todo=reads_todo(names, why))
+
+    def _run_loop_names(self, run_statement: cst.CSTNode) -> set[str]:
+        """Names the loops around the step run bind (``step``): the train step cannot read
+        them."""
+        found: set[str] = set()
+        for ancestor in self.source.ancestors(run_statement):
+            if ancestor is self.scope:
+                break
+            if isinstance(ancestor, cst.For):
+                found |= free_names(ancestor.target)
+        return found
+
+    def _note_update_ops(self, statement: cst.CSTNode) -> None:
+        """UPDATE_OPS go: an announced difference, never a silent one."""
+        note = (
+            f"line {self.line(statement)}: the legacy ran the batch-norm updates its UPDATE_OPS "
+            "collection held (`" + self.source.src(statement, 70) + "`); TF2 layers update "
+            "their statistics where they run, in every replica, so the moving statistics can "
+            "differ from the legacy run's"
+        )
+        if note not in self.plan_.notes:
+            self.plan_.notes.append(note)
 
     def _dropped(self, names: set[str], name: str | None, why: str) -> Decision:
         """A dropped statement; its name (when it binds one) joins ``names``."""
@@ -1455,6 +1478,12 @@ class _Planner:
                     plan.outputs.append(name)
             if isinstance(element, cst.Name) and element.value in self.schedules:
                 element = cst.Call(element)
+            loop_values = names & self._run_loop_names(statement)
+            if loop_values:
+                raise NotPlanned(
+                    f"the step fetches `{self.source.src(element, 40)}`, which reads "
+                    f"`{sorted(loop_values)[0]}`, a value of the training loop"
+                )
             lost = sorted(names & set(self.gone))
             if lost:
                 # a fetch whose definition went under a TODO (a TF1 summary): None now
