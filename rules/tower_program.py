@@ -11,6 +11,7 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import convert_module
+from tfmigrate.convert.emit import mark_leftovers
 from tfmigrate.convert.todo import Leftover
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.prefilter import CodeFacts
@@ -323,6 +324,11 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         except Blocked as blocked:
             self.report(first, f"not converted: {blocked.reason}; the module is left as it was")
             return
+        leftovers: list[str] = []
+        if not keras_module:
+            # TF1 code kept: its sessions, placeholders and collections are marked TODO
+            module, todos = mark_leftovers(module, self.context.resolver.qualify)
+            leftovers = [f"TFM303: {t.kind.code} {t.why}" for t in todos]
         self.report(
             first,
             f"converted with the tower program `{importer}`: "
@@ -340,7 +346,8 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
                     if keras_module
                     else f"TFM303: model module of the tower program `{importer}`: TF1 symbols "
                     "on their tf.compat.v1 spellings, tf.layers from tf_keras, tf.contrib.slim / "
-                    "contrib.layers from tf_slim; its variables are the program's (mapped there)"
+                    "contrib.layers from tf_slim; its variables are the program's (mapped there)",
+                    *leftovers,
                 ]
             },
         )

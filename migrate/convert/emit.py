@@ -6,7 +6,7 @@ Emission never refuses: everything it needs was decided by the plan."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -103,7 +103,7 @@ def emit(plan: Plan) -> Emitted:
     module = _with_store(module)
     module = _placeholder_helpers_out(module, plan, writer)
     module = _combination_helpers_out(module, plan, writer)
-    marker = _MarkCollections(plan, writer)
+    marker = _MarkCollections(plan.source.qualify, writer.todos)
     module = module.visit(marker)
     if plan.wrapper is None:
         module = module.visit(_StrategyFirst(plan, writer))
@@ -114,6 +114,15 @@ def emit(plan: Plan) -> Emitted:
 
 
 _DEVICE_SETTINGS = ("tensorflow.config.", "tensorflow.debugging.set_log_device_placement")
+
+
+def mark_leftovers(
+    module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
+) -> tuple[cst.Module, list[Todo]]:
+    """A module of the program the conversion keeps on TF1 code (a model module): its
+    sessions, placeholders and graph collections marked TODO on their lines."""
+    todos: list[Todo] = []
+    return module.visit(_MarkCollections(qualify, todos)), todos
 
 
 def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
@@ -454,9 +463,11 @@ class _MarkCollections(cst.CSTTransformer):
     graph), sessions and placeholders in code the converted training does not run (an eval
     function, a model class's own placeholders)."""
 
-    def __init__(self, plan: Plan, writer: _Writer) -> None:
-        self.plan = plan
-        self.writer = writer
+    def __init__(
+        self, qualify: Callable[[cst.BaseExpression], str | None], todos: list[Todo]
+    ) -> None:
+        self.qualify = qualify
+        self.todos = todos
         self.depth = 0
 
     def visit_FunctionDef(self, node):
@@ -470,7 +481,7 @@ class _MarkCollections(cst.CSTTransformer):
     def _todo(self, node: cst.CSTNode) -> Todo | None:
         names = set()
         for call in _calls(node):
-            name = self.plan.source.qualify(call.func)
+            name = self.qualify(call.func)
             if name is not None:
                 names.add(name.replace("tensorflow.compat.v1.", "tensorflow."))
         if names & _SESSION_CALLS:
@@ -490,7 +501,7 @@ class _MarkCollections(cst.CSTTransformer):
         todo = self._todo(updated_node)
         if todo is None:
             return updated_node
-        self.writer.todos.append(todo)
+        self.todos.append(todo)
         return _trailing(updated_node, todo)
 
     def leave_With(self, original_node, updated_node):
@@ -502,7 +513,7 @@ class _MarkCollections(cst.CSTTransformer):
             todo = todo or self._todo(item.item)
         if todo is None or todo.kind is not Leftover.SESSION:
             return updated_node
-        self.writer.todos.append(todo)
+        self.todos.append(todo)
         return _trailing(updated_node, todo)
 
 
