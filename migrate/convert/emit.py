@@ -231,7 +231,7 @@ def _clashes(plan: Plan) -> set[str]:
 # -- pieces of new code ---------------------------------------------------------------------------
 def _statement(code: str, **values: cst.CSTNode) -> cst.BaseStatement:
     if values:
-        return parse_template_statement(code, **values)  # type: ignore[arg-type]
+        return parse_template_statement(code, **values)  # type: ignore[arg-type]  # template values are libcst nodes
     return cst.parse_statement(code)
 
 
@@ -622,7 +622,7 @@ class _Writer(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         decision = self.plan.decision(node)
         if decision is not None and decision.action in (Action.TRAIN_STEP, Action.TODO):
-            return decision.action is Action.TODO and not decision.todo.commented  # type: ignore[union-attr]
+            return decision.action is Action.TODO and not decision.todo.commented  # type: ignore[union-attr]  # a TODO decision always carries its Todo
         return True
 
     def on_leave(self, original_node, updated_node):
@@ -797,7 +797,7 @@ class _Writer(cst.CSTTransformer):
         step: list[cst.BaseStatement] = [
             _statement(f"{name}.assign({param})") for name, param in plan.fed_variables.items()
         ]
-        step += [s.visit(_Expressions(plan)) for s in plan.step_before]  # type: ignore[misc]
+        step += [s.visit(_Expressions(plan)) for s in plan.step_before]  # type: ignore[misc]  # visit() may return a sentinel; a statement stays a statement here
         step.append(replica_def)
         if not returned:
             step.append(_statement("strategy.run(replica_step)"))
@@ -823,10 +823,10 @@ class _Writer(cst.CSTTransformer):
                     leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
                 )
             )
-        step.extend(s.visit(_Expressions(plan)) for s in plan.step_after)  # type: ignore[misc]
+        step.extend(s.visit(_Expressions(plan)) for s in plan.step_after)  # type: ignore[misc]  # visit() may return a sentinel; a statement stays a statement here
         values = self._returned_values()
         if values is not None and plan.totals:
-            values = values.visit(_Renamed(plan.totals))  # type: ignore[assignment]
+            values = values.visit(_Renamed(plan.totals))  # type: ignore[assignment]  # visit() may return a sentinel; a statement stays a statement here
         if values is not None:
             step.append(cst.SimpleStatementLine([cst.Return(values)]))
         params = cst.Parameters(params=[cst.Param(cst.Name(name)) for name in plan.inputs])
@@ -1126,7 +1126,7 @@ class _Replica:
         gradient = chain.gradient
         variables = gradient.variables
         variables_value: cst.BaseExpression = (
-            variables.visit(_Expressions(plan))  # type: ignore[assignment]
+            variables.visit(_Expressions(plan))  # type: ignore[assignment]  # visit() may return a sentinel; a statement stays a statement here
             if variables is not None
             else cst.parse_expression("tf1_variables.trainable_variables")
         )
@@ -1153,11 +1153,11 @@ class _Replica:
             name = next(
                 n for n in (chain.combined, "grads", "replica_grads") if n and n not in taken
             )
-            appended = cast(cst.Call, chain.append.body[0].value).args[0].value  # type: ignore[attr-defined]
-            appended = appended.visit(_ReplaceNode(gradient.call, value))  # type: ignore[assignment]
+            appended = cast(cst.Call, chain.append.body[0].value).args[0].value  # type: ignore[attr-defined]  # the append statement's value is the append call
+            appended = appended.visit(_ReplaceNode(gradient.call, value))  # type: ignore[assignment]  # visit() may return a sentinel; a statement stays a statement here
             replaced = _statement("{name} = {value}", name=cst.Name(name), value=appended)
             self._grads_names[id(chain)] = name
-        out.append(replaced)  # type: ignore[arg-type]
+        out.append(replaced)  # type: ignore[arg-type]  # the emitted statements are SimpleStatementLines
         if gradient.statement is chain.append:
             out.extend(self._update(chain))
         return out
@@ -1178,7 +1178,7 @@ class _Replica:
                 "replica's, before they are summed"
             )
             visited = statement.visit(_Expressions(plan))
-            out.append(_marked(visited, Leftover.PER_REPLICA, why, self.writer.todos))  # type: ignore[arg-type]
+            out.append(_marked(visited, Leftover.PER_REPLICA, why, self.writer.todos))  # type: ignore[arg-type]  # the emitted statements are SimpleStatementLines
         if chain.between:
             grads = cst.Name(chain.combined)
         call = chain.update_call
@@ -1244,7 +1244,7 @@ class _Replica:
                         f"uses `{sorted(free_names(statement) & self.gone)[0]}`, left under a TODO above",
                     ),
                 )
-            return [statement.visit(_Expressions(plan))]  # type: ignore[list-item]
+            return [statement.visit(_Expressions(plan))]  # type: ignore[list-item]  # visit() may return a sentinel; a statement stays a statement here
         if isinstance(statement, cst.With):
             return self._with(statement)
         if isinstance(statement, cst.If) and id(statement) in plan.hoisted:
@@ -1327,7 +1327,7 @@ class _Replica:
                 return updated_node
 
         del plan
-        return statement.visit(_Blocks())  # type: ignore[return-value]
+        return statement.visit(_Blocks())  # type: ignore[return-value]  # visit() may return a sentinel; a statement stays a statement here
 
 
 def _is_reuse_flag(statement: cst.CSTNode, plan: Plan) -> bool:

@@ -212,7 +212,7 @@ def _names(node: cst.CSTNode) -> set[str]:
 # -- pieces of new code ---------------------------------------------------------------------------
 def _statement(code: str, **values: cst.CSTNode) -> cst.BaseStatement:
     if values:
-        return parse_template_statement(code, **values)  # type: ignore[arg-type]
+        return parse_template_statement(code, **values)  # type: ignore[arg-type]  # template values are libcst nodes
     return cst.parse_statement(code)
 
 
@@ -350,7 +350,7 @@ class _Writer(cst.CSTTransformer):
             Action.TODO,
             Action.STEP,
         ):
-            return decision.action is Action.TODO and not decision.todo.commented  # type: ignore[union-attr]
+            return decision.action is Action.TODO and not decision.todo.commented  # type: ignore[union-attr]  # a TODO decision always carries its Todo
         return True
 
     def on_leave(self, original_node, updated_node):
@@ -572,7 +572,7 @@ class _Writer(cst.CSTTransformer):
             if not values:
                 return None, []
             new = values[0] if len(values) == 1 else _tuple(values)
-            return new, keep  # type: ignore[return-value]
+            return new, keep  # type: ignore[return-value]  # the pair is built from statements
         return target, list(range(len(run.elements)))
 
     # -- the train step ----------------------------------------------------------------------------

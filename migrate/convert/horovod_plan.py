@@ -382,9 +382,9 @@ class _Planner:
                     raise NotPlanned(f"the placeholder `{name}` is made inside a block")
                 plan.inputs.append(name)
                 names.add(name)
-                dtype = get_arg(value, 0, "dtype")  # type: ignore[arg-type]
+                dtype = get_arg(value, 0, "dtype")  # type: ignore[arg-type]  # the placeholder call is a cst.Call here
                 if self.call_q(value) == "tensorflow.placeholder" and dtype is not None:
-                    plan.specs[name] = (dtype, get_arg(value, 1, "shape"))  # type: ignore[arg-type]
+                    plan.specs[name] = (dtype, get_arg(value, 1, "shape"))  # type: ignore[arg-type]  # the placeholder call is a cst.Call here
                 plan.decide(statement, Decision(Action.DROP, "a train step parameter"))
                 continue
             reads = free_names(statement) - (
@@ -433,7 +433,7 @@ class _Planner:
             isinstance(value, cst.Call) and method_name(value) == "get_next" and len(targets) == 1
         ):
             return False
-        receiver = value.func.value  # type: ignore[attr-defined]
+        receiver = value.func.value  # type: ignore[attr-defined]  # value is a method call here (checked above)
         if isinstance(receiver, cst.Name) and receiver.value in self.iterators:
             made = self.iterators[receiver.value]
             dataset = self._iterator_dataset(_value(made))
@@ -462,7 +462,7 @@ class _Planner:
         if self.call_q(value) == "tensorflow.data.make_one_shot_iterator" and value.args:
             return value.args[0].value
         if method_name(value) == "make_one_shot_iterator" and not value.args:
-            return value.func.value  # type: ignore[attr-defined]
+            return value.func.value  # type: ignore[attr-defined]  # value is a method call here (checked above)
         return None
 
     def _read_after_step(self) -> set[str]:
@@ -852,7 +852,7 @@ class _Planner:
         self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
     ) -> Decision:
         single = not isinstance(fetches, cst.List | cst.Tuple)
-        elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[attr-defined]
+        elements = [fetches] if single else [e.value for e in fetches.elements]  # type: ignore[attr-defined]  # fetches is a list or tuple when not single
         kept: list[cst.BaseExpression | None] = []
         gone: list[str] = []
         for element in elements:
