@@ -13,7 +13,7 @@ from typing import cast
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
-from tfmigrate.convert.plan import Action, Chain, Plan, Statement, _body, _calls, _targets
+from tfmigrate.convert.plan import Action, Chain, Plan, _body, _calls, _targets
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.rules._towers import free_names, get_arg, method_name
 
@@ -106,7 +106,7 @@ def emit(plan: Plan) -> Emitted:
     marker = _MarkCollections(plan.source.qualify, writer.todos)
     module = module.visit(marker)
     if plan.wrapper is None:
-        module = module.visit(_StrategyFirst(plan, writer))
+        module = module.visit(_StrategyFirst(plan))
     module = _device_settings_first(module, plan)
     module = module.visit(_Commented())
     notes = list(plan.notes) + writer.notes
@@ -530,7 +530,7 @@ class _StrategyFirst(cst.CSTTransformer):
     of the tower function (or of the main block holding a script's towers) and the rest of it
     runs in ``with strategy.scope():``."""
 
-    def __init__(self, plan: Plan, writer: _Writer) -> None:
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.done = False
 
@@ -986,7 +986,7 @@ class _Replica:
                         index=cst.Name(plan.index),
                     )
                 )
-        body = self._block(list(_body(plan.loop)), top=True)
+        body = self._block(list(_body(plan.loop)))
         if not self.getter_placed:
             body = [
                 cst.With(
@@ -998,9 +998,7 @@ class _Replica:
         # variables, not the model's.
         return statements + body + self.deferred
 
-    def _block(
-        self, statements: list[cst.BaseStatement], top: bool = False
-    ) -> list[cst.BaseStatement]:
+    def _block(self, statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """One block of the tower body. The tape starts in the innermost block on the way to
         the (first) gradient call that has statements (the forward pass) before it."""
         plan = self.plan
@@ -1391,6 +1389,3 @@ def _inner_blocks(statement: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
     from tfmigrate.convert.plan import _blocks
 
     return _blocks(statement)
-
-
-del Statement

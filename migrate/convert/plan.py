@@ -185,9 +185,7 @@ class Plan(Decisions[Decision]):
     # sums into a value made once (a variable): the train step's name for value + sum
     totals: dict[str, str] = field(default_factory=dict)
     decisions: dict[int, Decision] = field(default_factory=dict)
-    dropped_in_loop: set[int] = field(default_factory=set)
     wrapper: cst.With | None = None  # the outermost graph wrapper (-> strategy.scope())
-    scope_start: Statement | None = None  # without a wrapper: first set-up statement
     input_lines: set[int] = field(default_factory=set)  # queue inputs: TODO(tfmigrate) TFM311
     # iterators made from a fed string handle inside the step: their get_next() is next()
     step_iterators: set[str] = field(default_factory=set)
