@@ -8,6 +8,14 @@ from tfmigrate.rule import Example, FixSafety
 
 from ._tf_api import COMPAT_V1, ApiNameRule, build_chain
 
+# tf.estimator is gone from TF 2.16 on; its mode keys were string constants, which a model
+# function that never ran under an Estimator still compares against.
+_MODE_KEYS = {
+    "tf.estimator.ModeKeys.TRAIN": "train",
+    "tf.estimator.ModeKeys.EVAL": "eval",
+    "tf.estimator.ModeKeys.PREDICT": "infer",
+}
+
 _NO_SPACE = cst.AssignEqual(
     whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
 )
@@ -199,6 +207,17 @@ class Tf1ApiToCompatV1(ApiNameRule):
         ),
         Example(
             """
+            import tensorflow as tf
+            training = mode == tf.estimator.ModeKeys.TRAIN
+            """,
+            fixed="""
+            import tensorflow as tf
+            training = mode == 'train'
+            """,
+            message="is the string 'train'",
+        ),
+        Example(
+            """
             from tensorflow.train import AdamOptimizer
             import tensorflow as tf
             opt = AdamOptimizer(0.1)
@@ -238,6 +257,15 @@ class Tf1ApiToCompatV1(ApiNameRule):
             )
 
     def _check(self, node: cst.Attribute, name: str, binding: str, call: cst.Call | None) -> None:
+        if name in _MODE_KEYS and not tfapi.exists("tf.estimator"):
+            value = _MODE_KEYS[name]
+            self.report(
+                node,
+                f"`{name}` is the string {value!r}: tf.estimator is not in TensorFlow "
+                f"{tfapi.versions()['tensorflow']}",
+                replacement=cst.SimpleString(repr(value)),
+            )
+            return
         new_name: str | None = None
         found = tfapi.tf2_rename(name)
         if found is not None:

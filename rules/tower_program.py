@@ -282,7 +282,9 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         # Kept live but not working in TF2 (a queue input), or changing what runs once into
         # per replica (clipping the combined gradients): as unsafe as commented-out code.
         broken = [
-            t for t in emitted.todos if t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
+            t
+            for t in emitted.todos
+            if t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
         ]
         summary = "converted to MirroredStrategy (a tf.function train step, GradientTape replicas)"
         notes = emitted.manifest_notes("TFM303")
@@ -854,8 +856,13 @@ def _parse_call(node: cst.BaseExpression) -> str | None:
 
 def _tf2_spellings(module: cst.Module, context: RuleContext) -> cst.Module:
     """A staged conversion's module with the TF1 code it keeps on tf.compat.v1 (TFM301), its
-    tf.contrib layers from tf_slim and tf.compat.v1.layers from tf_keras, as TF2 runs them."""
+    tf.contrib layers from tf_slim and tf.compat.v1.layers from tf_keras, and its
+    ``tf.app.flags`` as absl's flags, as TF2 runs them."""
     renamed = _renamed(dataclasses.replace(context, module=module))
+    try:
+        renamed = _model_module_flags(renamed)
+    except Blocked:
+        pass  # `flags` names something else there: TFM301 says where tf.app.flags went
     try:
         return _v1_layers_to_tf_keras(_contrib_to_tf_slim(renamed, renamed))
     except Blocked:
@@ -874,7 +881,9 @@ def _renamed(context: RuleContext) -> cst.Module:
 
 def _convert(
     context: RuleContext,
-    analysed: tuple[Program, cst.If | cst.FunctionDef, cst.Call | None, AbslMain | GlobalFlags | None],
+    analysed: tuple[
+        Program, cst.If | cst.FunctionDef, cst.Call | None, AbslMain | GlobalFlags | None
+    ],
 ) -> tuple[cst.Module, dict[str, object], str]:
     module = _renamed(context)
     inner_context = RuleContext(
@@ -1230,7 +1239,9 @@ def _names_used(*roots: cst.CSTNode) -> dict[str, int]:
     """How often each variable name occurs (attribute names like `parser.parse_args` aside)."""
     attributes: set[int] = set()
     counts: dict[str, int] = {}
-    for node in (n for root in roots for n in walk(root)):  # pre-order: an Attribute, then its `attr`
+    for node in (
+        n for root in roots for n in walk(root)
+    ):  # pre-order: an Attribute, then its `attr`
         if isinstance(node, cst.Attribute):
             attributes.add(id(node.attr))
         elif isinstance(node, cst.Name) and id(node) not in attributes:

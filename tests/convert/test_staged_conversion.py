@@ -162,3 +162,27 @@ def test_the_converted_saver_writes_a_checkpoint(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "logs" / "model.ckpt-4.index").exists()
+
+
+def test_tf_app_flags_of_a_converted_program_become_absl_flags(tmp_path):
+    """TF 2 has no tf.app: the program's flags are absl's (the same registry and command line)."""
+    legacy = (TOWERS / "module_script" / "train.py").read_text()
+    flagged = (
+        legacy.replace(
+            "import tensorflow as tf\n",
+            "import tensorflow as tf\n\ntf.app.flags.DEFINE_integer('num_gpus', 2, 'towers')\n"
+            "FLAGS = tf.app.flags.FLAGS\n",
+        )
+        .replace("  parser.add_argument('--num_gpus', type=int, default=2)\n", "")
+        .replace("args.num_gpus", "FLAGS.num_gpus")
+    )
+    assert flagged.count("FLAGS.num_gpus") >= 2
+    (tmp_path / "legacy").mkdir()
+    (tmp_path / "legacy" / "train.py").write_text(flagged)
+    out, result = rewritten(tmp_path / "legacy", "--unsafe-fixes", "--format", "json")
+    assert _conversion(result.stdout)["message"].startswith(STAGED)
+    source = (out / "train.py").read_text()
+    compile(source, "train.py", "exec")
+    assert "from absl import flags" in source
+    assert "flags.DEFINE_integer('num_gpus', 2, 'towers')" in source
+    assert "FLAGS = flags.FLAGS" in source and "tf.app" not in source
