@@ -55,7 +55,7 @@ class TF1Variables(tf.Module):
 '''
 
 _REPLICA_NAMES = frozenset({"tape", "variables", "replica_loss"})
-_STEP_NAMES = frozenset({"replica_step", "outputs"})
+_STEP_NAMES = frozenset({"replica_step"})
 _SCOPE_NAMES = frozenset({"strategy", "tf1_variables", "train_step", "TF1Variables"})
 _TODO_NAME = "__tfmigrate_todo__"
 _OUT_OF_RANGE = ("tensorflow.errors.OutOfRangeError", "tensorflow.compat.v1.errors.OutOfRangeError")
@@ -244,6 +244,19 @@ def _clashes(plan: Plan) -> set[str]:
     )
 
 
+def _outputs_name(plan: Plan) -> str:
+    """The train step's name for what the replicas return: ``outputs``, unless the program
+    already uses it."""
+    from tfmigrate.rules._towers import bound_names
+
+    taken = bound_names(plan.scope) | free_names(plan.loop)
+    name, count = "outputs", 1
+    while name in taken:
+        name = "replica_outputs" if count == 1 else f"replica_outputs_{count}"
+        count += 1
+    return name
+
+
 # -- pieces of new code ---------------------------------------------------------------------------
 def _statement(code: str, **values: cst.CSTNode) -> cst.BaseStatement:
     if values:
@@ -259,19 +272,20 @@ def _strategy_lines() -> list[cst.BaseStatement]:
 
 
 def _with_store(module: cst.Module) -> cst.Module:
-    """TF1Variables after the imports (and the module docstring)."""
+    """TF1Variables after the imports (and the module docstring): after the last import
+    before the first compound statement (``mpl.use('Agg')`` may sit between imports)."""
     body = list(module.body)
     at = 0
     for position, statement in enumerate(body):
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not isinstance(statement, cst.SimpleStatementLine):
+            break
+        small = statement.body[0]
         if isinstance(small, cst.Import | cst.ImportFrom) or (
             position == 0
             and isinstance(small, cst.Expr)
             and isinstance(small.value, cst.SimpleString)
         ):
             at = position + 1
-        elif at:
-            break
     store = cst.parse_module(STORE.lstrip("\n")).body
     first = store[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     return module.with_changes(body=[*body[:at], first, *store[1:], *body[at:]])
@@ -799,6 +813,9 @@ class _Writer(cst.CSTTransformer):
         plan = self.plan
         replica = _Replica(plan, self).body()
         returned = [cst.Name(name) for name in plan.outputs] + [e for _, e in plan.sums]
+        one_loss = self._reduced_loss()
+        if one_loss is not None:
+            returned.append(cst.Name("replica_loss"))
         if returned:
             value = (
                 returned[0] if len(returned) == 1 else cst.Tuple([cst.Element(e) for e in returned])
@@ -810,6 +827,7 @@ class _Writer(cst.CSTTransformer):
             body=cst.IndentedBlock(body=replica),
             leading_lines=[],
         )
+        outputs = _outputs_name(plan)
         step: list[cst.BaseStatement] = [
             _statement(f"{name}.assign({param})") for name, param in plan.fed_variables.items()
         ]
@@ -818,9 +836,9 @@ class _Writer(cst.CSTTransformer):
         if not returned:
             step.append(_statement("strategy.run(replica_step)"))
         else:
-            step.append(_statement("outputs = strategy.run(replica_step)"))
+            step.append(_statement(f"{outputs} = strategy.run(replica_step)"))
         for position, name in enumerate([*plan.outputs, *(n for n, _ in plan.sums)]):
-            each = "outputs" if len(returned) == 1 else f"outputs[{position}]"
+            each = outputs if len(returned) == 1 else f"{outputs}[{position}]"
             if position < len(plan.outputs) and name in plan.first_tower:
                 tower = plan.first_tower[name]
                 line = f"{name} = strategy.experimental_local_results({each})[{tower}]"
@@ -836,6 +854,16 @@ class _Writer(cst.CSTTransformer):
                 comment = "# The towers added their values up."
             step.append(
                 _statement(line).with_changes(
+                    leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
+                )
+            )
+        if one_loss is not None:
+            each = outputs if len(returned) == 1 else f"{outputs}[{len(returned) - 1}]"
+            comment = (
+                f"# `{one_loss}` combined the towers' losses: the sum of the replicas' shares."
+            )
+            step.append(
+                _statement(f'{one_loss} = strategy.reduce("SUM", {each}, axis=None)').with_changes(
                     leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
                 )
             )
@@ -855,6 +883,18 @@ class _Writer(cst.CSTTransformer):
             leading_lines=plan.loop.leading_lines,
         )
         return [train_step]
+
+    def _reduced_loss(self) -> str | None:
+        """The towers' combined loss, when the train step returns it or computes from it:
+        each replica returns its share and the step sums them."""
+        colocated = self.plan.colocated
+        if colocated is None:
+            return None
+        values = self._returned_values()
+        reads = free_names(values) if values is not None else set()
+        for statement in self.plan.step_after:
+            reads |= free_names(statement)
+        return colocated.loss if colocated.loss in reads else None
 
     def _returned_values(self) -> cst.BaseExpression | None:
         runs = [d.step_run for d in self.plan.decisions.values() if d.step_run is not None]
@@ -1010,9 +1050,81 @@ class _Replica:
                     body=cst.IndentedBlock(body=body),
                 )
             ]
+        if plan.colocated is not None:
+            body = self._one_loss(body)
         # The updates run outside the store's scope: the optimizer's slots are its own
         # variables, not the model's.
         return statements + body + self.deferred
+
+    def _one_loss(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Towers that computed only losses, combined after the loop and differentiated once:
+        the replica runs its tower under the tape, combines its own losses as the legacy
+        combined all of them (a mean's share divided by the replica count), takes the
+        gradients and updates."""
+        plan = self.plan
+        colocated = plan.colocated
+        assert colocated is not None
+        chain = plan.chains[0]
+        value = cast(cst.BaseExpression, colocated.value.visit(_Expressions(plan)))
+        if colocated.averaged:
+            loss = _statement(
+                "replica_loss = {value} / strategy.num_replicas_in_sync",
+                value=_parenthesized(value),
+            )
+            why = (
+                f"# The towers' losses were averaged into `{colocated.loss}`; apply_gradients "
+                "sums the replicas' gradients."
+            )
+        else:
+            loss = _statement("replica_loss = {value}", value=value)
+            why = (
+                f"# The towers' losses were summed into `{colocated.loss}`; apply_gradients "
+                "sums the replicas' gradients too."
+            )
+        loss = loss.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(why))])
+        tape = cst.With(
+            items=[
+                cst.WithItem(
+                    cst.parse_expression("tf.GradientTape()"), asname=cst.AsName(cst.Name("tape"))
+                )
+            ],
+            body=cst.IndentedBlock(body=[*body, loss]),
+        )
+        variables = chain.gradient.variables
+        listed: cst.BaseExpression = (
+            variables.visit(_Expressions(plan))  # type: ignore[assignment]  # visit() returns an expression here
+            if variables is not None
+            else cst.parse_expression("tf1_variables.trainable_variables")
+        )
+        out: list[cst.BaseStatement] = [
+            _statement(f"{colocated.losses} = []"),
+            tape,
+            _statement("variables = {value}", value=listed),
+        ]
+        if colocated.minimize:
+            taken = _names_of(plan.loop.body)
+            grads = next(n for n in ("grads", "replica_grads") if n not in taken)
+            out.append(_statement(f"{grads} = tape.gradient(replica_loss, variables)"))
+            call = chain.update_call
+            pairs = cst.parse_expression(f"zip({grads}, variables)")
+            update = call.with_changes(
+                args=[call.args[0].with_changes(value=pairs), *call.args[1:]]
+            )
+            self.deferred.append(cst.SimpleStatementLine([cst.Expr(update)]))
+            return out
+        gradient = chain.gradient
+        taken_value = (
+            "list(zip(tape.gradient(replica_loss, variables), variables))"
+            if gradient.pairs
+            else "tape.gradient(replica_loss, variables)"
+        )
+        replaced = gradient.statement.visit(
+            _ReplaceNode(gradient.call, cst.parse_expression(taken_value))
+        )
+        out.append(cast(cst.SimpleStatementLine, replaced).with_changes(leading_lines=[]))
+        self._grads_names[id(chain)] = chain.combined
+        self._update(chain)
+        return out
 
     def _block(self, statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """One block of the tower body. The tape starts in the innermost block on the way to

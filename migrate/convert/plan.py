@@ -140,6 +140,29 @@ class Chain:
     averaged: bool
 
 
+@dataclass(frozen=True)
+class Colocated:
+    """Towers that only compute losses, collected in ``losses`` and combined after the loop by
+    ``combine`` (``loss = value``), which one gradient call (``minimize`` or
+    ``compute_gradients``, colocating the gradients with the towers) differentiates. Each
+    replica computes ``value`` over its own towers' losses; ``averaged`` when ``value`` is a
+    mean over the list (divided by the replica count then: the strategy sums gradients)."""
+
+    losses: str
+    combine: cst.SimpleStatementLine
+    loss: str
+    value: cst.BaseExpression
+    averaged: bool
+    minimize: bool  # the gradient call is the update
+
+
+_MEANS = frozenset({"tensorflow.reduce_mean"})
+_SUMS = frozenset({"tensorflow.reduce_sum", "tensorflow.add_n", "tensorflow.accumulate_n"})
+_COLOCATED_KEYWORDS = frozenset(
+    {"colocate_gradients_with_ops", "gate_gradients", "aggregation_method", "name"}
+)
+
+
 _D = TypeVar("_D")
 
 
@@ -196,6 +219,7 @@ class Plan(Decisions[Decision]):
     fed_variables: dict[str, str] = field(default_factory=dict)
     combination_helpers: set[str] = field(default_factory=set)  # average_gradients & co.
     notes: list[str] = field(default_factory=list)
+    colocated: Colocated | None = None  # one loss over the towers, differentiated once
 
     @property
     def todos(self) -> list[Todo]:
@@ -435,8 +459,16 @@ def with_names(statement: cst.With) -> set[str]:
 def _header(statement: cst.BaseStatement) -> list[cst.CSTNode]:
     if isinstance(statement, cst.For):
         return [statement.iter]
-    if isinstance(statement, cst.While | cst.If):
+    if isinstance(statement, cst.While):
         return [statement.test]
+    if isinstance(statement, cst.If):
+        # an `elif` test is read before its branch runs, as the `if`'s is
+        tests: list[cst.CSTNode] = [statement.test]
+        branch = statement.orelse
+        while isinstance(branch, cst.If):
+            tests.append(branch.test)
+            branch = branch.orelse
+        return tests
     if isinstance(statement, cst.With):
         return [item.item for item in statement.items]
     return []
@@ -474,9 +506,14 @@ class _Planner:
         core = self.core
         if core.towers is None:
             raise NotPlanned("no tower loop (Horovod's per-process step)")
-        if core.combination.kind not in (ir.CombineKind.AVERAGED, ir.CombineKind.SUMMED):
+        colocated = core.combination.kind is ir.CombineKind.COLOCATED_LOSS
+        if core.combination.kind not in (ir.CombineKind.AVERAGED, ir.CombineKind.SUMMED) and (
+            not colocated
+        ):
             raise NotPlanned(f"combination {core.combination.kind.value}")
-        if core.update.kind is not ir.UpdateKind.APPLY_GRADIENTS:
+        if core.update.kind is not ir.UpdateKind.APPLY_GRADIENTS and not (
+            colocated and core.update.kind is ir.UpdateKind.MINIMIZE
+        ):
             raise NotPlanned(f"update by {core.update.kind.value}")
         if core.towers.where.file != self.source.rel:
             raise NotPlanned("the towers are in another module")
@@ -491,7 +528,11 @@ class _Planner:
         chains: list[Chain] = []
         self.plan_inits: list[str] = []  # lists an inline combination loop fills
         drops: list[tuple[Statement | None, str]] = []
-        for gradient in self._gradients(loop):
+        one_loss = self._colocated(loop) if colocated else None
+        if one_loss is not None:
+            chains.append(one_loss[0])
+            drops.append((None, one_loss[1].losses))
+        for gradient in self._gradients(loop) if one_loss is None else []:
             append, appended, tower_list = self._append(loop, gradient)
             combination, combined = self._combination(tower_list, None)
             inline = self._inline_update(combination, tower_list)
@@ -542,6 +583,8 @@ class _Planner:
         )
         self.plan_ = plan
         plan.decide(loop, Decision(Action.TRAIN_STEP))
+        if one_loss is not None:
+            self._decide_colocated(*one_loss)
         for chain, (dropped, tower_list) in zip(chains, drops, strict=True):
             if dropped is not None:
                 plan.decide(dropped, Decision(Action.DROP, "the strategy combines the replicas"))
@@ -556,6 +599,180 @@ class _Planner:
             self._tower_list_init(combined_list)
         self._phases()
         return plan
+
+    # -- one loss over the towers ---------------------------------------------------------------
+    def _after_loop(self) -> list[cst.SimpleStatementLine]:
+        """The simple statements after the tower loop, not inside it."""
+        start = self.body.index(self.loop)
+        return [
+            s
+            for s in self.body[start + 1 :]
+            if isinstance(s, cst.SimpleStatementLine) and self.loop not in self.source.ancestors(s)
+        ]
+
+    def _colocated(self, loop: cst.For) -> tuple[Chain, Colocated]:
+        """The chain of a loss combined over the towers after the loop and differentiated once:
+        the gradient call at the combination's line, the statement combining the towers'
+        losses into what it differentiates, and the update."""
+        line = self.core.combination.where.line
+        found = [
+            (call, s)
+            for s in self._after_loop()
+            for call in _calls(s)
+            if self.line(call) == line
+            and (
+                method_name(call) in ("minimize", "compute_gradients")
+                or self.call_q(call) == "tensorflow.gradients"
+            )
+        ]
+        if not found:
+            raise NotPlanned("the one gradient call of the towers' loss is not after the loop")
+        call, statement = found[0]
+        minimize = method_name(call) == "minimize"
+        pairs = method_name(call) == "compute_gradients"
+        loss = get_arg(call, 0, "ys" if self.call_q(call) == "tensorflow.gradients" else "loss")
+        variables = (
+            get_arg(call, 2, "var_list")
+            if minimize
+            else get_arg(call, 1, "var_list" if pairs else "xs")
+        )
+        if minimize and get_arg(call, 7, "grad_loss") is not None:
+            raise NotPlanned("minimize is given grad_loss")
+        if not isinstance(loss, cst.Name):
+            raise NotPlanned("the loss differentiated after the loop is not a name")
+        combine, losses, averaged = self._combined_loss(loss.value, statement)
+        value = _value(combine)
+        assert value is not None
+        colocated = Colocated(losses, combine, loss.value, value, averaged, minimize)
+        gradient = Gradient(call, statement, cst.Name("replica_loss"), variables, pairs)
+        if minimize:
+            update, update_call = self._holder(statement), self._minimize_update(call)
+            combined, between = "", []
+        else:
+            combined = _target_name(statement) or ""
+            if not combined:
+                raise NotPlanned("the gradients of the towers' loss are not assigned to a name")
+            update, update_call = self._update_of(statement, combined)
+            between = self._between(statement, update)
+        chain = Chain(
+            gradient, combine, value, combined, update, update_call, tuple(between), averaged
+        )
+        return chain, colocated
+
+    def _minimize_update(self, call: cst.Call) -> cst.Call:
+        """``opt.minimize(loss, global_step, ...)`` as the update it makes:
+        ``opt.apply_gradients(grads, global_step=...)`` (the emitter gives the gradients)."""
+        assert isinstance(call.func, cst.Attribute)
+        args = [cst.Arg(cst.Name("grads"))]
+        step = get_arg(call, 1, "global_step")
+        for keyword, value in (("global_step", step), ("name", get_arg(call, 6, "name"))):
+            if value is not None:
+                args.append(cst.Arg(value, keyword=cst.Name(keyword), equal=_no_spaces()))
+        positional = [a for a in call.args if a.keyword is None]
+        others = [a for a in call.args if a.keyword is not None]
+        if len(positional) > 3 or any(
+            a.keyword.value not in _COLOCATED_KEYWORDS | {"loss", "global_step", "var_list"}
+            for a in others
+            if a.keyword is not None
+        ):
+            raise NotPlanned("minimize is given arguments apply_gradients has no place for")
+        return cst.Call(call.func.with_changes(attr=cst.Name("apply_gradients")), args)
+
+    def _combined_loss(
+        self, name: str, gradient: cst.SimpleStatementLine
+    ) -> tuple[cst.SimpleStatementLine, str, bool]:
+        """The statement after the loop (before ``gradient``) binding ``name`` from the
+        towers' loss list: the statement, the list and whether it averages over the list."""
+        binding = None
+        for statement in self._after_loop():
+            if statement is gradient:
+                break
+            if _target_name(statement) == name:
+                binding = statement
+        value = _value(binding) if binding is not None else None
+        if binding is None or value is None:
+            raise NotPlanned(
+                f"no statement after the loop combines the towers' losses into `{name}`"
+            )
+        read = self._over_list(value)
+        if read is None:
+            raise NotPlanned(
+                f"`{self.source.src(value, 50)}` is not a mean or sum over a list of the towers' "
+                "losses (scaled by a constant)"
+            )
+        losses, averaged = read
+        filled = self._tower_containers()
+        initialized = any(
+            _target_name(s) == losses and isinstance(_value(s), cst.List) and not _value(s).elements  # type: ignore[union-attr]  # _value is a List here
+            for s in self.body[: self.body.index(self.loop)]
+        )
+        if losses not in filled or not initialized:
+            raise NotPlanned(f"`{losses}` is not a list the towers append their losses to")
+        return binding, losses, averaged
+
+    def _over_list(self, value: cst.BaseExpression) -> tuple[str, bool] | None:
+        """``tf.reduce_mean(L)``, ``tf.reduce_sum(L)``, ``tf.add_n(L)``, ``sum(L)``, over
+        ``L`` or ``tf.stack(L)``, divided or multiplied by a constant or divided by
+        ``len(L)``: (L, whether it averages over L)."""
+        if isinstance(value, cst.BinaryOperation) and isinstance(
+            value.operator, cst.Divide | cst.Multiply
+        ):
+            divides = isinstance(value.operator, cst.Divide)
+            for inner, factor in [(value.left, value.right)] + (
+                [] if divides else [(value.right, value.left)]
+            ):
+                read = self._over_list(inner)
+                if read is None:
+                    continue
+                losses, averaged = read
+                if divides and _is_len_of(factor, losses) and not averaged:
+                    return losses, True
+                if losses not in free_names(factor):
+                    return read
+            return None
+        if not isinstance(value, cst.Call) or len(value.args) != 1 or value.args[0].keyword:
+            return None
+        called = self.call_q(value)
+        builtin_sum = (
+            isinstance(value.func, cst.Name)
+            and value.func.value == "sum"
+            and self.source.top_level("sum") is None
+        )
+        if called not in _MEANS | _SUMS and not builtin_sum:
+            return None
+        listed = value.args[0].value
+        if (
+            isinstance(listed, cst.Call)
+            and self.call_q(listed) == "tensorflow.stack"
+            and len(listed.args) == 1
+        ):
+            listed = listed.args[0].value
+        if not isinstance(listed, cst.Name):
+            return None
+        return listed.value, called in _MEANS
+
+    def _decide_colocated(self, chain: Chain, colocated: Colocated) -> None:
+        """The combination and the gradient call move into the replica function; the
+        manifest says what the combination became."""
+        plan = self.plan_
+        plan.colocated = colocated
+        plan.decide(colocated.combine, Decision(Action.UPDATE))
+        plan.decide(chain.gradient.statement, Decision(Action.UPDATE))
+        spelled = self.source.src(colocated.value, 60)
+        share = (
+            "its own towers' mean divided by the replica count"
+            if colocated.averaged
+            else "its own towers' part of the sum"
+        )
+        update = (
+            "minimize became a GradientTape and apply_gradients; " if colocated.minimize else ""
+        )
+        plan.notes.append(
+            f"the towers' losses were combined into `{colocated.loss}` (`{spelled}`) and "
+            f"differentiated once with colocate_gradients_with_ops: {update}each replica "
+            f"differentiates {share}, MirroredStrategy sums the replicas' gradients, and the "
+            f"train step's `{colocated.loss}` is the sum of the replicas' losses (the legacy value)"
+        )
 
     def _averaged(self, update: Statement) -> bool:
         """Whether the core whose update this is averaged its towers' gradients."""
@@ -801,6 +1018,9 @@ class _Planner:
                 self.after_loop = True
                 for name in self.combined_names:
                     self.gone.setdefault(name, self.combined_todo)
+                if plan.colocated is not None:
+                    # the train step reduces the replicas' losses to the combined one
+                    self.step_names.add(plan.colocated.loss)
                 for chain in plan.chains:
                     for moved in chain.between:
                         for name in bound_names(moved) - self.combined_names:
@@ -1604,3 +1824,21 @@ def _targets_names(statement: cst.CSTNode) -> set[str]:
         return _targets_names(body[0]) if body else set()
     name = _target_name(statement)
     return {name} if name else set()
+
+
+def _is_len_of(node: cst.BaseExpression, name: str) -> bool:
+    """``len(name)``."""
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value == "len"
+        and len(node.args) == 1
+        and isinstance(node.args[0].value, cst.Name)
+        and node.args[0].value.value == name
+    )
+
+
+def _no_spaces() -> cst.AssignEqual:
+    return cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+    )

@@ -27,6 +27,7 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 
 # fixture -> (rewrite flags, TODO codes in the output, statements commented out)
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
+    "colocated_loss": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
 }
@@ -127,8 +128,11 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 
 
 # fixture -> (legacy loss rows compared, weights compared): module_script fetches both towers'
-# losses, summed_reuse_flag the last tower's
-COMPARED = {"module_script": (2, 6), "summed_reuse_flag": (1, 4)}
+# losses, summed_reuse_flag the last tower's, colocated_loss the towers' combined loss (a
+# reduced row, below)
+COMPARED = {"module_script": (2, 6), "summed_reuse_flag": (1, 4), "colocated_loss": (0, 4)}
+# fixture -> reduced (not per-tower) loss rows compared
+REDUCED = {"colocated_loss": 1}
 
 
 @pytest.mark.slow
@@ -149,6 +153,9 @@ def test_the_converted_program_verifies_equivalent(name):
     rows = re.findall(r"^PASS\W+(\S+) \(tower [01]\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M)
     assert len(rows) == losses, result.stdout
     assert len(re.findall(r"^PASS\W+\S+\W+weight\W+3\W", result.stdout, re.M)) == weights
+    if name in REDUCED:
+        reduced = re.findall(r"^PASS\W+\S+ \(reduced\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M)
+        assert len(reduced) == REDUCED[name], result.stdout
 
 
 @pytest.mark.slow
