@@ -27,14 +27,20 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 
 # fixture -> (rewrite flags, TODO codes in the output, statements commented out)
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
+    "hand_written_adam": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
 }
 
 
 def _conversion(stdout: str) -> dict:
-    """The TFM303 finding of `rewrite --format json` output."""
-    (finding,) = [f for f in json.loads(stdout)["findings"] if f["code"] == "TFM303"]
+    """The TFM303 finding of `rewrite --format json` output on the program (not a module it
+    imports)."""
+    (finding,) = [
+        f
+        for f in json.loads(stdout)["findings"]
+        if f["code"] == "TFM303" and f["path"].endswith("train.py")
+    ]
     return finding
 
 
@@ -83,7 +89,10 @@ def test_the_output_is_an_idiomatic_tf2_program(name):
     (train_step,) = _tf_functions(tree)
     step_calls = _calls(train_step)
     assert "tf.GradientTape" in step_calls and "strategy.run" in step_calls
-    assert any(c.endswith(".apply_gradients") for c in step_calls)
+    # the optimizer's update in the replicas, or the program's own update function after them
+    assert any(c.endswith(".apply_gradients") for c in step_calls) or (
+        "strategy.reduce" in step_calls and "update_state.scope" in step_calls
+    )
     assert "tf.distribute.MirroredStrategy" in _calls(tree)
     names = _code_names(tree)
     assert not names & BANNED, names & BANNED
@@ -127,8 +136,8 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 
 
 # fixture -> (legacy loss rows compared, weights compared): module_script fetches both towers'
-# losses, summed_reuse_flag the last tower's
-COMPARED = {"module_script": (2, 6), "summed_reuse_flag": (1, 4)}
+# losses, summed_reuse_flag and hand_written_adam the last tower's
+COMPARED = {"hand_written_adam": (1, 3), "module_script": (2, 6), "summed_reuse_flag": (1, 4)}
 
 
 @pytest.mark.slow
@@ -162,3 +171,22 @@ def test_the_converted_saver_writes_a_checkpoint(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "logs" / "model.ckpt-4.index").exists()
+
+
+def test_a_hand_written_update_is_called_with_the_replicas_mean_after_them():
+    out, _ = rewritten(TOWERS / "hand_written_adam", "--format", "json")
+    tree = ast.parse((out / "train.py").read_text())
+    (train_step,) = _tf_functions(tree)
+    (replica_step,) = [n for n in ast.walk(train_step) if isinstance(n, ast.FunctionDef)
+                       and n.name == "replica_step"]  # fmt: skip
+    # the replicas only differentiate (their losses unscaled: the mean is taken after them)
+    assert "adam" not in _calls(replica_step) and "strategy.reduce" not in _calls(replica_step)
+    assert "strategy.num_replicas_in_sync" not in ast.unparse(replica_step)
+    reduce = [n for n in ast.walk(train_step) if isinstance(n, ast.Call)
+              and ast.unparse(n.func) == "strategy.reduce"]  # fmt: skip
+    assert [ast.unparse(n.args[0]) for n in reduce] == ["'MEAN'"]
+    # the user's function, kept, called once per step in cross-replica context
+    assert _calls(train_step).count("adam") == 1
+    opt = (out / "opt.py").read_text()
+    assert "def adam(" in opt and "tf.compat.v1.assign_sub(" in opt
+    assert "tf.assign(" not in opt
