@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,17 @@ def test_a_hand_written_update_is_called_with_the_replicas_mean_after_them():
     opt = (out / "opt.py").read_text()
     assert "def adam(" in opt and "tf.compat.v1.assign_sub(" in opt
     assert "tf.assign(" not in opt
+
+
+def test_a_hand_written_update_reading_a_tower_value_is_refused_with_the_reason(tmp_path):
+    folder = tmp_path / "hand_written_adam"
+    shutil.copytree(TOWERS / "hand_written_adam", folder)
+    train = folder / "train.py"
+    # the learning rate scaled by the last tower's loss: a value of one replica now
+    text = train.read_text().replace("adam(params, grads, LR)", "adam(params, grads, LR * loss)")
+    train.write_text(text)
+    result = run_cli("scan", "--format", "json", train)
+    files = json.loads(result.stdout)["files"]
+    (finding,) = [f for file in files for f in file["findings"] if f["code"] == "TFM303"]
+    assert "the hand-written update reads `loss`, a value each tower computes" in finding["message"]
+    assert finding["message"].startswith("not converted")
