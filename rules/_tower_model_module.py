@@ -102,7 +102,7 @@ def importing_program(path: PurePosixPath, rule: type) -> str | None:
     to the module's folder), if there is one."""
     module = Path(path)
     for candidate, text in _importers(module):
-        if _convertible(text, candidate.name, os.getcwd(), rule):
+        if _convertible(text, str(candidate), os.getcwd(), rule):
             if candidate.parent == module.parent:
                 return candidate.name
             return f"../{candidate.name}"

@@ -64,6 +64,10 @@ _RESERVED_LOCAL = frozenset(
 )  # fmt: skip
 
 
+# TF1's assignment functions (tf.compat.v1 in TF2), as a hand-written update function uses them.
+_UPDATE_ASSIGNS = ("tensorflow.assign", "tensorflow.assign_sub", "tensorflow.assign_add")
+
+
 class TowerProgramToMirroredStrategy(TowerRule):
     """
     ## What it does
@@ -187,7 +191,7 @@ class TowerProgramToMirroredStrategy(TowerRule):
     code = "TFM303"
     # The conversion starts from a tower loop's tf.device; the model modules it imports use TF1
     # layers.
-    triggers = ("tensorflow.device", *MODEL_TRIGGERS)
+    triggers = ("tensorflow.device", *MODEL_TRIGGERS, *_UPDATE_ASSIGNS)
     option_choices = {
         "strategy": ("mirrored", "multi-worker"),
         "batch-norm": ("faithful", "sync"),
@@ -362,11 +366,12 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
 
 def _first_tf1_model_state(rule: TowerRule) -> cst.CSTNode | None:
     """A model module without TF1 layers: its first tf.get_variable or tf.app.flags (the
-    tutorial's ``cifar10.py``), which TF 2 no longer has under those names."""
+    tutorial's ``cifar10.py``), or the first tf.assign of a hand-written update function,
+    which TF 2 no longer has under those names."""
     for node in walk(rule.context.module):
         if isinstance(node, cst.Attribute) and not isinstance(rule.parent(node), cst.Attribute):
             name = rule.qualify(node) or ""
-            if name == "tensorflow.get_variable" or name.startswith(
+            if name in ("tensorflow.get_variable", *_UPDATE_ASSIGNS) or name.startswith(
                 ("tensorflow.app.flags.", "tensorflow.flags.")
             ):
                 return node

@@ -22,6 +22,13 @@ _GLOBAL_BATCH = re.compile(r"global_?batch", re.I)
 _LOSS_PREFIXES = ("keras.losses.", "tensorflow.keras.losses.")
 
 
+def _is_mean(op: cst.BaseExpression) -> bool:
+    """``"MEAN"`` or ``tf.distribute.ReduceOp.MEAN``."""
+    if isinstance(op, cst.SimpleString):
+        return op.evaluated_value == "MEAN"
+    return (dotted(op) or "").endswith("ReduceOp.MEAN")
+
+
 class UnscaledReplicaLoss(Rule):
     """
     ## What it does
@@ -145,6 +152,17 @@ def step_fn(x, y):
     return tf.reduce_mean(tf.square(model(x) - y))
 per_replica = strategy.run(step_fn, args=(x, y))
 mean = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+""",
+        # Gradients returned and averaged with MEAN by the caller, which applies them itself.
+        """import tensorflow as tf
+@tf.function
+def train_step(x, y):
+    def step_fn():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        return tape.gradient(loss, model.trainable_variables)
+    grads = [strategy.reduce("MEAN", g, axis=None) for g in strategy.run(step_fn)]
+    update(model.trainable_variables, grads)
 """,
     )
     invalid = (
@@ -374,7 +392,7 @@ mean = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
         reported: set[int] = set()
         for call in facts.calls:
             step = self._run_step(call)
-            if step is None:
+            if step is None or self._gradients_averaged(call, step):
                 continue
             for mean in self._unscaled_means(step):
                 if id(mean) not in reported:
@@ -411,6 +429,30 @@ mean = strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
             if enclosing is not None:
                 candidates = [c for c in candidates if c in enclosing.body.body]
         return candidates[0] if len(candidates) == 1 else None
+
+    def _gradients_averaged(self, run: cst.Call, step: cst.FunctionDef) -> bool:
+        """The step applies no gradients and the function around ``strategy.run`` reduces what
+        it returns with MEAN only (a hand-written update applies the mean): nothing is summed."""
+        if any(
+            isinstance(n, cst.Call)
+            and isinstance(n.func, cst.Attribute)
+            and n.func.attr.value == "apply_gradients"
+            for n in walk(step.body)
+        ):
+            return False
+        caller = next((a for a in self.ancestors(run) if isinstance(a, cst.FunctionDef)), None)
+        if caller is None:
+            return False
+        reductions = [
+            n.args[0].value
+            for n in walk(caller.body)
+            if isinstance(n, cst.Call)
+            and isinstance(n.func, cst.Attribute)
+            and n.func.attr.value == "reduce"
+            and self._facts.is_strategy(n.func.value)
+            and n.args
+        ]
+        return bool(reductions) and all(_is_mean(r) for r in reductions)
 
     def _unscaled_means(self, step: cst.FunctionDef) -> list[cst.Call]:
         if id(step) in self._steps:

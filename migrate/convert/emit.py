@@ -54,9 +54,45 @@ class TF1Variables(tf.Module):
         return tf.compat.v1.variable_scope("", custom_getter=self.getter)
 '''
 
+# A program that updates its variables with its own function (a hand-written Adam) gains this
+# too: the function makes its slot variables each time it is called, and tf.function may trace
+# the train step more than once, but TF2 variables must be made once.
+UPDATE_STATE = '''
+
+class UpdateState(tf.Module):
+    """The variables the hand-written update makes (its slots, its step count), made once."""
+
+    # A variable creator: the update's first trace makes its variables (mirrored, under the
+    # strategy; outside the traced step when their initial values are constants); every later
+    # trace gets the same ones, in the order the update asks for them.
+    def __init__(self):
+        super().__init__()
+        self.made = []
+        self.count = 0
+
+    def creator(self, next_creator, **kwargs):
+        if self.count == len(self.made):
+            initial = kwargs.get("initial_value")
+            constant = tf.get_static_value(initial) if tf.is_tensor(initial) else initial
+            if constant is not None:
+                with tf.init_scope():
+                    self.made.append(next_creator(**{**kwargs, "initial_value": constant}))
+            else:
+                self.made.append(next_creator(**kwargs))
+        self.count += 1
+        return self.made[self.count - 1]
+
+    def scope(self):
+        self.count = 0
+        return tf.variable_creator_scope(self.creator)
+'''
+
+
 _REPLICA_NAMES = frozenset({"tape", "variables", "replica_loss"})
 _STEP_NAMES = frozenset({"replica_step"})
-_SCOPE_NAMES = frozenset({"strategy", "tf1_variables", "train_step", "TF1Variables"})
+_SCOPE_NAMES = frozenset(
+    {"strategy", "tf1_variables", "train_step", "TF1Variables", "update_state", "UpdateState"}
+)
 _TODO_NAME = "__tfmigrate_todo__"
 _OUT_OF_RANGE = ("tensorflow.errors.OutOfRangeError", "tensorflow.compat.v1.errors.OutOfRangeError")
 _FROM_HANDLE = (
@@ -104,7 +140,7 @@ def emit(plan: Plan) -> Emitted:
     else:
         module = module.visit(writer)
     assert isinstance(module, cst.Module)
-    module = _with_store(module)
+    module = _with_store(module, _hand_written(plan))
     module = _placeholder_helpers_out(module, plan, writer)
     module = _combination_helpers_out(module, plan, writer)
     marker = _MarkCollections(plan.source.qualify, writer.todos)
@@ -264,16 +300,24 @@ def _statement(code: str, **values: cst.CSTNode) -> cst.BaseStatement:
     return cst.parse_statement(code)
 
 
-def _strategy_lines() -> list[cst.BaseStatement]:
-    return [
+def _strategy_lines(plan: Plan) -> list[cst.BaseStatement]:
+    lines = [
         _statement("strategy = tf.distribute.MirroredStrategy()"),
         _statement("tf1_variables = TF1Variables(strategy)"),
     ]
+    if _hand_written(plan):
+        lines.append(_statement("update_state = UpdateState()"))
+    return lines
 
 
-def _with_store(module: cst.Module) -> cst.Module:
-    """TF1Variables after the imports (and the module docstring): after the last import
-    before the first compound statement (``mpl.use('Agg')`` may sit between imports)."""
+def _hand_written(plan: Plan) -> bool:
+    return any(chain.hand_written for chain in plan.chains)
+
+
+def _with_store(module: cst.Module, hand_written: bool = False) -> cst.Module:
+    """TF1Variables (and UpdateState for a ``hand_written`` update) after the imports (and the
+    module docstring): after the last import before the first compound statement
+    (``mpl.use('Agg')`` may sit between imports)."""
     body = list(module.body)
     at = 0
     for position, statement in enumerate(body):
@@ -286,7 +330,7 @@ def _with_store(module: cst.Module) -> cst.Module:
             and isinstance(small.value, cst.SimpleString)
         ):
             at = position + 1
-    store = cst.parse_module(STORE.lstrip("\n")).body
+    store = cst.parse_module(STORE.lstrip("\n") + (UPDATE_STATE if hand_written else "")).body
     first = store[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     return module.with_changes(body=[*body[:at], first, *store[1:], *body[at:]])
 
@@ -571,7 +615,7 @@ class _StrategyFirst(cst.CSTTransformer):
         if updated_node.name.value != scope.name.value:
             return updated_node
         self.done = True
-        return updated_node.with_changes(body=_scoped(updated_node.body))
+        return updated_node.with_changes(body=_scoped(updated_node.body, self.plan))
 
     def leave_If(self, original_node, updated_node):
         # a script's towers in `if __name__ == "__main__":`
@@ -584,7 +628,7 @@ class _StrategyFirst(cst.CSTTransformer):
         if not any(n is self.plan.loop for n in _walk_statements(original_node)):
             return updated_node
         self.done = True
-        return updated_node.with_changes(body=_scoped(updated_node.body))
+        return updated_node.with_changes(body=_scoped(updated_node.body, self.plan))
 
     def leave_Module(self, original_node, updated_node):
         if self.done or not isinstance(self.plan.scope, cst.Module):
@@ -595,10 +639,10 @@ class _StrategyFirst(cst.CSTTransformer):
             items=[cst.WithItem(cst.parse_expression("strategy.scope()"))],
             body=cst.IndentedBlock(body=body[first:]),
         )
-        return updated_node.with_changes(body=[*body[:first], *_strategy_lines(), scope])
+        return updated_node.with_changes(body=[*body[:first], *_strategy_lines(self.plan), scope])
 
 
-def _scoped(block: cst.BaseSuite) -> cst.BaseSuite:
+def _scoped(block: cst.BaseSuite, plan: Plan) -> cst.BaseSuite:
     """A block's statements (after its docstring) under ``with strategy.scope():``, the
     strategy made just before."""
     if not isinstance(block, cst.IndentedBlock):
@@ -611,7 +655,7 @@ def _scoped(block: cst.BaseSuite) -> cst.BaseSuite:
         body[at] = first.with_changes(leading_lines=[])
     else:
         lines = ()
-    strategy = _strategy_lines()
+    strategy = _strategy_lines(plan)
     strategy[0] = strategy[0].with_changes(leading_lines=list(lines))
     scope = cst.With(
         items=[cst.WithItem(cst.parse_expression("strategy.scope()"))],
@@ -671,7 +715,7 @@ class _Writer(cst.CSTTransformer):
             scoped = updated_node.with_changes(
                 items=[cst.WithItem(cst.parse_expression("strategy.scope()"))]
             )
-            return cst.FlattenSentinel([*_strategy_lines(), scoped])
+            return cst.FlattenSentinel([*_strategy_lines(self.plan), scoped])
         if action is Action.ITERATOR:
             return self._iterator(original_node, decision)
         if action is Action.NEXT:
@@ -811,8 +855,11 @@ class _Writer(cst.CSTTransformer):
     # -- the train step ---------------------------------------------------------------------------
     def _train_step(self) -> list[cst.BaseStatement]:
         plan = self.plan
-        replica = _Replica(plan, self).body()
+        replicas = _Replica(plan, self)
+        replica = replicas.body()
         returned = [cst.Name(name) for name in plan.outputs] + [e for _, e in plan.sums]
+        reduced_at = len(returned)
+        returned += [grads for _, grads in replicas.reduced]
         one_loss = self._reduced_loss()
         if one_loss is not None:
             returned.append(cst.Name("replica_loss"))
@@ -867,6 +914,9 @@ class _Writer(cst.CSTTransformer):
                     leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]
                 )
             )
+        for offset, (chain, _) in enumerate(replicas.reduced):
+            each = outputs if len(returned) == 1 else f"{outputs}[{reduced_at + offset}]"
+            step.extend(self._hand_written_update(chain, each))
         step.extend(s.visit(_Expressions(plan)) for s in plan.step_after)  # type: ignore[misc]  # visit() may return a sentinel; a statement stays a statement here
         values = self._returned_values()
         if values is not None and plan.totals:
@@ -895,6 +945,35 @@ class _Writer(cst.CSTTransformer):
         for statement in self.plan.step_after:
             reads |= free_names(statement)
         return colocated.loss if colocated.loss in reads else None
+
+    def _hand_written_update(self, chain: Chain, each: str) -> list[cst.BaseStatement]:
+        """The program's own update function, called in cross-replica context with the
+        replicas' gradients reduced as the towers combined them: assigning a mirrored variable
+        there updates every copy. The variables it makes are made once (``update_state``)."""
+        plan = self.plan
+        reduction, how = ("MEAN", "averaged") if chain.mean else ("SUM", "summed")
+        combined = chain.combined or "grads"
+        reduce = _statement(
+            f'{combined} = [strategy.reduce("{reduction}", g, axis=None) for g in {each}]'
+        ).with_changes(
+            leading_lines=[
+                cst.EmptyLine(
+                    comment=cst.Comment(
+                        f"# The towers {how} their gradients; the update gets the replicas' "
+                        f"{'mean' if chain.mean else 'sum'}."
+                    )
+                )
+            ]
+        )
+        out: list[cst.BaseStatement] = [reduce]
+        out += [s.visit(_Expressions(plan)) for s in (*chain.rebound, *chain.between)]  # type: ignore[misc]  # visit() may return a sentinel; a statement stays a statement here
+        update = chain.update.visit(_Expressions(plan))
+        scope = cst.With(
+            items=[cst.WithItem(cst.parse_expression("update_state.scope()"))],
+            body=cst.IndentedBlock(body=[update.with_changes(leading_lines=[])]),  # type: ignore[union-attr]  # the update is a statement
+        )
+        out.append(scope)
+        return out
 
     def _returned_values(self) -> cst.BaseExpression | None:
         runs = [d.step_run for d in self.plan.decisions.values() if d.step_run is not None]
@@ -1013,6 +1092,8 @@ class _Replica:
         self.getter_placed = False
         self._grads_names: dict[int, str] = {}
         self.deferred: list[cst.BaseStatement] = []  # the updates, after the store's scope
+        # hand-written updates: their chains and the gradients the replicas return for them
+        self.reduced: list[tuple[Chain, cst.BaseExpression]] = []
 
     def body(self) -> list[cst.BaseStatement]:
         plan = self.plan
@@ -1292,6 +1373,9 @@ class _Replica:
         plan = self.plan
         grads_name = self._grads_names.get(id(chain))
         grads: cst.BaseExpression = cst.Name(grads_name) if grads_name else chain.appended
+        if chain.hand_written:
+            self.reduced.append((chain, grads))
+            return []
         out: list[cst.BaseStatement] = []
         for statement in chain.between:
             if isinstance(grads, cst.Name) and grads.value != chain.combined and not out:

@@ -137,7 +137,14 @@ class Chain:
     update: Statement
     update_call: cst.Call
     between: tuple[Statement, ...]
-    averaged: bool
+    averaged: bool  # the replicas' losses are scaled: apply_gradients sums their gradients
+    # A hand-written update function (``adam(params, grads, lr)``): the train step reduces the
+    # replicas' gradients (``mean``: averaged, else summed) and calls it with them.
+    hand_written: bool = False
+    mean: bool = False
+    # the statements of the towers binding the variables the hand-written update reads
+    # (``params = tf.trainable_variables()``): the train step binds them again
+    rebound: tuple[cst.SimpleStatementLine, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -511,9 +518,10 @@ class _Planner:
             not colocated
         ):
             raise NotPlanned(f"combination {core.combination.kind.value}")
-        if core.update.kind is not ir.UpdateKind.APPLY_GRADIENTS and not (
-            colocated and core.update.kind is ir.UpdateKind.MINIMIZE
-        ):
+        if core.update.kind not in (
+            ir.UpdateKind.APPLY_GRADIENTS,
+            ir.UpdateKind.HAND_WRITTEN,
+        ) and not (colocated and core.update.kind is ir.UpdateKind.MINIMIZE):
             raise NotPlanned(f"update by {core.update.kind.value}")
         if core.towers.where.file != self.source.rel:
             raise NotPlanned("the towers are in another module")
@@ -525,6 +533,7 @@ class _Planner:
         self.loop = loop
         self.body = list(statements_in(_body(scope)))
         index, enumerated = self._index(loop)
+        self.index = index
         chains: list[Chain] = []
         self.plan_inits: list[str] = []  # lists an inline combination loop fills
         drops: list[tuple[Statement | None, str]] = []
@@ -543,6 +552,8 @@ class _Planner:
             else:
                 update, update_call = self._update_of(combination, combined)
                 between = self._between(combination, update)
+            hand_written = self._hand_written(update_call)
+            averaged = self._averaged(update)
             chains.append(
                 Chain(
                     gradient,
@@ -552,7 +563,10 @@ class _Planner:
                     update,
                     update_call,
                     tuple(between),
-                    self._averaged(update),
+                    averaged and not hand_written,
+                    hand_written,
+                    averaged,
+                    self._rebound(update, between, gradient, combined) if hand_written else (),
                 )  # fmt: skip
             )
             drops.append((combination if inline is None else None, tower_list))
@@ -873,12 +887,55 @@ class _Planner:
                 and method_name(value) == "apply_gradients"
                 and value.args
                 and free_names(value.args[0].value) & derived
+            ) and not (
+                isinstance(value, cst.Call)
+                and self._hand_written(value)
+                and _gradients_argument(value, derived) is not None
             ):
                 if reads & derived:
                     derived |= bound_names(statement)
                 continue
             return self._holder(statement), value
         raise NotPlanned(f"no apply_gradients after the loop reads `{combined}`")
+
+    def _hand_written(self, call: cst.Call) -> bool:
+        """Whether ``call`` is the core's hand-written update (the IR found it on its line)."""
+        update = self.core.update
+        return (
+            update.kind is ir.UpdateKind.HAND_WRITTEN
+            and update.where.file == self.source.rel
+            and update.where.line == self.line(call)
+            and method_name(call) != "apply_gradients"
+        )
+
+    def _rebound(
+        self, update: Statement, between: list[Statement], gradient: Gradient, combined: str
+    ) -> tuple[cst.SimpleStatementLine, ...]:
+        """The tower statements binding what the hand-written update reads besides the
+        gradients (the variables: ``params = tf.trainable_variables()``); each must read nothing
+        the towers compute, so that the train step can bind it again after the replicas."""
+        in_loop = bound_names(self.loop) - {self.index}
+        reads = free_names(update).union(*(free_names(s) for s in between))
+        reads -= set().union({combined}, *(bound_names(s) for s in between))
+        found: list[cst.SimpleStatementLine] = []
+        for name in sorted(reads & in_loop):
+            binding = [
+                s
+                for s in statements_in(_body(self.loop))
+                if isinstance(s, cst.SimpleStatementLine) and name in bound_names(s)
+            ]
+            value = _value(binding[0]) if len(binding) == 1 else None
+            if (
+                value is None
+                or _target_name(binding[0]) != name
+                or free_names(value) & in_loop
+                or binding[0] is gradient.statement
+            ):
+                raise NotPlanned(
+                    f"the hand-written update reads `{name}`, a value each tower computes"
+                )
+            found.append(binding[0])
+        return tuple(found)
 
     def _inline_update(self, statement: Statement, tower_list: str) -> cst.Call | None:
         """The combination written inside the update call, if it is."""
@@ -1035,9 +1092,12 @@ class _Planner:
             raise NotPlanned("the training step's Session.run could not be converted")
         for chain in plan.chains:
             # the optimizer, the global step, the variables differentiated -- not the gradients
-            needed = free_names(chain.update_call.func).union(
-                *(free_names(a.value) for a in chain.update_call.args[1:])
+            call = chain.update_call
+            taken = _gradients_argument(call, {chain.combined}) if chain.hand_written else 0
+            needed = free_names(call.func).union(
+                *(free_names(a.value) for k, a in enumerate(call.args) if k != taken)
             )
+            needed -= set().union(*(bound_names(s) for s in chain.rebound))
             if chain.gradient.variables is not None:
                 needed |= free_names(chain.gradient.variables)
             lost = sorted(needed & set(self.gone))
@@ -1792,6 +1852,14 @@ class _Planner:
         for statement in self.plan_.step_before:
             reads |= free_names(statement)
         return reads
+
+
+def _gradients_argument(call: cst.Call, gradients: set[str]) -> int | None:
+    """The position of the first argument of ``call`` that reads one of ``gradients``."""
+    for position, arg in enumerate(call.args):
+        if free_names(arg.value) & gradients:
+            return position
+    return None
 
 
 def _builds_state(called: str) -> bool:

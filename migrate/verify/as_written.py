@@ -6,8 +6,8 @@ working directory). verify instruments TensorFlow from outside:
 - devices: the logical devices are configured before the program starts; every
   ``tf.distribute.MirroredStrategy`` the program creates gets verify's N devices;
 - steps: an optimizer update (Keras 3 ``Optimizer.apply_gradients``/``apply``,
-  ``tf.compat.v1.train.Optimizer.apply_gradients`` and so ``minimize``) seen while a
-  ``tf.function`` traces makes that function the program's step function: each top-level call of
+  ``tf.compat.v1.train.Optimizer.apply_gradients`` and so ``minimize``), or a hand-written one
+  (an assignment to a trainable distributed variable), seen while a ``tf.function`` traces makes that function the program's step function: each top-level call of
   it is one training step. An update run eagerly (no ``tf.function``) is a step by itself;
 - losses: every ``tf.GradientTape.gradient`` target is recorded per replica (a
   ``numpy_function`` in the traced step, the replica from the replica context) as the fetch
@@ -329,6 +329,20 @@ class AsWritten:
             return orig_run(strategy, fn, args=args, kwargs=kwargs, options=options)
 
         distribute_lib.StrategyBase.run = strategy_run
+
+        # A hand-written update (no optimizer): a traced write to a trainable distributed
+        # variable in cross-replica context, which reaches every copy through extended.update.
+        orig_extended_update = distribute_lib.StrategyExtendedV2.update
+
+        def extended_update(extended: Any, var: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tf.executing_eagerly() and getattr(var, "trainable", False) and not me.updating:
+                me.saw_update = True
+                if not me.started:
+                    with tf.init_scope():  # eagerly, before the traced step first executes
+                        me.start()
+            return orig_extended_update(extended, var, fn, *args, **kwargs)
+
+        distribute_lib.StrategyExtendedV2.update = extended_update
 
         # tf.summary.write is what tf.summary.scalar (TensorBoard's) writes through
         orig_write = tf.summary.write

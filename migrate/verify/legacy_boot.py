@@ -4,7 +4,8 @@ Runs an unmodified TF1 tower script on TF 2.21 (see tf1_compat) and instruments 
 - device ``/gpu:i`` becomes logical ``CPU:i+1`` (``CPU:0`` stays the host the script calls /cpu:0),
   so an op's device tells its tower; sessions get the CPU devices via ``device_count``;
 - ``Optimizer.apply_gradients`` (hence ``minimize``) marks its op as a train op; a ``Session.run``
-  whose fetches depend on a train op is a training step; so is a call of a Keras backend function
+  whose fetches depend on a train op, or on an assignment of ``tf.gradients``' values to a
+  trainable variable (a hand-written update), is a training step; so is a call of a Keras backend function
   (Keras 2 ``fit``: one per batch) whose outputs/updates depend on one marked by tf_keras's
   ``OptimizerV2.apply_gradients``;
 - per training step: every fetched scalar (with its tower), an input fingerprint (fed arrays, or the
@@ -379,7 +380,8 @@ class LegacyRecorder:
         key = (id(graph), tuple(sorted(op.name for op in ops_)))
         if key in self._plans:
             return self._plans[key]
-        if not self.train_op_names:
+        trainables = _trainable_handles(graph)
+        if not self.train_op_names and not trainables:
             self._plans[key] = (False, [])
             return self._plans[key]
         seen: set[str] = set()
@@ -390,7 +392,7 @@ class LegacyRecorder:
             if op.name in seen:
                 continue
             seen.add(op.name)
-            if op.name in self.train_op_names:
+            if op.name in self.train_op_names or _hand_written_update(op, trainables):
                 is_train = True
             if op.type in PIPELINE_OP_TYPES:
                 pipeline.append(op)
@@ -703,6 +705,39 @@ def _chain(te: traceback.TracebackException) -> list[traceback.TracebackExceptio
         out.append(cur)
         cur = cur.__cause__ or cur.__context__
     return out
+
+
+# Ops writing a variable: a hand-written update (``tf.assign_sub(p, lr * g)``) is one of these.
+_ASSIGN_OP_TYPES = frozenset({"Assign", "AssignSub", "AssignAdd", "AssignVariableOp",
+                              "AssignSubVariableOp", "AssignAddVariableOp"})
+
+
+def _trainable_handles(graph: Any) -> frozenset[str]:
+    """The op names of the graph's trainable variables (their handles)."""
+    names = set()
+    for variable in graph.get_collection("trainable_variables"):
+        handle = getattr(variable, "handle", None)
+        names.add(handle.op.name if handle is not None else variable.op.name)
+    return frozenset(names)
+
+
+def _hand_written_update(op: Any, trainables: frozenset[str]) -> bool:
+    """An assignment to a trainable variable whose value comes from ``tf.gradients`` (ops in a
+    ``gradients`` name scope): the program's own update of its weights. Initializers and the
+    loading of saved values write variables too, but from no gradient."""
+    if op.type not in _ASSIGN_OP_TYPES or len(op.inputs) < 2 or op.inputs[0].op.name not in trainables:
+        return False
+    seen: set[str] = set()
+    queue = deque([op.inputs[1].op])
+    while queue:
+        current = queue.popleft()
+        if current.name in seen:
+            continue
+        seen.add(current.name)
+        if any(part == "gradients" or part.startswith("gradients_") for part in current.name.split("/")):
+            return True
+        queue.extend(t.op for t in current.inputs)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:

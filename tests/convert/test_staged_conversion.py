@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,14 +29,20 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 # fixture -> (rewrite flags, TODO codes in the output, statements commented out)
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "colocated_loss": ((), [], 0),
+    "hand_written_adam": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
 }
 
 
 def _conversion(stdout: str) -> dict:
-    """The TFM303 finding of `rewrite --format json` output."""
-    (finding,) = [f for f in json.loads(stdout)["findings"] if f["code"] == "TFM303"]
+    """The TFM303 finding of `rewrite --format json` output on the program (not a module it
+    imports)."""
+    (finding,) = [
+        f
+        for f in json.loads(stdout)["findings"]
+        if f["code"] == "TFM303" and f["path"].endswith("train.py")
+    ]
     return finding
 
 
@@ -84,7 +91,10 @@ def test_the_output_is_an_idiomatic_tf2_program(name):
     (train_step,) = _tf_functions(tree)
     step_calls = _calls(train_step)
     assert "tf.GradientTape" in step_calls and "strategy.run" in step_calls
-    assert any(c.endswith(".apply_gradients") for c in step_calls)
+    # the optimizer's update in the replicas, or the program's own update function after them
+    assert any(c.endswith(".apply_gradients") for c in step_calls) or (
+        "strategy.reduce" in step_calls and "update_state.scope" in step_calls
+    )
     assert "tf.distribute.MirroredStrategy" in _calls(tree)
     names = _code_names(tree)
     assert not names & BANNED, names & BANNED
@@ -128,9 +138,14 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 
 
 # fixture -> (legacy loss rows compared, weights compared): module_script fetches both towers'
-# losses, summed_reuse_flag the last tower's, colocated_loss the towers' combined loss (a
-# reduced row, below)
-COMPARED = {"module_script": (2, 6), "summed_reuse_flag": (1, 4), "colocated_loss": (0, 4)}
+# losses, summed_reuse_flag and hand_written_adam the last tower's, colocated_loss the towers'
+# combined loss (a reduced row, below)
+COMPARED = {
+    "colocated_loss": (0, 4),
+    "hand_written_adam": (1, 3),
+    "module_script": (2, 6),
+    "summed_reuse_flag": (1, 4),
+}
 # fixture -> reduced (not per-tower) loss rows compared
 REDUCED = {"colocated_loss": 1}
 
@@ -202,3 +217,36 @@ def test_tf_app_flags_of_a_converted_program_stay_tf1_flags_on_compat_v1(tmp_pat
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.stdout.strip() == "3", run.stderr[-2000:]
+
+
+def test_a_hand_written_update_is_called_with_the_replicas_mean_after_them():
+    out, _ = rewritten(TOWERS / "hand_written_adam", "--format", "json")
+    tree = ast.parse((out / "train.py").read_text())
+    (train_step,) = _tf_functions(tree)
+    (replica_step,) = [n for n in ast.walk(train_step) if isinstance(n, ast.FunctionDef)
+                       and n.name == "replica_step"]  # fmt: skip
+    # the replicas only differentiate (their losses unscaled: the mean is taken after them)
+    assert "adam" not in _calls(replica_step) and "strategy.reduce" not in _calls(replica_step)
+    assert "strategy.num_replicas_in_sync" not in ast.unparse(replica_step)
+    reduce = [n for n in ast.walk(train_step) if isinstance(n, ast.Call)
+              and ast.unparse(n.func) == "strategy.reduce"]  # fmt: skip
+    assert [ast.unparse(n.args[0]) for n in reduce] == ["'MEAN'"]
+    # the user's function, kept, called once per step in cross-replica context
+    assert _calls(train_step).count("adam") == 1
+    opt = (out / "opt.py").read_text()
+    assert "def adam(" in opt and "tf.compat.v1.assign_sub(" in opt
+    assert "tf.assign(" not in opt
+
+
+def test_a_hand_written_update_reading_a_tower_value_is_refused_with_the_reason(tmp_path):
+    folder = tmp_path / "hand_written_adam"
+    shutil.copytree(TOWERS / "hand_written_adam", folder)
+    train = folder / "train.py"
+    # the learning rate scaled by the last tower's loss: a value of one replica now
+    text = train.read_text().replace("adam(params, grads, LR)", "adam(params, grads, LR * loss)")
+    train.write_text(text)
+    result = run_cli("scan", "--format", "json", train)
+    files = json.loads(result.stdout)["files"]
+    (finding,) = [f for file in files for f in file["findings"] if f["code"] == "TFM303"]
+    assert "the hand-written update reads `loss`, a value each tower computes" in finding["message"]
+    assert finding["message"].startswith("not converted")
