@@ -107,7 +107,7 @@ def emit(plan: Plan) -> Emitted:
     if isinstance(scope, cst.FunctionDef):
         replaced: dict[int, cst.CSTNode] = {id(plan.scope): scope}
         if plan.runner is not None:
-            replaced[id(plan.runner)] = plan.runner.visit(writer)
+            replaced[id(plan.runner)] = cast(cst.FunctionDef, plan.runner.visit(writer))
         module = module.visit(_Replace(replaced))
     else:
         module = module.visit(writer)
