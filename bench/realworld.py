@@ -25,7 +25,11 @@ that folder from the JSON summary, the manifest and the written files:
   whether `Session`, `placeholder` or `get_collection` remain outside TODOs;
 - `counts`: converted by the counting rule of docs/realworld.md (converted, compiles, no
   undefined names, <= 20% of the legacy statements under a TODO, no banned TF1 name outside TODOs);
-- `trains`: training 3 steps on fake data is not run by this bench yet ("not run").
+- `trains`: each converted program (whole-program conversion applied) run for 3 steps on fake
+  data in its input format (fake_data.py) under verify's instrumentation, which counts the
+  steps and stops it (trial_boot.py): `yes`, `no: <how it failed>`, `missing dependency X`, or
+  `not run: <why>` (no recipe, or the program needs pretrained weights or a download).
+  `--no-train` skips it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import dataclasses
 import difflib
 import io
 import json
+import os
 import py_compile
 import re
 import shutil
@@ -130,7 +135,7 @@ class Row:
     legacy_code_lines: int | None = None
     converted_code_lines: int | None = None
     banned_outside_todo: list[str] = dataclasses.field(default_factory=list)
-    # Training the converted program for 3 steps on fake data: "not run" until the bench runs it.
+    # Training the converted program for 3 steps on fake data (run_trial).
     trains: str = "not run"
     # the staged converter's reading stage (tfmigrate.convert): the entry's tower cores, or why not
     core: str = "?"
@@ -611,8 +616,60 @@ def _classified(program: Program, run: FolderRun, one_file_run: FolderRun | None
         return row
 
 
+TRIAL_STEPS = 3
+TRIAL_TIMEOUT = 420  # seconds: a big model's first trace on 2 cores
+
+
+def run_trial(program: Program, out: Path, scratch: Path) -> str:
+    """The converted program trained for TRIAL_STEPS steps on fake data, in a copy of its
+    converted tree: what the `trains` column says."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_data import RECIPES
+
+    recipe = RECIPES.get((program.repo, program.entry))
+    if recipe is None:
+        return "not run: no fake-data recipe"
+    if isinstance(recipe, str):
+        return f"not run: {recipe}"
+    tree = scratch / "tree"
+    shutil.copytree(out, tree, symlinks=True)
+    trial = recipe(tree)
+    record = scratch / "record"
+    script = tree / program.entry
+    cmd = [
+        sys.executable, str(Path(__file__).with_name("trial_boot.py")), "--script", str(script),
+        "--out", str(record), "--steps", str(TRIAL_STEPS),
+        *(f"--fake={name}" for name in trial.keras_datasets), "--", *trial.args,
+    ]  # fmt: skip
+    home = scratch / "home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "PYTHONPATH": os.pathsep.join(str(tree / p) for p in trial.python_path),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    try:
+        proc = subprocess.run(
+            cmd, cwd=tree / trial.cwd, env=env, capture_output=True, text=True,
+            timeout=TRIAL_TIMEOUT,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"no: timed out after {TRIAL_TIMEOUT} s"
+    try:
+        result = json.loads((record / "trial.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"no: the trial did not finish ({tail[:200]})"
+    if result["missing"]:
+        return f"missing dependency {result['missing']}"
+    if result["steps"] >= TRIAL_STEPS:
+        return f"yes ({result['steps']} steps)"
+    return f"no: {result['error'] or 'ended after ' + str(result['steps']) + ' steps'}"
+
+
 def measure_folder(
-    folder: str, programs: list[Program], corpus: Path, keep: Path | None
+    folder: str, programs: list[Program], corpus: Path, keep: Path | None, train: bool = True
 ) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="tfm-realworld-") as tmp:
         src, out = Path(tmp) / "src", Path(tmp) / "out"
@@ -628,6 +685,10 @@ def measure_folder(
         cores = read_cores(src)
         for row, program in zip(rows, programs, strict=True):
             row.core = cores.get(program.entry, "no entry program read")
+            if train and row.whole_program and out.exists():
+                scratch = Path(tmp) / f"trial-{programs.index(program)}"
+                scratch.mkdir()
+                row.trains = run_trial(program, out, scratch)
         if keep is not None and out.exists():
             shutil.copytree(out, keep / folder, dirs_exist_ok=True)
         return rows
@@ -654,7 +715,11 @@ def read_cores(src: Path) -> dict[str, str]:
 
 
 def measure_corpus(
-    corpus: Path, only: str | None = None, jobs: int = 1, keep: Path | None = None
+    corpus: Path,
+    only: str | None = None,
+    jobs: int = 1,
+    keep: Path | None = None,
+    train: bool = True,
 ) -> list[Row]:
     programs = [p for p in read_index(corpus) if not only or only in f"{p.folder}/{p.entry}"]
     folders: dict[str, list[Program]] = {}
@@ -664,7 +729,7 @@ def measure_corpus(
     if missing:
         raise FileNotFoundError(f"corpus folders missing: {', '.join(missing)}")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = pool.map(lambda f: measure_folder(f, folders[f], corpus, keep), folders)
+        results = pool.map(lambda f: measure_folder(f, folders[f], corpus, keep, train), folders)
         by_program = {(r.repo, r.entry): r for rows in results for r in rows}
     return [by_program[(p.repo, p.entry)] for p in programs]
 
@@ -742,6 +807,8 @@ def summarize(rows: list[Row]) -> dict[str, int]:
         "python2": sum(r.outcome == "refused: Python 2" for r in rows),
         "tower_horovod_cores": sum(r.core.endswith(("core", "cores")) for r in core),
         "errors": sum(r.outcome == "error" for r in rows),
+        "trains": sum(r.trains.startswith("yes") for r in rows),
+        "trains_counted": sum(r.trains.startswith("yes") and r.counts_as_converted for r in rows),
     }
 
 
@@ -753,7 +820,8 @@ def summary_line(s: dict[str, int]) -> str:
         f"{s['tower_horovod_cores']}); {s['converted_no_todo']} with no TODO; whole-program conversion "
         f"applied to {s['whole_program_applied']}; {s['compile']} compile; "
         f"{s['no_undefined_names']} with no undefined names; {s['python2']} Python 2; "
-        f"{s['errors']} tool errors"
+        f"{s['errors']} tool errors; {s['trains']} train {TRIAL_STEPS} steps on fake data "
+        f"({s['trains_counted']} of them counted as converted)"
     )
 
 
@@ -805,6 +873,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="also write the table as Markdown")
     parser.add_argument("--json", type=Path, help="also write rows and summary as JSON")
     parser.add_argument("--keep", type=Path, help="keep each folder's migrated copy here")
+    parser.add_argument(
+        "--no-train", action="store_true", help="skip training the converted programs"
+    )
     opts = parser.parse_args(argv)
     if not (opts.corpus / "INDEX.tsv").is_file():
         print(
@@ -813,7 +884,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     try:
-        rows = measure_corpus(opts.corpus.resolve(), opts.only, opts.jobs, opts.keep)
+        rows = measure_corpus(
+            opts.corpus.resolve(), opts.only, opts.jobs, opts.keep, not opts.no_train
+        )
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -42,3 +42,25 @@ def to_absl_flags(module: cst.Module) -> cst.Module:
     """The module with every ``tf.app.flags`` / ``tf.flags`` spelled ``flags`` (absl's); the
     caller adds ``from absl import flags`` and checks first that ``flags`` is free."""
     return module.visit(_ToAbsl(NameResolver.for_module(module)))
+
+
+def without_flags_alias(module: cst.Module) -> tuple[cst.Module, bool]:
+    """The module without its top-level ``flags = tf.app.flags`` (C3D's and many scripts'
+    spelling): ``from absl import flags`` binds the same name to the same module."""
+    resolver = NameResolver.for_module(module)
+    body = []
+    dropped = False
+    for statement in module.body:
+        line = statement if isinstance(statement, cst.SimpleStatementLine) else None
+        small = line.body[0] if line is not None and len(line.body) == 1 else None
+        if (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and small.targets[0].target.value == "flags"
+            and resolver.qualify(small.value) in TF_FLAGS
+        ):
+            dropped = True
+            continue
+        body.append(statement)
+    return (module.with_changes(body=body), True) if dropped else (module, False)

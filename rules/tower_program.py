@@ -9,7 +9,7 @@ from typing import cast
 
 import libcst as cst
 
-from tfmigrate import tree
+from tfmigrate import tfapi, tree
 from tfmigrate.convert import convert_module
 from tfmigrate.convert.emit import mark_leftovers
 from tfmigrate.convert.todo import Leftover
@@ -21,7 +21,7 @@ from tfmigrate.rules import _imported_model as imported_model
 from tfmigrate.rules import _multi_worker_emit as multi_worker
 from tfmigrate.rules import _tower_model_module as model_code
 from tfmigrate.rules import _tower_program_example as example
-from tfmigrate.rules._absl_flags import to_absl_flags, uses_tf_flags
+from tfmigrate.rules._absl_flags import to_absl_flags, uses_tf_flags, without_flags_alias
 from tfmigrate.rules._keras_model_emit import DROPOUT_NOTE
 from tfmigrate.rules._keras_model_plan import KerasPlan
 from tfmigrate.rules._keras_model_plan import plan as plan_keras_model
@@ -373,7 +373,8 @@ def _model_module_flags(module: cst.Module) -> cst.Module:
     model) -> absl's flags: the same registry the program parses."""
     if not uses_tf_flags(module):
         return module
-    if "flags" in _names_used(module):
+    module, aliased = without_flags_alias(module)
+    if not aliased and "flags" in _names_used(module):
         raise Blocked(module, "the module already uses `flags` (absl's name for tf.app.flags)")
     return _add_imports(to_absl_flags(module), ["from absl import flags"])
 
@@ -1401,7 +1402,12 @@ class _ContribToTfSlim(cst.CSTTransformer):
         self.changed = False
 
     def leave_Attribute(self, original, updated):
-        new = self.spellings.get(cst.Module([]).code_for_node(updated))
+        code = cst.Module([]).code_for_node(updated)
+        new = self.spellings.get(code)
+        if new is None and code.startswith("tf_slim.layers.") and code.count(".") == 2:
+            # contrib.layers' initializers and regularizers are tf_slim's own, not its layers'
+            found = tfapi.tf_slim_name("tf.contrib.layers." + code.split(".")[2])
+            new = found if found is not None and found != code else None
         if new is None:
             return updated
         self.changed = True
@@ -1504,24 +1510,42 @@ _V1_LAYER_MODULES = {
     ),
     "normalization": ("batch_normalization", "BatchNormalization"),
 }  # fmt: skip
+# tf.compat.v1.nn.rnn_cell needs Keras 2 as well: tf_keras module -> the cells it carries
+_V1_RNN_MODULES = {
+    "legacy_cells": (
+        "BasicLSTMCell", "BasicRNNCell", "GRUCell", "LSTMCell", "LSTMStateTuple", "MultiRNNCell",
+        "RNNCell",
+    ),
+    "legacy_cell_wrappers": ("DeviceWrapper", "DropoutWrapper", "ResidualWrapper"),
+}  # fmt: skip
 
 
 class _V1Layers(cst.CSTTransformer):
+    """``tf.compat.v1.layers.X`` and ``tf.compat.v1.nn.rnn_cell.X`` -> tf_keras' module
+    holding X; ``used`` collects the imports that needs."""
+
     def __init__(self, tf: str) -> None:
         super().__init__()
         self.prefix = f"{tf}.compat.v1.layers."
+        self.rnn_prefix = f"{tf}.compat.v1.nn.rnn_cell."
         self.used: set[str] = set()
 
     def leave_Attribute(self, original, updated):
         code = cst.Module([]).code_for_node(updated)
-        if not code.startswith(self.prefix) or "." in code[len(self.prefix) :]:
-            return updated
-        name = code[len(self.prefix) :]
-        for module, names in _V1_LAYER_MODULES.items():
-            if name in names:
-                self.used.add(module)
-                return cst.parse_expression(f"tf1_{module}_layers.{name}")
-        raise Blocked(original, f"`{code}` has no tf_keras counterpart the conversion knows")
+        for prefix, modules, home, alias in (
+            (self.prefix, _V1_LAYER_MODULES, "legacy_tf_layers", "tf1_{}_layers"),
+            (self.rnn_prefix, _V1_RNN_MODULES, "layers.rnn", "tf1_rnn_{}"),
+        ):
+            if not code.startswith(prefix) or "." in code[len(prefix) :]:
+                continue
+            name = code[len(prefix) :]
+            for module, names in modules.items():
+                if name in names:
+                    local = alias.format(module.removeprefix("legacy_"))
+                    self.used.add(f"from tf_keras.src.{home} import {module} as {local}")
+                    return cst.parse_expression(f"{local}.{name}")
+            raise Blocked(original, f"`{code}` has no tf_keras counterpart the conversion knows")
+        return updated
 
 
 def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
@@ -1536,21 +1560,17 @@ def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:
     if tf is None:
         return module
     layers = _V1Layers(tf)
-    if not _spells_any(module, (layers.prefix,), prefix=True):
+    if not _spells_any(module, (layers.prefix, layers.rnn_prefix), prefix=True):
         return module  # the transform (libcst's re-validating walk) would change nothing
     renamed = module.visit(layers)
     if not layers.used:
         return module
     body = list(renamed.body)
-    imports = [
-        cst.parse_statement(
-            f"from tf_keras.src.legacy_tf_layers import {name} as tf1_{name}_layers"
-        )
-        for name in sorted(layers.used)
-    ]
-    comment = cst.EmptyLine(
-        comment=cst.Comment("# tf.compat.v1.layers need Keras 2: tf_keras carries them.")
-    )
+    imports = [cst.parse_statement(line) for line in sorted(layers.used)]
+    what = "tf.compat.v1.layers" if any("layers import" in u for u in layers.used) else ""
+    if any("rnn import" in u for u in layers.used):
+        what = f"{what} and RNN cells" if what else "tf.compat.v1 RNN cells"
+    comment = cst.EmptyLine(comment=cst.Comment(f"# {what} need Keras 2: tf_keras carries them."))
     imports[0] = imports[0].with_changes(leading_lines=[comment])
     body[tf_import + 1 : tf_import + 1] = imports
     return renamed.with_changes(body=body)

@@ -78,7 +78,7 @@ def test_tiny_corpus_rows_through_the_cli(tmp_path: Path, capsys) -> None:
     assert towers["compiles"] is True and towers["undefined_names"] == 0
     assert towers["legacy_statements"] > 0 and towers["legacy_code_lines"] > 0
     assert towers["code_line_ratio"] == towers["converted_code_lines"] / towers["legacy_code_lines"]
-    assert towers["trains"] == "not run"
+    assert towers["trains"] == "not run: no fake-data recipe"
     assert towers["lines_added"] > 0 and towers["measured_files"] == ["train.py"]
     assert towers["counts_as_converted"] == (
         not towers["banned_outside_todo"] and towers["todo_share"] <= bench.MAX_TODO_SHARE
@@ -101,6 +101,31 @@ def test_tiny_corpus_rows_through_the_cli(tmp_path: Path, capsys) -> None:
     # --only filters by folder/entry.
     rows = bench.measure_corpus(corpus, only="ours+py2")
     assert [r.repo for r in rows] == ["ours/py2"]
+
+
+@pytest.mark.slow
+def test_a_converted_program_trains_three_steps_under_verify_s_instrumentation(
+    tmp_path: Path, monkeypatch
+) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    import fake_data
+
+    corpus = _corpus(tmp_path)
+    key = ("ours/towers", "train.py")
+    monkeypatch.setitem(fake_data.RECIPES, key, lambda tree: fake_data.Trial())
+    (row,) = bench.measure_corpus(corpus, only="ours+towers")
+    assert row.whole_program and row.trains == "yes (3 steps)", row.trains
+    assert bench.summarize([row])["trains"] == 1
+    # the same converted tree: a command line the program rejects is how it failed, not a
+    # crash of the bench; a recipe that says why not is shown as such
+    (program,) = [p for p in bench.read_index(corpus) if p.repo == "ours/towers"]
+    out = tmp_path / "out"
+    bench.run_rewrite(corpus / "ours+towers", out)
+    monkeypatch.setitem(fake_data.RECIPES, key, lambda tree: fake_data.Trial(args=("--bogus",)))
+    (tmp_path / "bogus").mkdir()
+    assert bench.run_trial(program, out, tmp_path / "bogus") == "no: exited with status 2"
+    monkeypatch.setitem(fake_data.RECIPES, key, "needs pretrained weights")
+    assert bench.run_trial(program, out, tmp_path) == "not run: needs pretrained weights"
 
 
 def test_missing_corpus_is_a_clear_error(tmp_path: Path, capsys) -> None:

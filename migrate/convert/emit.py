@@ -42,6 +42,9 @@ class TF1Variables(tf.Module):
 
     def getter(self, getter, name, *args, **kwargs):
         if name not in self.by_name:
+            # TF1's RNNs set a caching device (it only placed reads), which eager creation refuses
+            kwargs.pop("caching_device", None)
+            tf.compat.v1.get_variable_scope().set_caching_device(None)
             def create(strategy):
                 with tf.init_scope(), strategy.scope():
                     return self.by_name.get(name) or getter(name, *args, **kwargs)
