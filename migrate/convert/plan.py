@@ -622,13 +622,27 @@ class _Planner:
         cls = self.source.enclosing_class(method)
         assert cls is not None
         assigned = {key for key in bound_names(method) if key.startswith(f"{RECEIVER}.")}
+        other_runs: list[tuple[str, str]] = []  # (method, attribute fetched)
         for statement in _body(cls):
             if not isinstance(statement, cst.FunctionDef) or statement is method:
                 continue
             for call in _calls(statement):
                 fetches = get_arg(call, 0, "fetches") if method_name(call) == "run" else None
-                if fetches is not None and free_names(fetches) & assigned:
+                if fetches is None:
+                    continue
+                if free_names(fetches) & assigned:
                     return statement
+                parts = fetches.elements if isinstance(fetches, cst.List | cst.Tuple) else [fetches]
+                for part in parts:
+                    key = attribute_key(part.value if isinstance(part, cst.Element) else part)
+                    if key is not None:
+                        other_runs.append((statement.name.value, key))
+        if other_runs:
+            runner, key = other_runs[0]
+            raise NotPlanned(
+                f"the towers are built in a method; `{runner}` runs `{key}`, which that method "
+                "does not assign (the update reaches it through another attribute)"
+            )
         raise NotPlanned(
             "the towers are built in a method and no other method of its class runs the update "
             "(the object is run from outside the class)"

@@ -97,6 +97,20 @@ if __name__ == '__main__':
 """
 )
 
+# the update reaches the running method through a list another method makes
+FETCHES_LIST = RUN_FROM_OUTSIDE.replace(
+    """        self.train_op = opt.apply_gradients(average_gradients(tower_grads))
+""",
+    """        self.train_op = opt.apply_gradients(average_gradients(tower_grads))
+
+    def set_outputs(self):
+        self.outputs = [self.train_op]
+
+    def train(self, sess):
+        sess.run(self.outputs, feed_dict={self.x: np.ones([8, 4], np.float32)})
+""",
+)
+
 
 def _rewrite(tmp_path: Path, source: str) -> tuple[dict, str]:
     folder = tmp_path / "program"
@@ -140,3 +154,9 @@ def test_an_object_run_from_outside_its_class_is_refused_naming_why(tmp_path):
     finding, _ = _rewrite(tmp_path, RUN_FROM_OUTSIDE)
     assert not finding["applied"]
     assert "no other method of its class runs the update" in finding["message"], finding["message"]
+
+
+def test_a_step_fetched_through_another_attribute_is_refused_naming_it(tmp_path):
+    finding, _ = _rewrite(tmp_path, FETCHES_LIST)
+    assert not finding["applied"]
+    assert "`train` runs `self.outputs`, which that method does not assign" in finding["message"]
