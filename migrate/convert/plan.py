@@ -2,7 +2,8 @@
 towers, decided from the IR's tower core and the code around it.
 
 A tower core converts when its loop, its gradient call, the combination and the update are found
-in one function that also runs the training step (``Session.run`` of the update). Every other
+in one function that also runs the training step (``Session.run`` of the update), or in one method
+of a class whose other method runs it (the two read as one body, ``self.x`` keyed like a name). Every other
 statement of that function gets a phase -- set-up (kept where it is: it runs once), step (moved
 into the ``@tf.function`` train step: it read a per-step input or a value the towers fill), or
 gone (the session, initializers, the combination) -- or, when it has no TF2 form, a TODO. The plan
@@ -447,12 +448,13 @@ def session_run_todo(run: bool = False) -> Todo:
 
 
 def feed_items(feed: cst.Dict) -> list[tuple[str, cst.BaseExpression]] | None:
-    """A feed_dict's (placeholder, fed value) pairs; None unless every key is a name."""
+    """A feed_dict's (placeholder, fed value) pairs; None unless every key is a name (or a
+    ``self.x`` attribute)."""
     items = []
     for element in feed.elements:
         if not isinstance(element, cst.DictElement):
             return None
-        key = element.key.value if isinstance(element.key, cst.Name) else attribute_key(element.key)
+        key = _key(element.key)
         if key is None:
             return None
         items.append((key, element.value))
@@ -1093,10 +1095,7 @@ class _Planner:
                 self.fed |= {
                     key
                     for e in feed.elements
-                    if isinstance(e, cst.DictElement)
-                    and (
-                        key := e.key.value if isinstance(e.key, cst.Name) else attribute_key(e.key)
-                    )
+                    if isinstance(e, cst.DictElement) and (key := _key(e.key))
                 }
         return runs
 
