@@ -133,6 +133,51 @@ def _c3d_frames(tree: Path) -> Trial:
     return Trial(args=("--batch_size", "1", "--max_steps", "3"))
 
 
+def _bert_records(tree: Path) -> Trial:
+    """BERT-GPU: a tiny bert_config.json and TFRecords of pretraining examples with the
+    features its input_fn parses (sequence length 16, 4 masked positions)."""
+    import tensorflow as tf
+
+    seq, preds = 16, 4
+    config = {
+        "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 32, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 32,
+        "type_vocab_size": 2, "initializer_range": 0.02,
+    }  # fmt: skip
+    (tree / "fake_bert_config.json").write_text(json.dumps(config))
+    rng = _rng()
+
+    def ints(values: np.ndarray) -> tf.train.Feature:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
+    path = tree / "fake_pretraining.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for _ in range(64):
+            features = {
+                "input_ids": ints(rng.integers(0, 64, seq)),
+                "input_mask": ints(np.ones(seq, np.int64)),
+                "segment_ids": ints(np.repeat([0, 1], seq // 2)),
+                "masked_lm_positions": ints(rng.choice(seq, preds, replace=False)),
+                "masked_lm_ids": ints(rng.integers(0, 64, preds)),
+                "masked_lm_weights": tf.train.Feature(
+                    float_list=tf.train.FloatList(value=[1.0] * preds)
+                ),
+                "next_sentence_labels": ints(rng.integers(0, 2, 1)),
+            }
+            example = tf.train.Example(features=tf.train.Features(feature=features))
+            writer.write(example.SerializeToString())
+    return Trial(
+        args=(
+            "--bert_config_file", str(tree / "fake_bert_config.json"),
+            "--input_file", str(path), "--output_dir", str(tree / "fake-output"),
+            "--n_gpus", "2", "--train_batch_size", "4", "--max_seq_length", str(seq),
+            "--max_predictions_per_seq", str(preds), "--num_train_steps", "10",
+            "--num_warmup_steps", "1",
+        ),  # fmt: skip
+    )
+
+
 def _mnist(tree: Path) -> Trial:
     return Trial(cwd="examples/tensorflow", keras_datasets=("mnist",))
 
@@ -159,6 +204,7 @@ RECIPES: dict[tuple[str, str], Recipe | str] = {
     ("allenai/bilm-tf", "bin/train_elmo.py"): _bilm_text,
     ("nshepperd/gpt-2", "train-horovod.py"): _gpt2_model,
     ("hx173149/C3D-tensorflow", "train_c3d_ucf101.py"): _c3d_frames,
+    ("guotong1988/BERT-GPU", "run_pretraining_gpu.py"): _bert_records,
     ("auroua/InsightFace_TF", "train_nets_mgpu.py"): "imports TensorLayer 1.x, which does not "
     "build on Python 3.11 (its setup needs distutils.msvccompiler)",
     ("xuannianz/EfficientDet", "train.py"): "imports utils.compute_overlap, a Cython extension "

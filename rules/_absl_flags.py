@@ -64,3 +64,24 @@ def without_flags_alias(module: cst.Module) -> tuple[cst.Module, bool]:
             continue
         body.append(statement)
     return (module.with_changes(body=body), True) if dropped else (module, False)
+
+
+class _ToCompatV1(_ToAbsl):
+    def __init__(self, resolver: NameResolver, tf: str) -> None:
+        super().__init__(resolver)
+        self.tf = tf
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        if self.resolver.qualify(original_node) in TF_FLAGS:
+            self.changed = True
+            return cst.parse_expression(f"{self.tf}.compat.v1.flags")
+        return updated_node
+
+
+def to_compat_v1_flags(module: cst.Module, tf: str) -> cst.Module:
+    """The module with every ``tf.app.flags`` / ``tf.flags`` spelled ``tf.compat.v1.flags``:
+    absl's flags behind TF1's wrapper, which parses ``sys.argv`` when a flag is read before
+    ``app.run`` parsed it (code that reads FLAGS at import time keeps working)."""
+    return module.visit(_ToCompatV1(NameResolver.for_module(module), tf))

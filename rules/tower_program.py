@@ -21,7 +21,12 @@ from tfmigrate.rules import _imported_model as imported_model
 from tfmigrate.rules import _multi_worker_emit as multi_worker
 from tfmigrate.rules import _tower_model_module as model_code
 from tfmigrate.rules import _tower_program_example as example
-from tfmigrate.rules._absl_flags import to_absl_flags, uses_tf_flags, without_flags_alias
+from tfmigrate.rules._absl_flags import (
+    to_absl_flags,
+    to_compat_v1_flags,
+    uses_tf_flags,
+    without_flags_alias,
+)
 from tfmigrate.rules._keras_model_emit import DROPOUT_NOTE
 from tfmigrate.rules._keras_model_plan import KerasPlan
 from tfmigrate.rules._keras_model_plan import plan as plan_keras_model
@@ -858,12 +863,9 @@ def _parse_call(node: cst.BaseExpression) -> str | None:
 def _tf2_spellings(module: cst.Module, context: RuleContext) -> cst.Module:
     """A staged conversion's module with the TF1 code it keeps on tf.compat.v1 (TFM301), its
     tf.contrib layers from tf_slim and tf.compat.v1.layers from tf_keras, and its
-    ``tf.app.flags`` as absl's flags, as TF2 runs them."""
+    ``tf.app.flags`` on tf.compat.v1 (TF1's flags, parsed on first read), as TF2 runs them."""
     renamed = _renamed(dataclasses.replace(context, module=module))
-    try:
-        renamed = _model_module_flags(renamed)
-    except Blocked:
-        pass  # `flags` names something else there: TFM301 says where tf.app.flags went
+    renamed = to_compat_v1_flags(renamed, context.resolver.local_name_for("tensorflow") or "tf")
     try:
         return _v1_layers_to_tf_keras(_contrib_to_tf_slim(renamed, renamed))
     except Blocked:

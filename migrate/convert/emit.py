@@ -24,6 +24,7 @@ from tfmigrate.convert.plan import (
     attribute_key,
 )
 from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.convert.undefined import undefined_out
 from tfmigrate.rules._towers import free_names, get_arg, method_name
 
 # The one helper a converted program gains: TF1 model code keeps making its variables with
@@ -43,8 +44,8 @@ class TF1Variables(tf.Module):
     def getter(self, getter, name, *args, **kwargs):
         if name not in self.by_name:
             # TF1's RNNs set a caching device (it only placed reads), which eager creation refuses
-            kwargs.pop("caching_device", None)
-            tf.compat.v1.get_variable_scope().set_caching_device(None)
+            if kwargs.pop("caching_device", None) is not None:
+                tf.compat.v1.get_variable_scope().set_caching_device(None)
             def create(strategy):
                 with tf.init_scope(), strategy.scope():
                     return self.by_name.get(name) or getter(name, *args, **kwargs)
@@ -123,6 +124,7 @@ def emit(plan: Plan) -> Emitted:
     if plan.wrapper is None:
         module = module.visit(_StrategyFirst(plan))
     module = _device_settings_first(module, plan)
+    module = _undefined_out(module, writer.todos)
     module = module.visit(_Commented())
     notes = list(plan.notes) + writer.notes
     return Emitted(module, writer.todos, notes)
@@ -137,7 +139,18 @@ def mark_leftovers(
     """A module of the program the conversion keeps on TF1 code (a model module): its
     sessions, placeholders and graph collections marked TODO on their lines."""
     todos: list[Todo] = []
-    return module.visit(_MarkCollections(qualify, todos)), todos
+    module = _undefined_out(module.visit(_MarkCollections(qualify, todos)), todos)
+    return module.visit(_Commented()), todos
+
+
+def _undefined_out(module: cst.Module, todos: list[Todo]) -> cst.Module:
+    """The legacy program's lines that read names nothing defines, commented out."""
+    return undefined_out(
+        module,
+        todos,
+        lambda node, todo: _commented(node, todo, module),
+        ignore=frozenset({_TODO_NAME}),
+    )
 
 
 def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:

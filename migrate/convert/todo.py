@@ -18,6 +18,7 @@ class Leftover(Enum):
     TOWER_VALUE = ("TFM315", "reads a tower's value outside the replicas")
     PER_REPLICA = ("TFM316", "runs per replica where the legacy ran it once")
     GRAPH = ("TFM317", "TF1 graph API with no TF2 form")
+    UNDEFINED = ("TFM318", "reads a name the program never defines")
 
     @property
     def code(self) -> str:

@@ -1,0 +1,118 @@
+"""Names a converted module uses but nothing defines: the legacy program's own bugs (an import
+its author removed, a variable from a deleted branch), which fail with NameError when the line
+runs, before and after the conversion. Each such statement is commented out under a TODO that
+names what is missing; a statement that then reads a name it bound is marked the same way."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
+
+from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.rules._towers import bound_names
+
+_BUILTINS = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__"}
+_ROUNDS = 8  # each round comments out what the previous round's statements bound
+
+Comment = Callable[[cst.CSTNode, Todo], cst.BaseStatement]
+
+
+def undefined_out(
+    module: cst.Module, todos: list[Todo], comment: Comment, ignore: frozenset[str] = frozenset()
+) -> cst.Module:
+    """``module`` with every statement that reads an undefined name commented out by
+    ``comment`` under a TODO (each joins ``todos``). A module with a star import, or one that
+    writes ``globals()``, may define anything: it is left as it is."""
+    if _defines_names_dynamically(module):
+        return module
+    gone: set[str] = set()  # names bound by statements commented out here
+    for _ in range(_ROUNDS):
+        statements = _reading_undefined(module, ignore)
+        if not statements:
+            break
+        replacements: dict[cst.CSTNode, cst.CSTNode] = {}
+        for statement, names in statements.items():
+            listed = ", ".join(f"`{n}`" for n in sorted(names))
+            if names <= gone:
+                todo = Todo(Leftover.CASCADE, f"uses {listed}, left under a TODO above")
+            else:
+                todo = Todo(
+                    Leftover.UNDEFINED,
+                    f"{listed} {'is' if len(names) == 1 else 'are'} defined nowhere in the "
+                    "program: the legacy code fails here with NameError too",
+                )
+            todos.append(todo)
+            gone |= bound_names(statement)
+            replacements[statement] = comment(statement, todo)
+        module = module.visit(_Replacing(replacements))
+    return module
+
+
+def _defines_names_dynamically(module: cst.Module) -> bool:
+    for node in _walk(module):
+        if isinstance(node, cst.ImportFrom) and isinstance(node.names, cst.ImportStar):
+            return True
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and node.func.value in ("globals", "locals", "exec", "vars")
+        ):
+            return True
+    return False
+
+
+def _walk(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
+
+
+def _reading_undefined(
+    module: cst.Module, ignore: frozenset[str]
+) -> dict[cst.BaseStatement, set[str]]:
+    """Statement -> the undefined names it reads (the innermost simple statement, or the
+    compound statement whose header reads them)."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    scopes = wrapper.resolve(ScopeProvider)
+    parents = wrapper.resolve(ParentNodeProvider)
+    found: dict[cst.BaseStatement, set[str]] = {}
+    for scope in {s for s in scopes.values() if s is not None}:
+        for access in scope.accesses:
+            name = access.node
+            if not isinstance(name, cst.Name) or access.referents:
+                continue
+            if name.value in _BUILTINS or name.value in ignore:
+                continue
+            statement = _statement_of(name, parents)
+            if statement is not None:
+                found.setdefault(statement, set()).add(name.value)
+    return found
+
+
+def _statement_of(node: cst.CSTNode, parents) -> cst.BaseStatement | None:
+    current: cst.CSTNode | None = node
+    while current is not None:
+        parent = parents.get(current)
+        if isinstance(current, cst.SimpleStatementLine):
+            return current
+        if isinstance(current, cst.BaseCompoundStatement) and not isinstance(
+            current, cst.FunctionDef | cst.ClassDef
+        ):
+            return current  # the name is in its header (a body's statement returned first)
+        if isinstance(current, cst.FunctionDef | cst.ClassDef):
+            return None  # a decorator, default or annotation: left as it is
+        current = parent
+    return None
+
+
+class _Replacing(cst.CSTTransformer):
+    def __init__(self, replacements: dict[cst.CSTNode, cst.CSTNode]) -> None:
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):
+        return self.replacements.get(original_node, updated_node)
