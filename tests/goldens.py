@@ -30,7 +30,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
             "bn_rmsprop", "cifar_average", "colocated_loss", "global_updates", "hand_written_adam",
             "horovod_average", "keras2_fit",
             "layers_adam", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
-            "summed_reuse_flag", "tutorial_flags",
+            "summed_reuse_flag", "trainer_class", "tutorial_flags",
         )
     },
     # the staged conversion comments out the session's summary writes: unsafe

@@ -13,7 +13,16 @@ from typing import cast
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
-from tfmigrate.convert.plan import Action, Chain, Plan, _body, _calls, _targets
+from tfmigrate.convert.plan import (
+    RECEIVER,
+    Action,
+    Chain,
+    Plan,
+    _body,
+    _calls,
+    _targets,
+    attribute_key,
+)
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.convert.undefined import undefined_out
 from tfmigrate.rules._towers import free_names, get_arg, method_name
@@ -136,7 +145,10 @@ def emit(plan: Plan) -> Emitted:
     writer = _Writer(plan)
     scope = plan.scope.visit(writer) if isinstance(plan.scope, cst.FunctionDef) else None
     if isinstance(scope, cst.FunctionDef):
-        module = module.visit(_Replace(plan.scope, scope))
+        replaced: dict[int, cst.CSTNode] = {id(plan.scope): scope}
+        if plan.runner is not None:
+            replaced[id(plan.runner)] = cast(cst.FunctionDef, plan.runner.visit(writer))
+        module = module.visit(_Replace(replaced))
     else:
         module = module.visit(writer)
     assert isinstance(module, cst.Module)
@@ -592,11 +604,13 @@ class _MarkCollections(cst.CSTTransformer):
 
 
 class _Replace(cst.CSTTransformer):
-    def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
-        self.old, self.new = old, new
+    """Nodes replaced by their identity: ``{id(old): new}``."""
+
+    def __init__(self, new: dict[int, cst.CSTNode]) -> None:
+        self.new = new
 
     def on_leave(self, original_node, updated_node):
-        return self.new if original_node is self.old else updated_node
+        return self.new.get(id(original_node), updated_node)
 
 
 class _StrategyFirst(cst.CSTTransformer):
@@ -607,12 +621,23 @@ class _StrategyFirst(cst.CSTTransformer):
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.done = False
+        self.classes: list[str] = []  # the classes around the function visited
+        scope = plan.scope
+        owner = plan.source.enclosing_class(scope) if isinstance(scope, cst.FunctionDef) else None
+        self.owner = [owner.name.value] if owner is not None else []
+
+    def visit_ClassDef(self, node):
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original_node, updated_node):
+        self.classes.pop()
+        return updated_node
 
     def leave_FunctionDef(self, original_node, updated_node):
         scope = self.plan.scope
         if self.done or not isinstance(scope, cst.FunctionDef):
             return updated_node
-        if updated_node.name.value != scope.name.value:
+        if updated_node.name.value != scope.name.value or self.classes != self.owner:
             return updated_node
         self.done = True
         return updated_node.with_changes(body=_scoped(updated_node.body, self.plan))
@@ -806,7 +831,7 @@ class _Writer(cst.CSTTransformer):
     def _iterator(self, original_node, decision):
         assert decision.dataset is not None
         targets = _targets(original_node)
-        name = cst.Name(decision.iterator) if decision.iterator else targets[0]
+        name = cst.parse_expression(decision.iterator) if decision.iterator else targets[0]
         return _statement(
             "{name} = iter({dataset})", name=name, dataset=decision.dataset
         ).with_changes(leading_lines=original_node.leading_lines)
@@ -814,10 +839,13 @@ class _Writer(cst.CSTTransformer):
     def _step_call(self, updated_node, decision):
         run = decision.step_run
         assert run is not None
+        step: cst.BaseExpression = cst.Name("train_step")
+        if self.plan.runner is not None:
+            step = cst.Attribute(cst.Name(RECEIVER), cst.Name("train_step"))
         call = cst.Call(
-            cst.Name("train_step"),
+            step,
             [
-                cst.Arg(value, keyword=cst.Name(name), equal=_equal())
+                cst.Arg(value, keyword=cst.Name(step_local(name)), equal=_equal())
                 for name, value in run.arguments
             ],
         )
@@ -923,7 +951,9 @@ class _Writer(cst.CSTTransformer):
             values = values.visit(_Renamed(plan.totals))  # type: ignore[assignment]  # visit() may return a sentinel; a statement stays a statement here
         if values is not None:
             step.append(cst.SimpleStatementLine([cst.Return(values)]))
-        params = cst.Parameters(params=[cst.Param(cst.Name(name)) for name in plan.inputs])
+        params = cst.Parameters(
+            params=[cst.Param(cst.Name(step_local(name))) for name in plan.inputs]
+        )
         decorator = cst.Decorator(cst.parse_expression("tf.function"))
         train_step = cst.FunctionDef(
             name=cst.Name("train_step"),
@@ -932,7 +962,13 @@ class _Writer(cst.CSTTransformer):
             decorators=[decorator],
             leading_lines=plan.loop.leading_lines,
         )
-        return [train_step]
+        if plan.runner is None:
+            return [train_step]
+        # A class-based trainer: the step's inputs and the values it fills were attributes; in
+        # the train step they are its parameters and locals, and the method that ran the step
+        # calls it on the object.
+        train_step = cast(cst.FunctionDef, train_step.visit(_AttributesLocal()))
+        return [train_step, _statement(f"{RECEIVER}.train_step = train_step")]
 
     def _reduced_loss(self) -> str | None:
         """The towers' combined loss, when the train step returns it or computes from it:
@@ -996,6 +1032,21 @@ class _Writer(cst.CSTTransformer):
         if len(elements) == 1:
             return elements[0]
         return cst.Tuple([cst.Element(e) for e in elements])
+
+
+def step_local(key: str) -> str:
+    """The train step's name for a value the legacy kept on the object (``self._x`` -> ``x``)."""
+    if key.startswith(f"{RECEIVER}."):
+        return key[len(RECEIVER) + 1 :].lstrip("_") or key[len(RECEIVER) + 1 :]
+    return key
+
+
+class _AttributesLocal(cst.CSTTransformer):
+    """``self.x`` as the local ``x`` (the train step's parameter or value)."""
+
+    def leave_Attribute(self, original_node, updated_node):
+        key = attribute_key(original_node)
+        return updated_node if key is None else cst.Name(step_local(key))
 
 
 class _Renamed(cst.CSTTransformer):

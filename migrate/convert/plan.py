@@ -2,7 +2,8 @@
 towers, decided from the IR's tower core and the code around it.
 
 A tower core converts when its loop, its gradient call, the combination and the update are found
-in one function that also runs the training step (``Session.run`` of the update). Every other
+in one function that also runs the training step (``Session.run`` of the update), or in one method
+of a class whose other method runs it (the two read as one body, ``self.x`` keyed like a name). Every other
 statement of that function gets a phase -- set-up (kept where it is: it runs once), step (moved
 into the ``@tf.function`` train step: it read a per-step input or a value the towers fill), or
 gone (the session, initializers, the combination) -- or, when it has no TF2 form, a TODO. The plan
@@ -22,7 +23,9 @@ from tfmigrate import tree
 from tfmigrate.convert import ir
 from tfmigrate.convert.project import SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
-from tfmigrate.rules._towers import bound_names, free_names, get_arg, method_name
+from tfmigrate.rules._towers import bound_names as _bound_plain
+from tfmigrate.rules._towers import free_names as _free_plain
+from tfmigrate.rules._towers import get_arg, method_name
 
 Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
 
@@ -72,6 +75,51 @@ _TF1_ONLY = (
     ("tensorflow.model_variables", Leftover.GRAPH, "graph collections do not exist in TF2"),
     ("tensorflow.all_variables", Leftover.GRAPH, "graph collections do not exist in TF2"),
 )  # fmt: skip
+
+
+# A class-based trainer keeps its values on the object: ``self.x`` is keyed like a name, so a
+# placeholder, a loss or the update made in one method is followed into the method that runs it.
+RECEIVER = "self"
+_DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def attribute_key(node: cst.CSTNode) -> str | None:
+    """``self.x`` -> ``"self.x"``; None for anything else."""
+    if (
+        isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Name)
+        and node.value.value == RECEIVER
+    ):
+        return f"{RECEIVER}.{node.attr.value}"
+    return None
+
+
+def _key(node: cst.CSTNode) -> str | None:
+    """A name's value, or a ``self.x`` attribute's key."""
+    return node.value if isinstance(node, cst.Name) else attribute_key(node)
+
+
+def _attribute_keys(node: cst.CSTNode) -> set[str]:
+    return {key for n in tree.walk(node, _DEFS) if (key := attribute_key(n)) is not None}
+
+
+def free_names(node: cst.CSTNode) -> set[str]:
+    """The names ``node`` reads, with the ``self.x`` attributes it spells."""
+    return _free_plain(node) | _attribute_keys(node)
+
+
+def bound_names(node: cst.CSTNode) -> set[str]:
+    """The names ``node`` binds, with the ``self.x`` attributes it assigns."""
+    found = _bound_plain(node)
+    for current in tree.walk(node, _DEFS):
+        if isinstance(current, cst.AssignTarget):
+            target = current.target
+            parts = target.elements if isinstance(target, cst.Tuple | cst.List) else [target]
+            for part in parts:
+                key = attribute_key(part.value if isinstance(part, cst.Element) else part)
+                if key is not None:
+                    found.add(key)
+    return found
 
 
 class Action(Enum):
@@ -227,6 +275,8 @@ class Plan(Decisions[Decision]):
     combination_helpers: set[str] = field(default_factory=set)  # average_gradients & co.
     notes: list[str] = field(default_factory=list)
     colocated: Colocated | None = None  # one loss over the towers, differentiated once
+    # a class-based trainer: the method that runs the step (``scope`` is the building one)
+    runner: cst.FunctionDef | None = None
 
     @property
     def todos(self) -> list[Todo]:
@@ -267,7 +317,7 @@ def _target_name(statement: cst.CSTNode) -> str | None:
     targets = _targets(statement)
     if len(targets) == 1 and isinstance(targets[0], cst.Name):
         return targets[0].value
-    return None
+    return attribute_key(targets[0]) if len(targets) == 1 else None
 
 
 def _calls(node: cst.CSTNode) -> Iterator[cst.Call]:
@@ -377,10 +427,9 @@ def method_receiver(node: cst.CSTNode | None, method: str, receivers: Container[
         isinstance(node, cst.Call)
         and isinstance(node.func, cst.Attribute)
         and node.func.attr.value == method
-        and isinstance(node.func.value, cst.Name)
-        and node.func.value.value in receivers
+        and (receiver := _key(node.func.value)) in receivers
     ):
-        return node.func.value.value
+        return receiver
     return None
 
 
@@ -393,8 +442,7 @@ def receiver_call(
         func = call.func
         if (
             isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and func.value.value in receivers
+            and _key(func.value) in receivers
             and (methods is None or func.attr.value in methods)
         ):
             return call
@@ -431,12 +479,16 @@ def session_run_todo(run: bool = False) -> Todo:
 
 
 def feed_items(feed: cst.Dict) -> list[tuple[str, cst.BaseExpression]] | None:
-    """A feed_dict's (placeholder, fed value) pairs; None unless every key is a name."""
+    """A feed_dict's (placeholder, fed value) pairs; None unless every key is a name (or a
+    ``self.x`` attribute)."""
     items = []
     for element in feed.elements:
-        if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.Name):
+        if not isinstance(element, cst.DictElement):
             return None
-        items.append((element.key.value, element.value))
+        key = _key(element.key)
+        if key is None:
+            return None
+        items.append((key, element.value))
     return items
 
 
@@ -445,12 +497,12 @@ def session_method(value: cst.BaseExpression | None, sessions: set[str]) -> bool
     if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
         return False
     receiver = value.func.value
-    if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
-        return receiver.value.value in sessions and receiver.attr.value == "graph"
-    return (
-        isinstance(receiver, cst.Name)
-        and receiver.value in sessions
-        and value.func.attr.value in ("close", "request_stop", "join")
+    if isinstance(receiver, cst.Attribute) and receiver.attr.value == "graph":
+        return _key(receiver.value) in sessions
+    return _key(receiver) in sessions and value.func.attr.value in (
+        "close",
+        "request_stop",
+        "join",
     )
 
 
@@ -527,11 +579,16 @@ class _Planner:
             raise NotPlanned("the towers are in another module")
         loop = self._loop(core.towers.where.line)
         scope = self.source.enclosing_def(loop) or self.source.module
+        runner = None
         if isinstance(scope, cst.FunctionDef) and self.source.enclosing_class(loop) is not None:
-            raise NotPlanned("the towers are built in a method")
+            runner = self._runner(scope)
         self.scope = scope
         self.loop = loop
         self.body = list(statements_in(_body(scope)))
+        if runner is not None:
+            # the method that runs the step continues the building one: its statements are
+            # decided after them, the values the step fills read as ``self.x``
+            self.body += statements_in(_body(runner))
         index, enumerated = self._index(loop)
         self.index = index
         chains: list[Chain] = []
@@ -594,6 +651,7 @@ class _Planner:
             between=between,
             inputs=[],
             chains=chains,
+            runner=runner,
         )
         self.plan_ = plan
         plan.decide(loop, Decision(Action.TRAIN_STEP))
@@ -786,6 +844,41 @@ class _Planner:
             f"differentiated once with colocate_gradients_with_ops: {update}each replica "
             f"differentiates {share}, MirroredStrategy sums the replicas' gradients, and the "
             f"train step's `{colocated.loss}` is the sum of the replicas' losses (the legacy value)"
+        )
+
+    def _runner(self, method: cst.FunctionDef) -> cst.FunctionDef:
+        """The method of ``method``'s class that runs the update it builds: a ``Session.run``
+        fetching an attribute the building method assigns."""
+        params = method.params.params
+        if not params or params[0].name.value != RECEIVER:
+            raise NotPlanned(f"the towers are built in a method whose object is not `{RECEIVER}`")
+        cls = self.source.enclosing_class(method)
+        assert cls is not None
+        assigned = {key for key in bound_names(method) if key.startswith(f"{RECEIVER}.")}
+        other_runs: list[tuple[str, str]] = []  # (method, attribute fetched)
+        for statement in _body(cls):
+            if not isinstance(statement, cst.FunctionDef) or statement is method:
+                continue
+            for call in _calls(statement):
+                fetches = get_arg(call, 0, "fetches") if method_name(call) == "run" else None
+                if fetches is None:
+                    continue
+                if free_names(fetches) & assigned:
+                    return statement
+                parts = fetches.elements if isinstance(fetches, cst.List | cst.Tuple) else [fetches]
+                for part in parts:
+                    key = attribute_key(part.value if isinstance(part, cst.Element) else part)
+                    if key is not None:
+                        other_runs.append((statement.name.value, key))
+        if other_runs:
+            runner, key = other_runs[0]
+            raise NotPlanned(
+                f"the towers are built in a method; `{runner}` runs `{key}`, which that method "
+                "does not assign (the update reaches it through another attribute)"
+            )
+        raise NotPlanned(
+            "the towers are built in a method and no other method of its class runs the update "
+            "(the object is run from outside the class)"
         )
 
     def _averaged(self, update: Statement) -> bool:
@@ -1280,9 +1373,9 @@ class _Planner:
                 feed = literals.get(feed.value)
             if isinstance(feed, cst.Dict):
                 self.fed |= {
-                    e.key.value
+                    key
                     for e in feed.elements
-                    if isinstance(e, cst.DictElement) and isinstance(e.key, cst.Name)
+                    if isinstance(e, cst.DictElement) and (key := _key(e.key))
                 }
         return runs
 
@@ -1526,6 +1619,8 @@ class _Planner:
             if chained is None:
                 return None
             iterator = self._fresh("iterator")
+            if self.plan_.runner is not None:
+                iterator = f"{RECEIVER}._{iterator}"  # the method running the step reads it
             self.iterators[iterator] = chained
         if iterator is None or iterator not in self.iterators:
             return None
@@ -1741,7 +1836,7 @@ class _Planner:
         tower_only = bound_names(self.loop) - {plan.index} - self._bound_before_loop_beside()
         for position, element in enumerate(elements):
             names = free_names(element)
-            if isinstance(element, cst.Name) and element.value in self.updates:
+            if _key(element) in self.updates:
                 run_only.append(position)
                 continue
             if names & tower_only:
@@ -1840,7 +1935,7 @@ class _Planner:
             if batch in self._graph_reads():
                 if batch not in self.plan_.inputs:
                     self.plan_.inputs.append(batch)
-                given[batch] = cst.Call(cst.Name("next"), [cst.Arg(cst.Name(iterator))])
+                given[batch] = cst.Call(cst.Name("next"), [cst.Arg(cst.parse_expression(iterator))])
         if set(given) != set(self.plan_.inputs):
             return None
         return [(name, given[name]) for name in self.plan_.inputs]

@@ -32,6 +32,7 @@ FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "hand_written_adam": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
+    "trainer_class": ((), [], 0),
 }
 
 
@@ -99,8 +100,8 @@ def test_the_output_is_an_idiomatic_tf2_program(name):
     names = _code_names(tree)
     assert not names & BANNED, names & BANNED
     assert not names & PROTOCOL and "def tfmigrate_program" not in source
-    # the session's step run became a call of the train step
-    assert "train_step" in _calls(tree)
+    # the session's step run became a call of the train step (on the object, for a class)
+    assert {"train_step", "self.train_step"} & set(_calls(tree))
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
@@ -139,15 +140,16 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 
 # fixture -> (legacy loss rows compared, weights compared): module_script fetches both towers'
 # losses, summed_reuse_flag and hand_written_adam the last tower's, colocated_loss the towers'
-# combined loss (a reduced row, below)
+# combined loss and trainer_class the towers' mean (one reduced row each, below)
 COMPARED = {
-    "colocated_loss": (0, 4),
+    "colocated_loss": (1, 4),
     "hand_written_adam": (1, 3),
     "module_script": (2, 6),
     "summed_reuse_flag": (1, 4),
+    "trainer_class": (1, 4),
 }
-# fixture -> reduced (not per-tower) loss rows compared
-REDUCED = {"colocated_loss": 1}
+# fixture -> reduced (not per-tower) loss rows among them
+REDUCED = {"colocated_loss": 1, "trainer_class": 1}
 
 
 @pytest.mark.slow
@@ -165,7 +167,9 @@ def test_the_converted_program_verifies_equivalent(name):
     assert result.stdout.rstrip().endswith("EQUIVALENT"), result.stdout
     assert not re.findall(r"^(?:FAIL|DIVERGED)", result.stdout, re.M), result.stdout
     losses, weights = COMPARED[name]
-    rows = re.findall(r"^PASS\W+(\S+) \(tower [01]\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M)
+    rows = re.findall(
+        r"^PASS\W+(\S+) \((?:tower [01]|reduced)\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M
+    )
     assert len(rows) == losses, result.stdout
     assert len(re.findall(r"^PASS\W+\S+\W+weight\W+3\W", result.stdout, re.M)) == weights
     if name in REDUCED:
