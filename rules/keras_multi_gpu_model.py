@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
@@ -10,6 +10,7 @@ from tfmigrate.names import dotted
 from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules import _global_batch_loss as global_batch
+from tfmigrate.rules import _keras_copy_removal as copy_removal
 from tfmigrate.rules import _keras_parallel as parallel_copy
 from tfmigrate.rules._distribution import keyword
 from tfmigrate.rules._keras2 import RMSPROP_NOTE, is_used, plain_rmsprop
@@ -297,7 +298,8 @@ def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
         s for s in module.body if not (isinstance(s, cst.FunctionDef) and s.name.value == name)
     ]
     if is_used(module.with_changes(body=without), name):
-        return module
+        # still read somewhere: only the imports of it inside blocks no read sees go
+        return copy_removal.drop_dead_imports(module, name)
     body: list[cst.BaseStatement] = []
     for statement in module.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
@@ -311,7 +313,7 @@ def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
                 kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
                 statement = statement.with_changes(body=[small.with_changes(names=kept)])
         body.append(statement)
-    return module.with_changes(body=body)
+    return copy_removal.drop_dead_imports(module.with_changes(body=body), name)
 
 
 def _bound_except(node: cst.CSTNode, skip: set[int]) -> set[str]:
@@ -965,6 +967,8 @@ def main(gpus):
         )
         if copies.get(node.name.value) is not node:
             return
+        if self._delete_copy(node):
+            return
         message = (
             f"`{node.name.value}` is a copy of Keras 2's multi_gpu_model: under MirroredStrategy, "
             "which its callers get instead (TFM107), Keras splits each batch over the replicas "
@@ -985,6 +989,30 @@ def main(gpus):
             target=node,
             safety=FixSafety.SAFE,
         )
+
+    def _delete_copy(self, node: cst.FunctionDef) -> bool:
+        """Report the deletion of the copy ``node`` when its callers elsewhere in the project
+        are all converted (none reads it afterwards) and this module does not call it."""
+        if copy_removal.simulating() or not self.context.path.name.endswith(".py"):
+            return False
+        name = node.name.value
+        module = copy_removal.without_copy(self.context.module, name)
+        if module is None:
+            return False
+        found = copy_removal.callers_left(Path(self.context.path), name, _CONVERT)
+        if found is None:
+            return False
+        _, safety = found
+        self.report(
+            node.name,
+            f"`{name}` is a copy of Keras 2's multi_gpu_model and nothing calls it once its "
+            "callers build their model in a MirroredStrategy scope (TFM107): deleted, with the "
+            "imports only it used",
+            replacement=module,
+            target=self.context.module,
+            safety=safety,
+        )
+        return True
 
     def visit_Call(self, node: cst.Call) -> None:
         copy = None
@@ -1636,3 +1664,24 @@ def main(gpus):
             assert isinstance(redirected, cst.Module | cst.IndentedBlock)
             block = redirected
         return block
+
+
+class _ConvertCaller(copy_removal.ConvertOne):
+    """A caller of a copy converted by this rule alone, unsafe fixes included: its new text
+    (None on an error) and whether an unsafe fix of this rule was applied."""
+
+    def __call__(self, path: Path, text: str) -> tuple[str | None, bool]:
+        from tfmigrate.engine import Settings, process_source  # the engine imports the rules
+
+        settings = Settings(rules=(KerasMultiGpuModel,), fix=True, unsafe_fixes=True)
+        result = process_source(text, str(path), settings)
+        if result.error is not None:
+            return None, False
+        unsafe = any(
+            f.applied and f.code == KerasMultiGpuModel.code and f.safety is FixSafety.UNSAFE
+            for f in result.findings
+        )
+        return (result.new_code if result.new_code is not None else text), unsafe
+
+
+_CONVERT = _ConvertCaller()
