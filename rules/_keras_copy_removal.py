@@ -241,21 +241,38 @@ def callers_left(definer: Path, name: str, convert: ConvertOne) -> tuple[bool, F
             return None
         if not word.search(raw):
             continue
-        before = _references(file, raw.decode("utf-8", "replace"), definer, name)
-        if before is None:
-            return None  # unreadable: it may read the copy
-        if not before:
-            continue
-        called = True
-        after, unsafe = _converted(file, file.stat().st_mtime, convert)
-        if after is None:
-            return None
-        left = _references(file, after, definer, name)
-        if left is None or left:
-            return None
-        if unsafe:
+        verdict = _verdict(file, file.stat().st_mtime, definer, name, convert)
+        if verdict is None:
+            return None  # unreadable, or it still reads the copy once converted
+        called |= verdict[0]
+        if verdict[1]:
             safety = FixSafety.UNSAFE
     return (True, safety) if called else None
+
+
+@lru_cache(maxsize=512)
+def _verdict(
+    file: Path, mtime: float, definer: Path, name: str, convert: ConvertOne
+) -> tuple[bool, bool] | None:
+    """For one file of the project: (whether it reads the copy, whether its conversion was
+    unsafe) when its conversion leaves no read of the copy; None when one is left (or the file
+    cannot be read). Cached: every fix pass of the defining module asks again."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    before = _references(file, text, definer, name)
+    if before is None:
+        return None
+    if not before:
+        return False, False
+    after, unsafe = _converted(file, mtime, convert)
+    if after is None:
+        return None
+    left = _references(file, after, definer, name)
+    if left is None or left:
+        return None
+    return True, unsafe
 
 
 class ConvertOne:

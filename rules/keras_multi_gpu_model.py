@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+import builtins
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import libcst as cst
@@ -289,6 +290,34 @@ class _Nested:
     templates: set[str]
     compile_call: cst.Call
     copies: set[str]  # local names of the multi_gpu_model copies called
+    # a template name the program never defines -> the one model built before its wrapper
+    stand_ins: dict[str, str] = field(default_factory=dict)
+
+
+def _bound_anywhere(module: cst.Module, name: str) -> bool:
+    """Whether any statement of ``module`` (at any depth) may bind ``name``; a star import
+    may bind anything."""
+    for node in walk(module):
+        if isinstance(node, cst.ImportStar):
+            return True
+        bound: list[cst.CSTNode]
+        if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Param):
+            bound = [node.name]
+        elif isinstance(node, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For):
+            bound = _targets(node.target)
+        elif isinstance(node, cst.CompFor):
+            bound = _targets(node.target)
+        elif isinstance(node, cst.AsName):
+            bound = _targets(node.name)
+        elif isinstance(node, cst.ImportAlias) and node.asname is None:
+            bound = [cst.Name((dotted(node.name) or "").split(".")[0])]
+        elif isinstance(node, cst.Global | cst.Nonlocal):
+            bound = [n.name for n in node.names]
+        else:
+            continue
+        if any(isinstance(n, cst.Name) and n.value == name for n in bound):
+            return True
+    return False
 
 
 def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
@@ -1211,6 +1240,7 @@ def main(gpus):
         wrappers: dict[int, tuple[str, str]] = {}
         at: list[int] = []
         copies: set[str] = set()
+        stand_ins: dict[str, str] = {}
         for node in walk(block, into_defs=False):
             if not isinstance(node, cst.Call) or not self._is_wrapper(node):
                 continue
@@ -1220,6 +1250,10 @@ def main(gpus):
             line, parallel, template = found
             if any(isinstance(a, cst.For | cst.While) for a in self._between(line, owner)):
                 return None, "the wrapper is made inside a loop"
+            stand_in = self._stand_in(line, template)
+            if stand_in is not None:
+                stand_ins[template] = stand_in
+                template = stand_in
             wrappers[id(line)] = (parallel, template)
             at.append(top_index(line))
             if self.call_name(node) not in MULTI_GPU_MODEL and isinstance(node.func, cst.Name):
@@ -1260,7 +1294,75 @@ def main(gpus):
             if built:
                 first = min(first, built[-1])
         last = max(max(at), compile_at)
-        return _Nested(block, first, last, wrappers, templates, compile_call, copies), ""
+        return (
+            _Nested(block, first, last, wrappers, templates, compile_call, copies, stand_ins),
+            "",
+        )
+
+    def _stand_in(self, line: cst.CSTNode, template: str) -> str | None:
+        """For a wrapper of a template the module never binds (a NameError when the legacy
+        program runs): the one name its block assigns a model to before the wrapper, else
+        None."""
+        if (
+            template in self.context.resolver.bindings
+            or template in dir(builtins)
+            or _bound_anywhere(self.context.module, template)
+        ):
+            return None
+        block = self.parent(line)
+        if not isinstance(block, cst.IndentedBlock | cst.Module):
+            return None
+        built = []
+        for statement in block.body:
+            if statement is line:
+                break
+            small = _small(statement)
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+                and isinstance(small.value, cst.Call)
+                and self._builds_model(small.value)
+            ):
+                built.append(small.targets[0].target.value)
+        return built[0] if len(set(built)) == 1 else None
+
+    def _builds_model(self, call: cst.Call) -> bool:
+        """`Model(...)`/`Sequential(...)`, or a call of a function of this module that returns
+        one (directly or through the name it assigns it to)."""
+        name = self.call_name(call) or ""
+        if name.endswith((".Model", ".Sequential")):
+            return True
+        if not isinstance(call.func, cst.Name):
+            return False
+        function = next(
+            (
+                s
+                for s in self.context.module.body
+                if isinstance(s, cst.FunctionDef) and s.name.value == call.func.value
+            ),
+            None,
+        )
+        if function is None:
+            return False
+        models = {
+            t.target.value
+            for node in walk(function.body, into_defs=False)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
+            and (self.call_name(node.value) or "").endswith((".Model", ".Sequential"))
+            for t in node.targets
+            if isinstance(t.target, cst.Name)
+        }  # fmt: skip
+        for node in walk(function.body, into_defs=False):
+            if isinstance(node, cst.Return) and node.value is not None:
+                value = node.value
+                if isinstance(value, cst.Name) and value.value in models:
+                    return True
+                if isinstance(value, cst.Call) and (self.call_name(value) or "").endswith(
+                    (".Model", ".Sequential")
+                ):
+                    return True
+        return False
 
     def _between(self, node: cst.CSTNode, owner: cst.CSTNode) -> list[cst.CSTNode]:
         found = []
@@ -1275,6 +1377,14 @@ def main(gpus):
         wrap = self._custom_losses(plan.compile_call) if safety is FixSafety.UNSAFE else None
         if wrap:
             safety, note = self._wrapped_safety(wrap)
+        for missing, model in sorted(plan.stand_ins.items()):
+            # a legacy bug fixed: only on request
+            safety = FixSafety.UNSAFE
+            note += (
+                f"; the legacy call passes `{missing}`, which the program never defines (a "
+                f"NameError when it runs): the model built just before it, `{model}`, is the "
+                "one trained"
+            )
         notes = [
             "TFM107: multi_gpu_model replaced by MirroredStrategy over every visible GPU; fit "
             "keeps the global batch size",
