@@ -553,9 +553,15 @@ class KerasMultiGpuModel(Rule):
     given under `tf.device` on slices of the inputs (`Lambda`, `tf.slice`, `tf.split`) and
     concatenates the outputs into a returned `Model` -- is recognized by that shape, in the
     file or in a project module it imports (looked up from the script's folder and the folders
-    above it); its callers convert as above, its import (or def, in the same file) goes once
-    nothing calls it, and where it is defined it gets a `# TODO(tfmigrate): TFM107` to delete
-    it (the tower rules no longer report its loop as TF1 towers). Wrappers made in branches
+    above it); its callers convert as above and their import of it goes once nothing reads it
+    (inside a branch too). Where it is defined, the def is deleted with the imports only it
+    read when no file of the project calls it after the conversion (each file that imports
+    it is converted by this rule alone to see what is left; the deletion is unsafe when one
+    of those conversions is); one still called somewhere gets one
+    `# TODO(tfmigrate): TFM107` at its def (the tower rules no longer report its loop as TF1
+    towers). A wrapper of a template the program never defines (`make_parallel(tower, ...)`
+    where no `tower` exists: a NameError when the legacy program runs) trains the one model
+    its block built just before it, as an unsafe fix whose message names both. Wrappers made in branches
     (`if gpus > 1:` without `else`, `elif method == 'keras':`), in `try` fallbacks or
     `with` blocks, with the template built in branches under `tf.device` (`create_models`
     building the model with `batch_size // gpus` per GPU), convert as one
