@@ -33,9 +33,14 @@ class _Reads(cst.CSTVisitor):
 
 def is_used(module: cst.Module, name: str) -> bool:
     """Whether ``name`` is read anywhere outside import statements (flow-insensitive)."""
-    reads = _Reads(name)
-    tree.visit(module, reads)
-    return reads.count > 0
+    return reads(module, name)
+
+
+def reads(node: cst.CSTNode, name: str) -> bool:
+    """Whether ``name`` is read anywhere in ``node`` outside import statements."""
+    found = _Reads(name)
+    tree.visit(node, found)
+    return found.count > 0
 
 
 # Keras 2's RMSprop (standalone Keras 2, and tf.keras 2 without momentum) stepped

@@ -79,6 +79,25 @@ def _module_file(folder_of_script: Path, dotted: str) -> Path | None:
     return None
 
 
+def module_file(folder_of_script: Path, dotted: str) -> Path | None:
+    """The project file of module ``dotted`` as a script in ``folder_of_script`` imports it
+    (None for a library or a module not found)."""
+    root = dotted.split(".", 1)[0]
+    if not dotted or root in _LIBRARIES or root in sys.stdlib_module_names:
+        return None
+    return _module_file(folder_of_script, dotted)
+
+
+def module_file_at(base: Path, dotted: str) -> Path | None:
+    """The file of module ``dotted`` relative to the package folder ``base`` (a relative
+    import), else None."""
+    relative = Path(*dotted.split("."))
+    for candidate in (base / relative.with_suffix(".py"), base / relative / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 @lru_cache(maxsize=64)
 def _copies_in(file: Path, mtime: float) -> frozenset[str]:
     """Names of the module-level multi_gpu_model copies defined in ``file``."""

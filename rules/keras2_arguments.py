@@ -11,6 +11,9 @@ _OPTIMIZERS = frozenset(
     {"SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam", "Ftrl"}
 )
 _OPTIMIZER_MODULES = ("keras.optimizers.", "tensorflow.keras.optimizers.")
+# Keras 2's lower-case aliases of its optimizer classes (`keras.optimizers.rmsprop = RMSprop`);
+# Keras 3 has only the classes (AttributeError at start-up).
+_OPTIMIZER_ALIASES = {name.lower(): name for name in _OPTIMIZERS - {"Ftrl"}}
 _CALLBACK_MODULES = ("keras.callbacks.", "tensorflow.keras.callbacks.")
 # Keras 2's `*_generator` methods; Keras 3 takes generators in the plain methods.
 _GENERATOR_METHODS = {
@@ -191,6 +194,18 @@ class Keras2Arguments(Rule):
             """,
             message="not fixed",
         ),
+        # Keras 2's lower-case alias: the class, then its Keras 2 arguments.
+        Example(
+            """
+            import keras
+            opt = keras.optimizers.rmsprop(lr=0.0001)
+            """,
+            fixed="""
+            import keras
+            opt = keras.optimizers.RMSprop(learning_rate=0.0001)
+            """,
+            message="alias of `RMSprop`",
+        ),
         Example(
             """
             import tensorflow as tf
@@ -221,7 +236,9 @@ class Keras2Arguments(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         name = self.call_name(node) or ""
-        if name.startswith(_OPTIMIZER_MODULES) and name.rsplit(".", 1)[1] in _OPTIMIZERS:
+        if name.startswith("keras.optimizers.") and name.rsplit(".", 1)[1] in _OPTIMIZER_ALIASES:
+            self._alias(node, name.rsplit(".", 1)[1])
+        elif name.startswith(_OPTIMIZER_MODULES) and name.rsplit(".", 1)[1] in _OPTIMIZERS:
             self._optimizer(node)
         elif name.startswith(_CALLBACK_MODULES) and name.endswith(".ModelCheckpoint"):
             self._checkpoint(node)
@@ -235,6 +252,17 @@ class Keras2Arguments(Rule):
                     "`fit(nb_epoch=...)` is Keras 1/2; Keras 3 calls it `epochs=`",
                     replacement=_rename_keyword(node, "nb_epoch", "epochs"),
                 )
+
+    def _alias(self, node: cst.Call, alias: str) -> None:
+        """`keras.optimizers.rmsprop(...)` is the class `RMSprop`: renamed (its arguments are
+        then read as the class's, in the next pass)."""
+        cls = _OPTIMIZER_ALIASES[alias]
+        message = f"`optimizers.{alias}` is Keras 2's alias of `{cls}`; Keras 3 has only the class"
+        if not isinstance(node.func, cst.Attribute):
+            self.report(node, f"{message} (not fixed: imported by its alias name)")
+            return
+        func = node.func.with_changes(attr=cst.Name(cls))
+        self.report(node, message, replacement=node.with_changes(func=func))
 
     def _optimizer(self, node: cst.Call) -> None:
         # The safe changes to one call make one replacement that their findings share; the

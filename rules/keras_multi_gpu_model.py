@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import PurePosixPath
+import builtins
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
@@ -10,6 +11,7 @@ from tfmigrate.names import dotted
 from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, Rule
 from tfmigrate.rules import _global_batch_loss as global_batch
+from tfmigrate.rules import _keras_copy_removal as copy_removal
 from tfmigrate.rules import _keras_parallel as parallel_copy
 from tfmigrate.rules._distribution import keyword
 from tfmigrate.rules._keras2 import RMSPROP_NOTE, is_used, plain_rmsprop
@@ -288,6 +290,34 @@ class _Nested:
     templates: set[str]
     compile_call: cst.Call
     copies: set[str]  # local names of the multi_gpu_model copies called
+    # a template name the program never defines -> the one model built before its wrapper
+    stand_ins: dict[str, str] = field(default_factory=dict)
+
+
+def _bound_anywhere(module: cst.Module, name: str) -> bool:
+    """Whether any statement of ``module`` (at any depth) may bind ``name``; a star import
+    may bind anything."""
+    for node in walk(module):
+        if isinstance(node, cst.ImportStar):
+            return True
+        bound: list[cst.CSTNode]
+        if isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Param):
+            bound = [node.name]
+        elif isinstance(node, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For):
+            bound = _targets(node.target)
+        elif isinstance(node, cst.CompFor):
+            bound = _targets(node.target)
+        elif isinstance(node, cst.AsName):
+            bound = _targets(node.name)
+        elif isinstance(node, cst.ImportAlias) and node.asname is None:
+            bound = [cst.Name((dotted(node.name) or "").split(".")[0])]
+        elif isinstance(node, cst.Global | cst.Nonlocal):
+            bound = [n.name for n in node.names]
+        else:
+            continue
+        if any(isinstance(n, cst.Name) and n.value == name for n in bound):
+            return True
+    return False
 
 
 def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
@@ -297,7 +327,8 @@ def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
         s for s in module.body if not (isinstance(s, cst.FunctionDef) and s.name.value == name)
     ]
     if is_used(module.with_changes(body=without), name):
-        return module
+        # still read somewhere: only the imports of it inside blocks no read sees go
+        return copy_removal.drop_dead_imports(module, name)
     body: list[cst.BaseStatement] = []
     for statement in module.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
@@ -311,7 +342,7 @@ def _drop_unused_copy(module: cst.Module, name: str) -> cst.Module:
                 kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
                 statement = statement.with_changes(body=[small.with_changes(names=kept)])
         body.append(statement)
-    return module.with_changes(body=body)
+    return copy_removal.drop_dead_imports(module.with_changes(body=body), name)
 
 
 def _bound_except(node: cst.CSTNode, skip: set[int]) -> set[str]:
@@ -522,9 +553,15 @@ class KerasMultiGpuModel(Rule):
     given under `tf.device` on slices of the inputs (`Lambda`, `tf.slice`, `tf.split`) and
     concatenates the outputs into a returned `Model` -- is recognized by that shape, in the
     file or in a project module it imports (looked up from the script's folder and the folders
-    above it); its callers convert as above, its import (or def, in the same file) goes once
-    nothing calls it, and where it is defined it gets a `# TODO(tfmigrate): TFM107` to delete
-    it (the tower rules no longer report its loop as TF1 towers). Wrappers made in branches
+    above it); its callers convert as above and their import of it goes once nothing reads it
+    (inside a branch too). Where it is defined, the def is deleted with the imports only it
+    read when no file of the project calls it after the conversion (each file that imports
+    it is converted by this rule alone to see what is left; the deletion is unsafe when one
+    of those conversions is); one still called somewhere gets one
+    `# TODO(tfmigrate): TFM107` at its def (the tower rules no longer report its loop as TF1
+    towers). A wrapper of a template the program never defines (`make_parallel(tower, ...)`
+    where no `tower` exists: a NameError when the legacy program runs) trains the one model
+    its block built just before it, as an unsafe fix whose message names both. Wrappers made in branches
     (`if gpus > 1:` without `else`, `elif method == 'keras':`), in `try` fallbacks or
     `with` blocks, with the template built in branches under `tf.device` (`create_models`
     building the model with `batch_size // gpus` per GPU), convert as one
@@ -965,6 +1002,8 @@ def main(gpus):
         )
         if copies.get(node.name.value) is not node:
             return
+        if self._delete_copy(node):
+            return
         message = (
             f"`{node.name.value}` is a copy of Keras 2's multi_gpu_model: under MirroredStrategy, "
             "which its callers get instead (TFM107), Keras splits each batch over the replicas "
@@ -985,6 +1024,30 @@ def main(gpus):
             target=node,
             safety=FixSafety.SAFE,
         )
+
+    def _delete_copy(self, node: cst.FunctionDef) -> bool:
+        """Report the deletion of the copy ``node`` when its callers elsewhere in the project
+        are all converted (none reads it afterwards) and this module does not call it."""
+        if copy_removal.simulating() or not self.context.path.name.endswith(".py"):
+            return False
+        name = node.name.value
+        module = copy_removal.without_copy(self.context.module, name)
+        if module is None:
+            return False
+        found = copy_removal.callers_left(Path(self.context.path), name, _CONVERT)
+        if found is None:
+            return False
+        _, safety = found
+        self.report(
+            node.name,
+            f"`{name}` is a copy of Keras 2's multi_gpu_model and nothing calls it once its "
+            "callers build their model in a MirroredStrategy scope (TFM107): deleted, with the "
+            "imports only it used",
+            replacement=module,
+            target=self.context.module,
+            safety=safety,
+        )
+        return True
 
     def visit_Call(self, node: cst.Call) -> None:
         copy = None
@@ -1183,6 +1246,7 @@ def main(gpus):
         wrappers: dict[int, tuple[str, str]] = {}
         at: list[int] = []
         copies: set[str] = set()
+        stand_ins: dict[str, str] = {}
         for node in walk(block, into_defs=False):
             if not isinstance(node, cst.Call) or not self._is_wrapper(node):
                 continue
@@ -1192,6 +1256,10 @@ def main(gpus):
             line, parallel, template = found
             if any(isinstance(a, cst.For | cst.While) for a in self._between(line, owner)):
                 return None, "the wrapper is made inside a loop"
+            stand_in = self._stand_in(line, template)
+            if stand_in is not None:
+                stand_ins[template] = stand_in
+                template = stand_in
             wrappers[id(line)] = (parallel, template)
             at.append(top_index(line))
             if self.call_name(node) not in MULTI_GPU_MODEL and isinstance(node.func, cst.Name):
@@ -1232,7 +1300,75 @@ def main(gpus):
             if built:
                 first = min(first, built[-1])
         last = max(max(at), compile_at)
-        return _Nested(block, first, last, wrappers, templates, compile_call, copies), ""
+        return (
+            _Nested(block, first, last, wrappers, templates, compile_call, copies, stand_ins),
+            "",
+        )
+
+    def _stand_in(self, line: cst.CSTNode, template: str) -> str | None:
+        """For a wrapper of a template the module never binds (a NameError when the legacy
+        program runs): the one name its block assigns a model to before the wrapper, else
+        None."""
+        if (
+            template in self.context.resolver.bindings
+            or template in dir(builtins)
+            or _bound_anywhere(self.context.module, template)
+        ):
+            return None
+        block = self.parent(line)
+        if not isinstance(block, cst.IndentedBlock | cst.Module):
+            return None
+        built = []
+        for statement in block.body:
+            if statement is line:
+                break
+            small = _small(statement)
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+                and isinstance(small.value, cst.Call)
+                and self._builds_model(small.value)
+            ):
+                built.append(small.targets[0].target.value)
+        return built[0] if len(set(built)) == 1 else None
+
+    def _builds_model(self, call: cst.Call) -> bool:
+        """`Model(...)`/`Sequential(...)`, or a call of a function of this module that returns
+        one (directly or through the name it assigns it to)."""
+        name = self.call_name(call) or ""
+        if name.endswith((".Model", ".Sequential")):
+            return True
+        if not isinstance(call.func, cst.Name):
+            return False
+        function = next(
+            (
+                s
+                for s in self.context.module.body
+                if isinstance(s, cst.FunctionDef) and s.name.value == call.func.value
+            ),
+            None,
+        )
+        if function is None:
+            return False
+        models = {
+            t.target.value
+            for node in walk(function.body, into_defs=False)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
+            and (self.call_name(node.value) or "").endswith((".Model", ".Sequential"))
+            for t in node.targets
+            if isinstance(t.target, cst.Name)
+        }  # fmt: skip
+        for node in walk(function.body, into_defs=False):
+            if isinstance(node, cst.Return) and node.value is not None:
+                value = node.value
+                if isinstance(value, cst.Name) and value.value in models:
+                    return True
+                if isinstance(value, cst.Call) and (self.call_name(value) or "").endswith(
+                    (".Model", ".Sequential")
+                ):
+                    return True
+        return False
 
     def _between(self, node: cst.CSTNode, owner: cst.CSTNode) -> list[cst.CSTNode]:
         found = []
@@ -1247,6 +1383,14 @@ def main(gpus):
         wrap = self._custom_losses(plan.compile_call) if safety is FixSafety.UNSAFE else None
         if wrap:
             safety, note = self._wrapped_safety(wrap)
+        for missing, model in sorted(plan.stand_ins.items()):
+            # a legacy bug fixed: only on request
+            safety = FixSafety.UNSAFE
+            note += (
+                f"; the legacy call passes `{missing}`, which the program never defines (a "
+                f"NameError when it runs): the model built just before it, `{model}`, is the "
+                "one trained"
+            )
         notes = [
             "TFM107: multi_gpu_model replaced by MirroredStrategy over every visible GPU; fit "
             "keeps the global batch size",
@@ -1636,3 +1780,24 @@ def main(gpus):
             assert isinstance(redirected, cst.Module | cst.IndentedBlock)
             block = redirected
         return block
+
+
+class _ConvertCaller(copy_removal.ConvertOne):
+    """A caller of a copy converted by this rule alone, unsafe fixes included: its new text
+    (None on an error) and whether an unsafe fix of this rule was applied."""
+
+    def __call__(self, path: Path, text: str) -> tuple[str | None, bool]:
+        from tfmigrate.engine import Settings, process_source  # the engine imports the rules
+
+        settings = Settings(rules=(KerasMultiGpuModel,), fix=True, unsafe_fixes=True)
+        result = process_source(text, str(path), settings)
+        if result.error is not None:
+            return None, False
+        unsafe = any(
+            f.applied and f.code == KerasMultiGpuModel.code and f.safety is FixSafety.UNSAFE
+            for f in result.findings
+        )
+        return (result.new_code if result.new_code is not None else text), unsafe
+
+
+_CONVERT = _ConvertCaller()
