@@ -2,11 +2,12 @@
 
 verify's two sides run for one step, each restored the way its own world restores: the legacy
 script unmodified, every global variable loaded by name from the TF1 checkpoint (shadows into the
-weights with --use-ema); the migrated program through the converted folder's checkpoint. Compared:
-every mapped variable as restored, and the scalars the first step fetched (computed before its
-update: the model's outputs, e.g. the loss, on the same batch). When all the optimizer state was
-converted (``same_update``), the variables after that first update are compared too: they show
-that the slots came across.
+weights with --use-ema); the migrated program as written, its own restore code reading the
+converted checkpoint, which is put where its CheckpointManager looks (migrated_boot's
+place_converted). Compared: every mapped variable as restored (before the first update), and the
+scalars the first step fetched (computed before its update: the model's outputs, e.g. the loss, on
+the same batch). When all the optimizer state was converted (``same_update``), the variables after
+that first update are compared too: they show that the slots came across.
 """
 
 from __future__ import annotations

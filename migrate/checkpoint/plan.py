@@ -75,7 +75,7 @@ def plan_conversion(
     slots: dict[str, tuple[str, Spec]] | None = None,
     use_ema: bool = False,
     ema_suffix: str = EMA_SUFFIX,
-    program_source: str = "tfmigrate_program() returns",
+    program_source: str = "the program has",
 ) -> Plan:
     """``slots``: legacy optimizer-state name -> (migrated slot label, its spec), for an optimizer
     whose state maps exactly (the same tf.compat.v1.train class on both sides).
