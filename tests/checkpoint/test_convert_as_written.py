@@ -1,5 +1,4 @@
-"""convert-checkpoint on hand-written TF2 programs as they are written (no tfmigrate_program, no
-manifest): the program runs to its first training step, its own tf.train.CheckpointManager writes
+"""convert-checkpoint on hand-written TF2 programs as they are written (no manifest): the program runs to its first training step, its own tf.train.CheckpointManager writes
 the legacy values, and the program's own restore code reads them.
 
 The legacy twin (fixtures/handwritten/get_variable_towers/legacy.py) trains LEGACY_STEPS steps on

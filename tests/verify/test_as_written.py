@@ -1,4 +1,4 @@
-"""verify runs a hand-written TF2 program as its user runs it (no tfmigrate_program, no manifest):
+"""verify runs a hand-written TF2 program as its user runs it (no manifest):
 steps found at the optimizer update, losses where the gradient is taken, variables matched by
 name and shape, loss scaling detected, the legacy batches replayed on request."""
 

@@ -161,7 +161,7 @@ def test_a_failing_worker_stops_the_cluster_and_is_named(tmp_path, legacy_cache)
     assert "worker 1 lost its data" in data["sides"]["worker 1"]["traceback"]
 
 
-# -- programs run as written (no tfmigrate_program): each worker runs the main block ------------
+# -- hand-written programs: each worker runs the main block ------------------------------------
 
 HANDWRITTEN = FIXTURES / "handwritten"
 TOWERS_LEGACY = HANDWRITTEN / "get_variable_towers" / "legacy.py"
