@@ -389,8 +389,8 @@ def _destination(
 
 
 def _held_model(tf: Any, checkpoint: Any, targets: list[Any]) -> Any:
-    """The one Keras model the checkpoint holds that holds every converted variable, else None:
-    its weights file is written too."""
+    """The first Keras model the checkpoint reaches that holds every converted variable, else
+    None: its weights file is written too."""
     try:
         import keras
     except ImportError:
@@ -407,4 +407,4 @@ def _held_model(tf: Any, checkpoint: Any, targets: list[Any]) -> Any:
             _held(t, {id(w) for w in m.weights} | {id(w.value) for w in m.weights}) for t in targets
         )
     ]
-    return holding[0] if len(holding) == 1 else None
+    return holding[0] if holding else None  # the outermost (a Sequential wraps a Functional)

@@ -16,17 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tfmigrate.checkpoint.plan import EMA_SUFFIX, Plan, Spec
+from tfmigrate.checkpoint.plan import EMA_SUFFIX, ConversionError, Plan, Spec
 from tfmigrate.verify.migrated_boot import CONVERSION_JSON, SetupProblem, user_traceback
 
 WEIGHTS_FILE = "model.weights.h5"
 REPORT_FILE = CONVERSION_JSON
-
-
-class ConversionError(Exception):
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.problems = problems or []
 
 
 def resolve_prefix(tf: Any, path: Path) -> str:

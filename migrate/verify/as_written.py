@@ -262,6 +262,10 @@ class AsWritten:
         self.trace: dict[str, list[np.ndarray]] = {}
         self.replay_steps: list[list[tuple[str, list[np.ndarray]]]] | None = None
         self.eager_step_args: Any = None
+        # a step function called without its batch (fit's train function takes an iterator): each
+        # replica's inputs, captured where strategy.run hands them over inside the trace
+        self.args_without_data = False
+        self.replica_inputs: dict[tuple[int, int], np.ndarray] = {}
         self.problem: str | None = None  # the first Problem's own message
         self.xla = False  # a jit_compile function was seen (see allow_xla)
         self.compiling = threading.local()  # .depth: inside a jit_compile function's trace
@@ -359,6 +363,8 @@ class AsWritten:
                     args, kwargs, me.eager_step_args = me.replay(tuple(args), dict(kwargs or {}))
                 else:
                     me.eager_step_args = (args, kwargs)
+            elif me.calling and me.args_without_data and not getattr(me.compiling, "depth", 0):
+                fn = me.watch_inputs(fn)
             return orig_run(strategy, fn, args=args, kwargs=kwargs, options=options)
 
         distribute_lib.StrategyBase.run = strategy_run
@@ -473,6 +479,10 @@ class AsWritten:
         if getattr(fn, "_jit_compile", False) and not self.xla:
             self.allow_xla()
         if known is None or not known[1]:
+            self.args_without_data = not any(
+                isinstance(leaf, (self.tf.Tensor, self.tf.distribute.DistributedValues, np.ndarray))
+                for leaf in self.tf.nest.flatten((args, kwargs))
+            )
             # trace now (cached for the call): an update seen while tracing makes it a step
             self.calling += 1
             try:
@@ -504,6 +514,7 @@ class AsWritten:
         self.targets.clear()
         self.summaries.clear()
         self.eager_counts.clear()
+        self.replica_inputs.clear()
         self.calling += 1
         start = time.perf_counter()
         try:
@@ -515,6 +526,38 @@ class AsWritten:
             (args, kwargs) if replayed is None else replayed, returned, time.perf_counter() - start
         )
         return result
+
+    def watch_inputs(self, fn: Any) -> Any:
+        """``fn`` recording, in each replica, every data tensor strategy.run hands it."""
+        tf, me = self.tf, self
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            ctx = tf.distribute.get_replica_context()
+            replica = int(getattr(ctx, "_replica_id_in_sync_group", 0) or 0) if ctx else 0
+            for i, leaf in enumerate(tf.nest.flatten((args, kwargs))):
+                if isinstance(leaf, tf.Tensor) and leaf.shape.rank and leaf.dtype.is_numeric:
+                    tf.numpy_function(
+                        partial(me._got_input, i, replica), [leaf], tf.int64, stateful=True
+                    )
+            return fn(*args, **kwargs)
+
+        return watched
+
+    def _got_input(self, index: int, replica: int, value: Any) -> np.int64:
+        with self.lock:
+            self.replica_inputs[(index, replica)] = np.asarray(value)
+        return np.int64(0)
+
+    def _captured_streams(self) -> list[list[np.ndarray]]:
+        """The replicas' captured inputs, one stream per argument leaf, in replica order."""
+        with self.lock:
+            captured, self.replica_inputs = dict(self.replica_inputs), {}
+        streams = []
+        for index in sorted({i for i, _ in captured}):
+            parts = [captured[i, r] for i, r in sorted(captured) if i == index]
+            if all(fingerprint.is_data(p) for p in parts):
+                streams.append(parts)
+        return streams
 
     def capture_target(self, target: Any) -> None:
         tf = self.tf
@@ -643,6 +686,8 @@ class AsWritten:
             streams = [parts for _, parts in inputs]
         else:
             streams = [parts for _, parts in self._data_leaves(inputs)]
+            if not streams and self.replica_inputs:
+                streams = self._captured_streams()
         if not streams:
             return None, None
         return fingerprint.step_fingerprint(streams), fingerprint.step_samples(streams)
