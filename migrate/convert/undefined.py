@@ -11,6 +11,7 @@ from collections.abc import Callable
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
+from tfmigrate import tree
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.rules._towers import bound_names
 
@@ -52,7 +53,7 @@ def undefined_out(
 
 
 def _defines_names_dynamically(module: cst.Module) -> bool:
-    for node in _walk(module):
+    for node in tree.walk(module):
         if isinstance(node, cst.ImportFrom) and isinstance(node.names, cst.ImportStar):
             return True
         if (
@@ -62,14 +63,6 @@ def _defines_names_dynamically(module: cst.Module) -> bool:
         ):
             return True
     return False
-
-
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(current.children)
 
 
 def _reading_undefined(
