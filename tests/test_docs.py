@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
-from conftest import run_cli
+from conftest import legacy_cache_dir, run_cli
 
 from tfmigrate.cli import app
 from tfmigrate.registry import rule_by_code, unknown_selectors
@@ -351,7 +351,10 @@ def run_documented(doc: Path, tmp_path: Path, training: bool) -> int:
         return 0
     shutil.copytree(REPO / "fixtures", tmp_path / "fixtures")
     for command, argv in runs:
-        result = run_cli(*argv, cwd=tmp_path, env={"NO_COLOR": "1"})
+        # legacy runs shared with the other tests (verify reads its --legacy-cache from the
+        # environment): the documented command lines stay as a user types them
+        env = {"NO_COLOR": "1", "TFMIGRATE_LEGACY_CACHE": str(legacy_cache_dir())}
+        result = run_cli(*argv, cwd=tmp_path, env=env)
         assert result.returncode in (0, 1), f"{command.where}: exit {result.returncode}\n{result}"
         check_output(command, result.stdout + result.stderr)
     return len(runs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import legacy_cache_dir
 
 from tfmigrate.cli import rules_markdown
 
@@ -56,8 +58,11 @@ def test_demo_script_runs_the_tour(tmp_path):
     (tmp_path / ".venv" / "bin" / "tfmigrate").symlink_to(
         Path(sys.executable).with_name("tfmigrate")
     )
+    # the legacy run shared with the README tour's test (verify reads TFMIGRATE_LEGACY_CACHE)
+    env = {**os.environ, "TFMIGRATE_LEGACY_CACHE": str(legacy_cache_dir())}
     done = subprocess.run(
-        ["bash", "scripts/demo.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=900
+        ["bash", "scripts/demo.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for step in ("== tfmigrate scan", "== tfmigrate rewrite", "== tfmigrate verify", "EQUIVALENT"):

@@ -60,7 +60,8 @@ def verify(
     legacy_cache: Annotated[
         Path | None,
         typer.Option(help="Reuse the legacy run from this cache while its script folder and the run "
-                          "parameters are unchanged (fast iteration on the migrated side)."),
+                          "parameters are unchanged (fast iteration on the migrated side).",
+                     envvar="TFMIGRATE_LEGACY_CACHE"),
     ] = None,
     noise_floor: Annotated[
         bool,
