@@ -13,6 +13,7 @@ from typing import cast
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
+from tfmigrate.convert.helper_tape import taped_helpers
 from tfmigrate.convert.plan import (
     RECEIVER,
     Action,
@@ -152,6 +153,7 @@ def emit(plan: Plan) -> Emitted:
     else:
         module = module.visit(writer)
     assert isinstance(module, cst.Module)
+    module = taped_helpers(module, plan)
     module = _with_store(module, _hand_written(plan))
     module = _placeholder_helpers_out(module, plan, writer)
     module = _combination_helpers_out(module, plan, writer)
@@ -967,7 +969,13 @@ class _Writer(cst.CSTTransformer):
         # A class-based trainer: the step's inputs and the values it fills were attributes; in
         # the train step they are its parameters and locals, and the method that ran the step
         # calls it on the object.
-        train_step = cast(cst.FunctionDef, train_step.visit(_AttributesLocal()))
+        cls = plan.source.enclosing_class(plan.scope)
+        methods = {
+            f"{RECEIVER}.{s.name.value}"
+            for s in (_body(cls) if cls is not None else ())
+            if isinstance(s, cst.FunctionDef)
+        }
+        train_step = cast(cst.FunctionDef, train_step.visit(_AttributesLocal(methods)))
         return [train_step, _statement(f"{RECEIVER}.train_step = train_step")]
 
     def _reduced_loss(self) -> str | None:
@@ -1042,11 +1050,17 @@ def step_local(key: str) -> str:
 
 
 class _AttributesLocal(cst.CSTTransformer):
-    """``self.x`` as the local ``x`` (the train step's parameter or value)."""
+    """``self.x`` as the local ``x`` (the train step's parameter or value); the class's
+    ``methods`` (a tower calling ``self._tower_loss(...)``) stay the object's."""
+
+    def __init__(self, methods: set[str]) -> None:
+        self.methods = methods
 
     def leave_Attribute(self, original_node, updated_node):
         key = attribute_key(original_node)
-        return updated_node if key is None else cst.Name(step_local(key))
+        if key is None or key in self.methods:
+            return updated_node
+        return cst.Name(step_local(key))
 
 
 class _Renamed(cst.CSTTransformer):
@@ -1271,7 +1285,10 @@ class _Replica:
         for statement in statements:
             start = len(out)
             chain = gradients.get(id(statement))
-            if chain is not None:
+            if chain is not None and chain.gradient.helper is not None:
+                # the function the tower calls takes the gradients under its own tape
+                out.extend(self._statement(statement) or [])
+            elif chain is not None:
                 if statement is first and not self._tape_here(statements):
                     out.extend(self._scaled_losses())
                 out.extend(self._gradient(chain))
@@ -1306,6 +1323,9 @@ class _Replica:
 
     def _find_tape_block(self) -> None:
         """The first statement of the block the tape starts in."""
+        if self.plan.chains[0].gradient.helper is not None:
+            self.tape_block = None  # the helper the tower calls has the tape
+            return
         blocks: list[list[cst.BaseStatement]] = [list(_body(self.plan.loop))]
         chosen = blocks[0]
         target = self.plan.chains[0].gradient.statement

@@ -21,7 +21,7 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import ir
-from tfmigrate.convert.project import SourceFile
+from tfmigrate.convert.project import SourceFile, method_of
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.rules._towers import bound_names as _bound_plain
 from tfmigrate.rules._towers import free_names as _free_plain
@@ -162,6 +162,19 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class GradientHelper:
+    """A function (or method) the towers call that takes the tower's gradients itself
+    (``loss, grads = self._compute_net_gradients(x, y, opt)``): its gradient call, the
+    statement of its body holding it, and the name the tower binds the gradients to. The
+    helper gets the tape; the tower calls it as before."""
+
+    function: cst.FunctionDef
+    call: cst.Call
+    statement: cst.BaseStatement  # the helper body's top-level statement holding the call
+    grads: str  # the tower's name for the helper's gradients
+
+
+@dataclass(frozen=True)
 class Gradient:
     """The tower's gradient call and how the replica function takes it."""
 
@@ -170,6 +183,7 @@ class Gradient:
     loss: cst.BaseExpression
     variables: cst.BaseExpression | None  # var_list / params as written (None: all trainables)
     pairs: bool  # compute_gradients (grads and variables) vs tf.gradients (grads only)
+    helper: GradientHelper | None = None  # taken in a function the tower calls
 
 
 @dataclass(frozen=True)
@@ -926,7 +940,7 @@ class _Planner:
                 ):
                     found.append((call, statement))
         if not found:
-            raise NotPlanned("no gradient call in the tower loop")
+            return [self._helper_gradient(loop)]
         blocks = {id(self.source.parent(statement)) for _, statement in found}
         if len(blocks) > 1:
             raise NotPlanned("the tower loop's gradient calls are in different blocks")
@@ -940,11 +954,110 @@ class _Planner:
             gradients.append(Gradient(call, statement, loss, variables, pairs))
         return gradients
 
+    def _helper_gradient(self, loop: cst.For) -> Gradient:
+        """The gradients of a tower taken in a function of this file (or a method of the
+        loop's class) that the tower calls and that returns them: the helper's one gradient
+        call, with the name the tower binds its result to."""
+        found: list[Gradient] = []
+        for statement in statements_in(_body(loop)):
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            value = _value(statement)
+            if not isinstance(value, cst.Call):
+                continue
+            function = self._called_function(value, loop)
+            if function is None:
+                continue
+            gradient = self._gradient_in(function, statement)
+            if gradient is not None:
+                found.append(gradient)
+        if len(found) != 1:
+            raise NotPlanned(
+                "no gradient call in the tower loop"
+                + (" (several functions it calls take gradients)" if found else "")
+            )
+        return found[0]
+
+    def _called_function(self, call: cst.Call, loop: cst.For) -> cst.FunctionDef | None:
+        """``helper(...)`` of this file or ``self.helper(...)`` of the loop's class, called
+        from nowhere else in the file (its new tape is the towers')."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            name = func.value
+            found = self.source.top_level(name)
+        elif attribute_key(func) is not None:
+            assert isinstance(func, cst.Attribute)
+            name = func.attr.value
+            cls = self.source.enclosing_class(loop)
+            found = method_of(cls, name) if cls is not None else None
+        else:
+            return None
+        if not isinstance(found, cst.FunctionDef):
+            return None
+        own = {id(found.name), id(func)} | {id(n) for n in tree.walk(func)}
+        elsewhere = [
+            n
+            for n in tree.walk(self.source.module)
+            if isinstance(n, cst.Name) and n.value == name and id(n) not in own
+        ]
+        return None if elsewhere else found
+
+    def _gradient_in(
+        self, function: cst.FunctionDef, statement: cst.SimpleStatementLine
+    ) -> Gradient | None:
+        """The helper's one gradient call whose result it returns, read as the tower's."""
+        calls = [
+            (call, inner)
+            for inner in statements_in(_body(function))
+            if isinstance(inner, cst.SimpleStatementLine)
+            for call in _calls(inner)
+            if self.call_q(call) == "tensorflow.gradients"
+            or (self.call_q(call) is None and method_name(call) == "compute_gradients")
+        ]
+        if len(calls) != 1:
+            return None
+        call, inner = calls[0]
+        grads = _target_name(inner)
+        returned = _returned(function)
+        if grads is None or returned is None or grads not in returned:
+            return None
+        position = returned.index(grads)
+        targets = _targets(statement)
+        if len(targets) != 1:
+            return None
+        target = targets[0]
+        if len(returned) == 1:
+            bound = _key(target)
+        elif isinstance(target, cst.Tuple | cst.List) and len(target.elements) == len(returned):
+            bound = _key(target.elements[position].value)
+        else:
+            bound = None
+        if bound is None:
+            return None
+        top = inner
+        for ancestor in self.source.ancestors(inner):
+            if ancestor is function:
+                break
+            if isinstance(ancestor, cst.BaseStatement):
+                top = ancestor
+        pairs = self.call_q(call) != "tensorflow.gradients"
+        loss = get_arg(call, 0, "loss" if pairs else "ys")
+        if loss is None:
+            return None
+        variables = get_arg(call, 1, "var_list" if pairs else "xs")
+        helper = GradientHelper(function, call, top, bound)
+        # the tower's statement is the gradient statement; the helper's locals stay its own
+        return Gradient(call, statement, loss, variables, pairs, helper)
+
     def _append(
         self, loop: cst.For, gradient: Gradient
     ) -> tuple[cst.SimpleStatementLine, cst.BaseExpression, str]:
         """``tower_grads.append(grads)``: the statement, what it appends, the list's name."""
-        grads = _target_name(gradient.statement)
+        grads = (
+            gradient.helper.grads
+            if gradient.helper is not None
+            else _target_name(gradient.statement)
+        )
         for statement in statements_in(_body(loop)):
             value = _value(statement)
             if (
@@ -1191,7 +1304,7 @@ class _Planner:
                 *(free_names(a.value) for k, a in enumerate(call.args) if k != taken)
             )
             needed -= set().union(*(bound_names(s) for s in chain.rebound))
-            if chain.gradient.variables is not None:
+            if chain.gradient.variables is not None and chain.gradient.helper is None:
                 needed |= free_names(chain.gradient.variables)
             lost = sorted(needed & set(self.gone))
             if lost:
@@ -1979,6 +2092,20 @@ def _target_tuple(statement: cst.CSTNode) -> list[str] | None:
     ):
         return [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
     return None
+
+
+def _returned(function: cst.FunctionDef) -> list[str] | None:
+    """The names ``function``'s one ``return`` gives back (``return loss, grads``)."""
+    returns = [
+        n for n in tree.walk(function.body, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+        if isinstance(n, cst.Return)
+    ]  # fmt: skip
+    if len(returns) != 1 or returns[0].value is None:
+        return None
+    value = returns[0].value
+    parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+    names = [p.value for p in parts if isinstance(p, cst.Name)]
+    return names if len(names) == len(parts) else None
 
 
 def _targets_names(statement: cst.CSTNode) -> set[str]:

@@ -1,0 +1,153 @@
+"""A tower whose gradients are taken in a function it calls (``loss, grads =
+self._compute_net_gradients(x, y, opt)``): that function gets the ``GradientTape``. Its
+forward pass runs under the tape, its gradient call becomes ``tape.gradient``, and it still
+returns what it returned, so the tower calls it as before."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+from libcst.helpers import parse_template_expression, parse_template_statement
+
+from tfmigrate.convert.plan import GradientHelper, Plan, bound_names, free_names
+from tfmigrate.convert.project import SourceFile
+
+_TRAINABLES = frozenset(
+    {"tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables"}
+)
+
+
+def taped_helpers(module: cst.Module, plan: Plan) -> cst.Module:
+    """``module`` with each gradient helper of ``plan`` replaced by its taped version."""
+    for chain in plan.chains:
+        helper = chain.gradient.helper
+        if helper is None:
+            continue
+        taped = _taped(plan.source, helper, chain.averaged)
+        module = module.visit(_ReplaceDef(_path(plan.source, helper.function), taped))  # type: ignore[assignment]  # a module stays a module
+    return module
+
+
+def _path(source: SourceFile, function: cst.FunctionDef) -> tuple[str, ...]:
+    """The names of the classes and functions holding ``function``, outermost first, and its own."""
+    holders = [
+        node.name.value
+        for node in source.ancestors(function)
+        if isinstance(node, cst.ClassDef | cst.FunctionDef)
+    ]
+    return (*reversed(holders), function.name.value)
+
+
+def _taped(source: SourceFile, helper: GradientHelper, averaged: bool) -> cst.FunctionDef:
+    function = helper.function
+    assert isinstance(function.body, cst.IndentedBlock)
+    body: Sequence[cst.BaseStatement] = function.body.body
+    at = list(body).index(helper.statement)
+    first = 1 if body and _is_docstring(body[0]) else 0
+    taken = bound_names(function) | free_names(function)
+    tape = next(n for n in ("tape", "grad_tape", "gradient_tape") if n not in taken)
+    loss = helper.call.args[0].value
+    variables = _variables(helper.call)
+    replaced = {id(helper.call): _gradient(helper.call, tape, averaged, variables)}
+    forward = [s.visit(_Trainables(source, tape, replaced)) for s in body[first:at]]
+    if averaged:
+        scaled = parse_template_statement(
+            "replica_loss = {loss} / tf.distribute.get_replica_context().num_replicas_in_sync",
+            loss=loss,
+        ).with_changes(
+            leading_lines=[
+                cst.EmptyLine(
+                    comment=cst.Comment(
+                        "# The towers averaged their gradients; apply_gradients sums the "
+                        "replicas'."
+                    )
+                )
+            ]
+        )
+        forward.append(scaled)
+    taped = cst.With(
+        items=[
+            cst.WithItem(cst.parse_expression("tf.GradientTape()"), asname=cst.AsName(cst.Name(tape)))
+        ],
+        body=cst.IndentedBlock(body=forward or [cst.SimpleStatementLine([cst.Pass()])]),  # type: ignore[arg-type]  # visited statements stay statements
+    )
+    rest = [s.visit(_Trainables(source, tape, replaced)) for s in body[at:]]
+    return function.with_changes(
+        body=function.body.with_changes(body=[*body[:first], taped, *rest])
+    )
+
+
+def _variables(call: cst.Call) -> cst.BaseExpression | None:
+    for position, arg in enumerate(call.args):
+        if (arg.keyword is None and position == 1) or (
+            arg.keyword is not None and arg.keyword.value in ("var_list", "xs")
+        ):
+            return arg.value
+    return None
+
+
+def _gradient(
+    call: cst.Call, tape: str, averaged: bool, variables: cst.BaseExpression | None
+) -> cst.BaseExpression:
+    """``opt.compute_gradients(loss[, var_list])`` as (gradient, variable) pairs of the tape,
+    ``tf.gradients(ys, xs)`` as its gradients; no variables named: the ones the tape saw."""
+    loss = cst.Name("replica_loss") if averaged else call.args[0].value
+    listed = (
+        variables
+        if variables is not None
+        else cst.parse_expression(f"{tape}.watched_variables()")
+    )
+    values = {"loss": loss, "listed": listed, "tape": cst.Name(tape)}
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "compute_gradients":
+        return parse_template_expression(
+            "list(zip({tape}.gradient({loss}, {listed}), {listed}))", **values
+        )
+    return parse_template_expression("{tape}.gradient({loss}, {listed})", **values)
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+    )
+
+
+class _Trainables(cst.CSTTransformer):
+    """The gradient call replaced; all trainables (a TF1 graph collection) read as the
+    variables the tape saw the forward pass use."""
+
+    def __init__(self, source: SourceFile, tape: str, replaced: dict[int, cst.CSTNode]) -> None:
+        self.source, self.tape, self.replaced = source, tape, replaced
+
+    def leave_Call(self, original_node, updated_node):
+        if id(original_node) in self.replaced:
+            return self.replaced[id(original_node)]
+        if self.source.qualify(original_node.func) in _TRAINABLES:
+            return cst.parse_expression(f"{self.tape}.watched_variables()")
+        return updated_node
+
+
+class _ReplaceDef(cst.CSTTransformer):
+    """The function at ``path`` (holders' names, then its own) replaced by ``new``."""
+
+    def __init__(self, path: tuple[str, ...], new: cst.FunctionDef) -> None:
+        self.path, self.new = path, new
+        self.stack: list[str] = []
+
+    def visit_ClassDef(self, node):
+        self.stack.append(node.name.value)
+
+    def leave_ClassDef(self, original_node, updated_node):
+        self.stack.pop()
+        return updated_node
+
+    def visit_FunctionDef(self, node):
+        self.stack.append(node.name.value)
+
+    def leave_FunctionDef(self, original_node, updated_node):
+        here = tuple(self.stack)
+        self.stack.pop()
+        return self.new if here == self.path else updated_node
+
