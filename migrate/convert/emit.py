@@ -1464,7 +1464,7 @@ class _Replica:
             grads = cst.Name(chain.combined)
         call = chain.update_call
         args = list(call.args)
-        args[0] = args[0].with_changes(value=grads)
+        args[0] = args[0].with_changes(value=_paired(args[0].value, grads, chain))
         update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])
         out.append(update)
         self.deferred.extend(out)
@@ -1631,6 +1631,23 @@ def _names_of(statement: cst.CSTNode) -> set[str]:
     from tfmigrate.rules._towers import bound_names
 
     return bound_names(statement)
+
+
+def _paired(
+    written: cst.BaseExpression, grads: cst.BaseExpression, chain: Chain
+) -> cst.BaseExpression:
+    """What the update is given: the replica's gradients, still zipped with the variables
+    when the legacy combined bare ``tf.gradients`` inside ``zip(combine(tower_grads), params)``."""
+    if (
+        not chain.gradient.pairs
+        and not chain.combined
+        and isinstance(written, cst.Call)
+        and isinstance(written.func, cst.Name)
+        and written.func.value == "zip"
+        and len(written.args) == 2
+    ):
+        return written.with_changes(args=[written.args[0].with_changes(value=grads), written.args[1]])
+    return grads
 
 
 def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:

@@ -29,6 +29,7 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 # fixture -> (rewrite flags, TODO codes in the output, statements commented out)
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "colocated_loss": ((), [], 0),
+    "gradient_helper": ((), [], 0),
     "hand_written_adam": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
@@ -91,7 +92,15 @@ def test_the_output_is_an_idiomatic_tf2_program(name):
     tree = ast.parse(source)
     (train_step,) = _tf_functions(tree)
     step_calls = _calls(train_step)
-    assert "tf.GradientTape" in step_calls and "strategy.run" in step_calls
+    # the tape in the replicas, or in the function a tower calls that takes its gradients
+    called = {c.split(".")[-1] for c in step_calls}
+    taped = step_calls + [
+        c
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef) and n.name in called
+        for c in _calls(n)
+    ]
+    assert "tf.GradientTape" in taped and "strategy.run" in step_calls
     # the optimizer's update in the replicas, or the program's own update function after them
     assert any(c.endswith(".apply_gradients") for c in step_calls) or (
         "strategy.reduce" in step_calls and "update_state.scope" in step_calls
@@ -140,16 +149,17 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 
 # fixture -> (legacy loss rows compared, weights compared): module_script fetches both towers'
 # losses, summed_reuse_flag and hand_written_adam the last tower's, colocated_loss the towers'
-# combined loss and trainer_class the towers' mean (one reduced row each, below)
+# combined loss, trainer_class and gradient_helper the towers' mean (one reduced row each, below)
 COMPARED = {
     "colocated_loss": (1, 4),
+    "gradient_helper": (1, 3),
     "hand_written_adam": (1, 3),
     "module_script": (2, 6),
     "summed_reuse_flag": (1, 4),
     "trainer_class": (1, 4),
 }
 # fixture -> reduced (not per-tower) loss rows among them
-REDUCED = {"colocated_loss": 1, "trainer_class": 1}
+REDUCED = {"colocated_loss": 1, "gradient_helper": 1, "trainer_class": 1}
 
 
 @pytest.mark.slow
