@@ -13,6 +13,7 @@ from typing import cast
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
+from tfmigrate import tree
 from tfmigrate.convert.helper_tape import taped_helpers
 from tfmigrate.convert.plan import (
     RECEIVER,
@@ -969,13 +970,10 @@ class _Writer(cst.CSTTransformer):
         # A class-based trainer: the step's inputs and the values it fills were attributes; in
         # the train step they are its parameters and locals, and the method that ran the step
         # calls it on the object.
-        cls = plan.source.enclosing_class(plan.scope)
-        methods = {
-            f"{RECEIVER}.{s.name.value}"
-            for s in (_body(cls) if cls is not None else ())
-            if isinstance(s, cst.FunctionDef)
-        }
-        train_step = cast(cst.FunctionDef, train_step.visit(_AttributesLocal(methods)))
+        # Attributes the step neither takes nor fills (the model, a method the towers call, a
+        # list of per-GPU inputs made once) stay the object's.
+        local = set(plan.inputs) | _assigned_attributes(train_step)
+        train_step = cast(cst.FunctionDef, train_step.visit(_AttributesLocal(local)))
         return [train_step, _statement(f"{RECEIVER}.train_step = train_step")]
 
     def _reduced_loss(self) -> str | None:
@@ -1049,16 +1047,30 @@ def step_local(key: str) -> str:
     return key
 
 
-class _AttributesLocal(cst.CSTTransformer):
-    """``self.x`` as the local ``x`` (the train step's parameter or value); the class's
-    ``methods`` (a tower calling ``self._tower_loss(...)``) stay the object's."""
+def _assigned_attributes(node: cst.CSTNode) -> set[str]:
+    """The ``self.x`` keys ``node`` assigns anywhere in it (nested functions included)."""
+    found: set[str] = set()
+    for current in tree.walk(node):
+        if isinstance(current, cst.AssignTarget):
+            target = current.target
+            parts = target.elements if isinstance(target, cst.Tuple | cst.List) else [target]
+            for part in parts:
+                key = attribute_key(part.value if isinstance(part, cst.Element) else part)
+                if key is not None:
+                    found.add(key)
+    return found
 
-    def __init__(self, methods: set[str]) -> None:
-        self.methods = methods
+
+class _AttributesLocal(cst.CSTTransformer):
+    """``self.x`` as the local ``x`` for the ``local`` keys (the train step's parameters and
+    the values it fills)."""
+
+    def __init__(self, local: set[str]) -> None:
+        self.local = local
 
     def leave_Attribute(self, original_node, updated_node):
         key = attribute_key(original_node)
-        if key is None or key in self.methods:
+        if key is None or key not in self.local:
             return updated_node
         return cst.Name(step_local(key))
 

@@ -1512,6 +1512,18 @@ class _Planner:
         if decision.todo is not None and decision.todo.commented:
             for name in bound_names(statement):
                 self.gone.setdefault(name, decision.todo)
+        elif decision.action is Action.KEEP:
+            # A later binding that stays (`else: start = 1` after a restore under a TODO) gives
+            # the name a value again: what reads it stays, and the path through the TODO is
+            # named in the notes.
+            for name in sorted(bound_names(statement) & set(self.gone)):
+                todo = self.gone.pop(name)
+                if todo.kind is not Leftover.TOWER_VALUE:
+                    plan.notes.append(
+                        f"`{name}` is bound again at line {self.line(statement)} after its "
+                        f"binding went under a TODO ({todo.why}): the path through that TODO "
+                        "leaves it unbound until the TODO is done"
+                    )
         if decision.action is Action.STEP:
             plan.step_before.append(line)
             self.step_names |= bound_names(statement)
