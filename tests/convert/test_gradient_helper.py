@@ -118,3 +118,51 @@ def test_a_helper_called_outside_the_towers_too_is_refused(tmp_path):
     finding, source = _rewrite(tmp_path, CALLED_TWICE)
     assert not finding["applied"]
     assert "no gradient call in the tower loop" in finding["message"], finding["message"]
+
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "towers" / "gradient_helper"
+
+# the step count resumes from a restored checkpoint, or starts at 0
+RESUMED = (
+    (FIXTURE / "train.py")
+    .read_text()
+    .replace(
+        """            sess.run(tf.global_variables_initializer())
+            for step in range(steps):
+""",
+        """            sess.run(tf.global_variables_initializer())
+            if self._restore_path:
+                try:
+                    saver.restore(sess, self._restore_path)
+                    first = sess.run(self._step) + 1
+                except OSError:
+                    first = 0
+            else:
+                first = 0
+            for step in range(first, steps):
+""",
+    )
+    .replace(
+        "        self._train_op = optimizer.apply_gradients(grads)\n",
+        "        self._step = tf.Variable(0, trainable=False)\n"
+        "        self._train_op = optimizer.apply_gradients(grads)\n"
+        "        self._restore_path = None\n",
+    )
+    .replace(
+        "        config = tf.ConfigProto(allow_soft_placement=True)\n",
+        "        config = tf.ConfigProto(allow_soft_placement=True)\n        saver = tf.train.Saver()\n",
+    )
+)
+
+
+def test_a_value_bound_again_after_a_todo_keeps_the_loop_that_reads_it(tmp_path):
+    assert "first = sess.run(self._step) + 1" in RESUMED
+    finding, source = _rewrite(tmp_path, RESUMED)
+    assert finding["applied"], finding["message"]
+    # the restored step count has no TF2 form here; the other bindings keep `first` alive
+    assert "# first = sess.run(self._step) + 1" in source
+    assert "for step in range(first, steps):" in source
+    assert "loss_value = self.train_step(input_x=batch_x, input_y=batch_y)" in source
+    manifest = json.loads((tmp_path / "out" / "tfmigrate.json").read_text())
+    assert "`first` is bound again at line" in json.dumps(manifest)
+    compile(source, "train.py", "exec")
