@@ -1658,7 +1658,9 @@ def _paired(
         and written.func.value == "zip"
         and len(written.args) == 2
     ):
-        return written.with_changes(args=[written.args[0].with_changes(value=grads), written.args[1]])
+        return written.with_changes(
+            args=[written.args[0].with_changes(value=grads), written.args[1]]
+        )
     return grads
 
 

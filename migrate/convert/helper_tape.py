@@ -25,7 +25,7 @@ def taped_helpers(module: cst.Module, plan: Plan) -> cst.Module:
         if helper is None:
             continue
         taped = _taped(plan.source, helper, chain.averaged)
-        module = module.visit(_ReplaceDef(_path(plan.source, helper.function), taped))  # type: ignore[assignment]  # a module stays a module
+        module = module.visit(_ReplaceDef(_path(plan.source, helper.function), taped))
     return module
 
 
@@ -49,7 +49,9 @@ def _taped(source: SourceFile, helper: GradientHelper, averaged: bool) -> cst.Fu
     tape = next(n for n in ("tape", "grad_tape", "gradient_tape") if n not in taken)
     loss = helper.call.args[0].value
     variables = _variables(helper.call)
-    replaced = {id(helper.call): _gradient(helper.call, tape, averaged, variables)}
+    replaced: dict[int, cst.CSTNode] = {
+        id(helper.call): _gradient(helper.call, tape, averaged, variables)
+    }
     forward = [s.visit(_Trainables(source, tape, replaced)) for s in body[first:at]]
     if averaged:
         scaled = parse_template_statement(
@@ -59,8 +61,7 @@ def _taped(source: SourceFile, helper: GradientHelper, averaged: bool) -> cst.Fu
             leading_lines=[
                 cst.EmptyLine(
                     comment=cst.Comment(
-                        "# The towers averaged their gradients; apply_gradients sums the "
-                        "replicas'."
+                        "# The towers averaged their gradients; apply_gradients sums the replicas'."
                     )
                 )
             ]
@@ -68,7 +69,9 @@ def _taped(source: SourceFile, helper: GradientHelper, averaged: bool) -> cst.Fu
         forward.append(scaled)
     taped = cst.With(
         items=[
-            cst.WithItem(cst.parse_expression("tf.GradientTape()"), asname=cst.AsName(cst.Name(tape)))
+            cst.WithItem(
+                cst.parse_expression("tf.GradientTape()"), asname=cst.AsName(cst.Name(tape))
+            )
         ],
         body=cst.IndentedBlock(body=forward or [cst.SimpleStatementLine([cst.Pass()])]),  # type: ignore[arg-type]  # visited statements stay statements
     )
@@ -94,16 +97,19 @@ def _gradient(
     ``tf.gradients(ys, xs)`` as its gradients; no variables named: the ones the tape saw."""
     loss = cst.Name("replica_loss") if averaged else call.args[0].value
     listed = (
-        variables
-        if variables is not None
-        else cst.parse_expression(f"{tape}.watched_variables()")
+        variables if variables is not None else cst.parse_expression(f"{tape}.watched_variables()")
     )
-    values = {"loss": loss, "listed": listed, "tape": cst.Name(tape)}
+    taped = cst.Name(tape)
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == "compute_gradients":
         return parse_template_expression(
-            "list(zip({tape}.gradient({loss}, {listed}), {listed}))", **values
+            "list(zip({tape}.gradient({loss}, {listed}), {listed}))",
+            tape=taped,
+            loss=loss,
+            listed=listed,
         )
-    return parse_template_expression("{tape}.gradient({loss}, {listed})", **values)
+    return parse_template_expression(
+        "{tape}.gradient({loss}, {listed})", tape=taped, loss=loss, listed=listed
+    )
 
 
 def _is_docstring(statement: cst.BaseStatement) -> bool:
@@ -150,4 +156,3 @@ class _ReplaceDef(cst.CSTTransformer):
         here = tuple(self.stack)
         self.stack.pop()
         return self.new if here == self.path else updated_node
-

@@ -1034,7 +1034,7 @@ class _Planner:
             bound = None
         if bound is None:
             return None
-        top = inner
+        top: cst.BaseStatement = inner
         for ancestor in self.source.ancestors(inner):
             if ancestor is function:
                 break
@@ -1042,7 +1042,8 @@ class _Planner:
                 top = ancestor
         pairs = self.call_q(call) != "tensorflow.gradients"
         loss = get_arg(call, 0, "loss" if pairs else "ys")
-        if loss is None:
+        if loss is None or (top is not inner and free_names(loss) & bound_names(top)):
+            # the tape covers the statements before `top`: the loss must be made there
             return None
         variables = get_arg(call, 1, "var_list" if pairs else "xs")
         helper = GradientHelper(function, call, top, bound)
