@@ -29,6 +29,7 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 # fixture -> (rewrite flags, TODO codes in the output, statements commented out)
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "colocated_loss": ((), [], 0),
+    "fed_learning_rate": ((), [], 0),
     "hand_written_adam": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
@@ -143,13 +144,14 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 # combined loss and trainer_class the towers' mean (one reduced row each, below)
 COMPARED = {
     "colocated_loss": (1, 4),
+    "fed_learning_rate": (1, 4),
     "hand_written_adam": (1, 3),
     "module_script": (2, 6),
     "summed_reuse_flag": (1, 4),
     "trainer_class": (1, 4),
 }
 # fixture -> reduced (not per-tower) loss rows among them
-REDUCED = {"colocated_loss": 1, "trainer_class": 1}
+REDUCED = {"colocated_loss": 1, "fed_learning_rate": 1, "trainer_class": 1}
 
 
 @pytest.mark.slow
@@ -254,3 +256,27 @@ def test_a_hand_written_update_reading_a_tower_value_is_refused_with_the_reason(
     (finding,) = [f for file in files for f in file["findings"] if f["code"] == "TFM303"]
     assert "the hand-written update reads `loss`, a value each tower computes" in finding["message"]
     assert finding["message"].startswith("not converted")
+
+
+def test_a_learning_rate_placeholder_fed_key_by_key_becomes_a_variable_the_step_assigns():
+    """fed_learning_rate: the optimizer comes from the program's own factory, which reads a
+    learning-rate placeholder; the feed dict is built key by key before the step run. The
+    placeholder becomes a variable the train step assigns, the keys become its arguments."""
+    out, result = rewritten(TOWERS / "fed_learning_rate", "--format", "json")
+    assert _conversion(result.stdout)["applied"]
+    source = (out / "train.py").read_text()
+    assert (
+        "learning_rate_pl = tf.Variable(tf.constant(0, tf.float32), trainable=False, "
+        "name='learning_rate')" in source
+    )
+    assert "optimizer = set_optimizer(args.optimizer, learning_rate_pl)" in source
+    assert "def train_step(learning_rate_pl_value, inputs_pl, targets_pl):" in source
+    assert "learning_rate_pl.assign(learning_rate_pl_value)" in source
+    assert (
+        "loss_train = train_step(learning_rate_pl_value=learning_rate, "
+        "inputs_pl=data_inputs[lo:lo + batch], targets_pl=data_targets[lo:lo + batch])"
+    ) in source
+    assert "feed_dict_train" not in source
+    # the towers' lists are made in the step: each trace fills its own
+    (train_step,) = _tf_functions(ast.parse(source))
+    assert "total_grads_and_vars, total_losses = [], []" in ast.unparse(train_step)
