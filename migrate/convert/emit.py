@@ -222,6 +222,15 @@ def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
         )
         if setting and not (free_names(statement) - bound_names(statement)) & _locals(plan):
             moved.append(statement)
+    # a moved `for gpu in ...: set_memory_growth(gpu, True)` takes its body along
+    inside = {
+        id(inner)
+        for loop in moved
+        if isinstance(loop, cst.For)
+        for block in _inner_blocks(loop)
+        for inner in _in_order(block)
+    }
+    moved = [s for s in moved if id(s) not in inside]
     if strategy is None or not moved:
         return module
     ids = {id(s) for s in moved}

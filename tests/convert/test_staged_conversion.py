@@ -280,3 +280,33 @@ def test_a_learning_rate_placeholder_fed_key_by_key_becomes_a_variable_the_step_
     # the towers' lists are made in the step: each trace fills its own
     (train_step,) = _tf_functions(ast.parse(source))
     assert "total_grads_and_vars, total_losses = [], []" in ast.unparse(train_step)
+
+
+def test_memory_growth_of_a_module_level_session_moves_before_the_strategy_once(tmp_path):
+    """module_script with a ConfigProto asking for GPU memory growth: its TF2 loop over the GPUs
+    moves before the strategy as one statement (its body is not moved again after it, where
+    `gpu` is unbound on a machine without GPUs)."""
+    legacy = (TOWERS / "module_script" / "train.py").read_text()
+    configured = legacy.replace(
+        "  with tf.Session() as sess:\n",
+        "  config = tf.ConfigProto(allow_soft_placement=True)\n"
+        "  config.gpu_options.allow_growth = True\n"
+        "  with tf.Session(config=config) as sess:\n",
+    )
+    assert configured != legacy
+    (tmp_path / "legacy").mkdir()
+    (tmp_path / "legacy" / "train.py").write_text(configured)
+    out, result = rewritten(tmp_path / "legacy", "--unsafe-fixes", "--format", "json")
+    assert _conversion(result.stdout)["message"].startswith(STAGED)
+    source = (out / "train.py").read_text()
+    tree = ast.parse(source)
+    growth = [c for c in _calls(tree) if c == "tf.config.experimental.set_memory_growth"]
+    assert len(growth) == 1, source
+    loops = [
+        n for n in tree.body if isinstance(n, ast.For) and "list_physical_devices" in ast.unparse(n)
+    ]
+    assert len(loops) == 1, source
+    strategy = next(
+        i for i, n in enumerate(tree.body) if "tf.distribute.MirroredStrategy()" in ast.unparse(n)
+    )
+    assert tree.body.index(loops[0]) < strategy
