@@ -756,6 +756,9 @@ class _Writer(cst.CSTTransformer):
             if decision.why == "handle":
                 return _replace_run(updated_node, cst.Name(decision.iterator or "iterator"))
             return _replace_run(updated_node, cst.parse_expression(f"next({decision.iterator})"))
+        if action is Action.READ:
+            read = parse_template_expression("{v}.numpy()", v=cst.Name(decision.variable or ""))
+            return _replace_run(updated_node, read)
         if action is Action.STEP_RUN:
             call = self._step_call(updated_node, decision)
             if decision.todo is not None:

@@ -31,6 +31,13 @@ from tfmigrate.rules._towers import get_arg, method_name
 Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
 
 _PLACEHOLDERS = frozenset({"tensorflow.placeholder", "tensorflow.placeholder_with_default"})
+_VARIABLES = frozenset(
+    {
+        "tensorflow.Variable",
+        "tensorflow.train.get_or_create_global_step",
+        "tensorflow.train.create_global_step",
+    }
+)
 _INITIALIZERS = frozenset(
     {
         "tensorflow.global_variables_initializer",
@@ -139,6 +146,7 @@ class Action(Enum):
     CHECKPOINT = "tf.train.Saver -> tf.train.Checkpoint"
     FED_VARIABLE = "a placeholder the optimizer reads -> a variable the step assigns"
     SAVER_CALL = "saver.save/restore -> checkpoint.write/restore"
+    READ = "a variable fetched by the session: its value, read eagerly"
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,7 @@ class Decision:
     step_run: StepRun | None = None
     dataset: cst.BaseExpression | None = None  # ITERATOR: what iter() takes
     iterator: str | None = None  # NEXT: the iterator
+    variable: str | None = None  # READ: the variable read
 
 
 @dataclass(frozen=True)
@@ -1887,7 +1896,25 @@ class _Planner:
             and _value(statement) is run
         ):
             return Decision(Action.NEXT, iterator=self.batches[fetches.value])
+        if (
+            isinstance(fetches, cst.Name)
+            and fetches.value in self._variables()
+            and get_arg(run, 1, "feed_dict") is None
+            and _value(statement) is run
+        ):
+            # `initial_step = sess.run(global_step)`: TF2 reads the variable eagerly
+            return Decision(Action.READ, variable=fetches.value)
         return Decision(Action.TODO, todo=session_run_todo())
+
+    def _variables(self) -> set[str]:
+        """Names this function binds to a variable it makes (``tf.Variable``, the global
+        step)."""
+        return {
+            name
+            for statement in self.body
+            if (name := _target_name(statement)) is not None
+            and self.call_q(_value(statement)) in _VARIABLES
+        }
 
     def _step_run(
         self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression

@@ -277,6 +277,8 @@ def test_a_learning_rate_placeholder_fed_key_by_key_becomes_a_variable_the_step_
         "inputs_pl=data_inputs[lo:lo + batch], targets_pl=data_targets[lo:lo + batch])"
     ) in source
     assert "feed_dict_train" not in source
+    # the session's read of the global step reads the variable
+    assert "start_step = global_step.numpy()" in source
     # the towers' lists are made in the step: each trace fills its own
     (train_step,) = _tf_functions(ast.parse(source))
     assert "total_grads_and_vars, total_losses = [], []" in ast.unparse(train_step)
