@@ -27,8 +27,8 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     **{
         f"towers/{name}": ()
         for name in (
-            "bn_rmsprop", "cifar_average", "colocated_loss", "global_updates", "gradient_helper",
-            "hand_written_adam",
+            "bn_rmsprop", "cifar_average", "colocated_loss", "fed_learning_rate", "global_updates",
+            "gradient_helper", "hand_written_adam",
             "horovod_average", "keras2_fit",
             "layers_adam", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
             "summed_reuse_flag", "trainer_class", "tutorial_flags",

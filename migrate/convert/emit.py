@@ -225,6 +225,15 @@ def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
         )
         if setting and not (free_names(statement) - bound_names(statement)) & _locals(plan):
             moved.append(statement)
+    # a moved `for gpu in ...: set_memory_growth(gpu, True)` takes its body along
+    inside = {
+        id(inner)
+        for loop in moved
+        if isinstance(loop, cst.For)
+        for block in _inner_blocks(loop)
+        for inner in _in_order(block)
+    }
+    moved = [s for s in moved if id(s) not in inside]
     if strategy is None or not moved:
         return module
     ids = {id(s) for s in moved}
@@ -750,6 +759,9 @@ class _Writer(cst.CSTTransformer):
             if decision.why == "handle":
                 return _replace_run(updated_node, cst.Name(decision.iterator or "iterator"))
             return _replace_run(updated_node, cst.parse_expression(f"next({decision.iterator})"))
+        if action is Action.READ:
+            read = parse_template_expression("{v}.numpy()", v=cst.Name(decision.variable or ""))
+            return _replace_run(updated_node, read)
         if action is Action.STEP_RUN:
             call = self._step_call(updated_node, decision)
             if decision.todo is not None:

@@ -22,6 +22,7 @@ import libcst as cst
 from tfmigrate import tree
 from tfmigrate.convert import ir
 from tfmigrate.convert.project import SourceFile, method_of
+from tfmigrate.convert.recognize._code import statement_of
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.rules._towers import bound_names as _bound_plain
 from tfmigrate.rules._towers import free_names as _free_plain
@@ -30,6 +31,13 @@ from tfmigrate.rules._towers import get_arg, method_name
 Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
 
 _PLACEHOLDERS = frozenset({"tensorflow.placeholder", "tensorflow.placeholder_with_default"})
+_VARIABLES = frozenset(
+    {
+        "tensorflow.Variable",
+        "tensorflow.train.get_or_create_global_step",
+        "tensorflow.train.create_global_step",
+    }
+)
 _INITIALIZERS = frozenset(
     {
         "tensorflow.global_variables_initializer",
@@ -138,6 +146,7 @@ class Action(Enum):
     CHECKPOINT = "tf.train.Saver -> tf.train.Checkpoint"
     FED_VARIABLE = "a placeholder the optimizer reads -> a variable the step assigns"
     SAVER_CALL = "saver.save/restore -> checkpoint.write/restore"
+    READ = "a variable fetched by the session: its value, read eagerly"
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,7 @@ class Decision:
     step_run: StepRun | None = None
     dataset: cst.BaseExpression | None = None  # ITERATOR: what iter() takes
     iterator: str | None = None  # NEXT: the iterator
+    variable: str | None = None  # READ: the variable read
 
 
 @dataclass(frozen=True)
@@ -1469,17 +1479,26 @@ class _Planner:
             if (name := _target_name(s)) is not None and self.call_q(_value(s)) in _PLACEHOLDERS
         }
         self.fed_state: set[str] = set()
+        optimizers = {
+            call.func.value.value
+            for chain in self.plan_.chains
+            if isinstance((call := chain.update_call).func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name)
+        }
         for statement in self.body:
             if statement is self.loop:
                 break
             value = _value(statement)
             called = self.call_q(value)
-            if (
-                called is not None
-                and value is not None
-                and (called.endswith("Optimizer") or called in _SCHEDULES)
+            # an optimizer built by the program's own factory (`set_optimizer(name, lr)`) too
+            factory = isinstance(value, cst.Call) and _target_name(statement) in optimizers
+            if value is not None and (
+                factory
+                or (called is not None and (called.endswith("Optimizer") or called in _SCHEDULES))
             ):
                 self.fed_state |= free_names(value) & placeholders
+        self.built_feeds = self._built_feeds(runs)
+        literals.update(self.built_feeds)
         for run in runs:
             self.fetched |= free_names(get_arg(run, 0, "fetches") or run)
             feed = get_arg(run, 1, "feed_dict")
@@ -1492,6 +1511,47 @@ class _Planner:
                     if isinstance(e, cst.DictElement) and (key := _key(e.key))
                 }
         return runs
+
+    def _built_feeds(self, runs: list[cst.Call]) -> dict[str, cst.Dict]:
+        """Feed dicts built key by key (``feed = {}`` then ``feed[x] = value`` beside it, before
+        the step run): the dict they make, by name. ``self.feed_keys`` holds the statements
+        that set the keys: they go with the feed."""
+        self.feed_keys: set[int] = set()
+        built: dict[str, cst.Dict] = {}
+        for run in runs:
+            feed = get_arg(run, 1, "feed_dict")
+            if not isinstance(feed, cst.Name):
+                continue
+            statement = statement_of(self.source, run)
+            block = list(getattr(self.source.parent(statement), "body", ()))
+            if statement not in block:
+                continue
+            keys: list[cst.SimpleStatementLine] = []
+            for sibling in reversed(block[: block.index(statement)]):
+                key = _keyed(sibling, feed.value)
+                if key is not None:
+                    keys.insert(0, sibling)
+                    continue
+                value = _value(sibling)
+                if (
+                    _target_name(sibling) == feed.value
+                    and isinstance(value, cst.Dict)
+                    and not value.elements
+                    and keys
+                ):
+                    elements = []
+                    for keyed in keys:
+                        assign = keyed.body[0]
+                        assert isinstance(assign, cst.Assign)
+                        target = assign.targets[0].target
+                        assert isinstance(target, cst.Subscript)
+                        index = target.slice[0].slice
+                        assert isinstance(index, cst.Index)
+                        elements.append(cst.DictElement(index.value, assign.value))
+                    built[feed.value] = value.with_changes(elements=elements)
+                    self.feed_keys |= {id(k) for k in keys}
+                break
+        return built
 
     def _runs_update(self, call: cst.Call) -> bool:
         fetches = get_arg(call, 0, "fetches")
@@ -1671,7 +1731,9 @@ class _Planner:
             return Decision(Action[saver])
         # values for the train step
         if isinstance(value, cst.Dict) and name is not None and self._is_feed(name):
-            self.feeds[name] = value
+            self.feeds[name] = self.built_feeds.get(name, value)
+            return Decision(Action.DROP, "the feed becomes the train step's arguments")
+        if id(statement) in self.feed_keys:
             return Decision(Action.DROP, "the feed becomes the train step's arguments")
         todo = self._tf1_only(statement) or gone_reads(reads, self.sessions, self.gone)
         if todo is not None:
@@ -1689,6 +1751,8 @@ class _Planner:
                 and isinstance(value, cst.List | cst.Dict | cst.Integer | cst.Float)
             ):
                 return Decision(Action.STEP)
+            if self._makes_containers(statement):
+                return Decision(Action.STEP)
             return Decision(Action.KEEP)
         if reads & (self.containers | self.step_names) and not reads & self._tower_only():
             if name is not None and name in self.fetched and not self.sessions:
@@ -1700,6 +1764,22 @@ class _Planner:
         if tower:
             return self._reads(tower, "a value of the tower loop: it now lives in a replica")
         return Decision(Action.KEEP)
+
+    def _makes_containers(self, statement: cst.SimpleStatementLine) -> bool:
+        """``grads, losses = [], []`` where the towers fill one of them: the step makes all."""
+        names = _target_tuple(statement)
+        value = _value(statement)
+        return (
+            names is not None
+            and len(names) > 1
+            and bool(set(names) & self.containers)
+            and isinstance(value, cst.Tuple)
+            and len(value.elements) == len(names)
+            and all(
+                isinstance(e.value, cst.List | cst.Dict | cst.Integer | cst.Float)
+                for e in value.elements
+            )
+        )
 
     def _reads(self, names: set[str], why: str) -> Decision:
         return Decision(Action.TODO, todo=reads_todo(names, why))
@@ -1942,7 +2022,25 @@ class _Planner:
             and _value(statement) is run
         ):
             return Decision(Action.NEXT, iterator=self.batches[fetches.value])
+        if (
+            isinstance(fetches, cst.Name)
+            and fetches.value in self._variables()
+            and get_arg(run, 1, "feed_dict") is None
+            and _value(statement) is run
+        ):
+            # `initial_step = sess.run(global_step)`: TF2 reads the variable eagerly
+            return Decision(Action.READ, variable=fetches.value)
         return Decision(Action.TODO, todo=session_run_todo())
+
+    def _variables(self) -> set[str]:
+        """Names this function binds to a variable it makes (``tf.Variable``, the global
+        step)."""
+        return {
+            name
+            for statement in self.body
+            if (name := _target_name(statement)) is not None
+            and self.call_q(_value(statement)) in _VARIABLES
+        }
 
     def _step_run(
         self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
@@ -2073,6 +2171,25 @@ class _Planner:
         for statement in self.plan_.step_before:
             reads |= free_names(statement)
         return reads
+
+
+def _keyed(statement: cst.CSTNode, feed: str) -> str | None:
+    """``feed[x] = value`` (one key, a name or ``self.x``): the key's name."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    if not (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Name)
+        and target.value.value == feed
+        and len(target.slice) == 1
+        and isinstance(target.slice[0].slice, cst.Index)
+    ):
+        return None
+    return _key(target.slice[0].slice.value)
 
 
 def _gradients_argument(call: cst.Call, gradients: set[str]) -> int | None:

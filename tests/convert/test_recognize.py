@@ -149,6 +149,7 @@ def test_horovod_distributed_optimizer_with_monitored_training_session():
 FIXTURES = {
     "towers/bn_rmsprop": Kind.AVERAGED,
     "towers/cifar_average": Kind.AVERAGED,
+    "towers/fed_learning_rate": Kind.AVERAGED,
     "towers/global_updates": Kind.AVERAGED,
     "towers/horovod_average": Kind.AVERAGED,
     "towers/layers_adam": Kind.AVERAGED,

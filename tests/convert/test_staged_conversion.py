@@ -29,6 +29,7 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 # fixture -> (rewrite flags, TODO codes in the output, statements commented out)
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "colocated_loss": ((), [], 0),
+    "fed_learning_rate": ((), [], 0),
     "gradient_helper": ((), [], 0),
     "hand_written_adam": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
@@ -152,6 +153,7 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 # combined loss, trainer_class and gradient_helper the towers' mean (one reduced row each, below)
 COMPARED = {
     "colocated_loss": (1, 4),
+    "fed_learning_rate": (1, 4),
     "gradient_helper": (1, 3),
     "hand_written_adam": (1, 3),
     "module_script": (2, 6),
@@ -159,7 +161,7 @@ COMPARED = {
     "trainer_class": (1, 4),
 }
 # fixture -> reduced (not per-tower) loss rows among them
-REDUCED = {"colocated_loss": 1, "gradient_helper": 1, "trainer_class": 1}
+REDUCED = {"colocated_loss": 1, "fed_learning_rate": 1, "gradient_helper": 1, "trainer_class": 1}
 
 
 @pytest.mark.slow
@@ -264,3 +266,59 @@ def test_a_hand_written_update_reading_a_tower_value_is_refused_with_the_reason(
     (finding,) = [f for file in files for f in file["findings"] if f["code"] == "TFM303"]
     assert "the hand-written update reads `loss`, a value each tower computes" in finding["message"]
     assert finding["message"].startswith("not converted")
+
+
+def test_a_learning_rate_placeholder_fed_key_by_key_becomes_a_variable_the_step_assigns():
+    """fed_learning_rate: the optimizer comes from the program's own factory, which reads a
+    learning-rate placeholder; the feed dict is built key by key before the step run. The
+    placeholder becomes a variable the train step assigns, the keys become its arguments."""
+    out, result = rewritten(TOWERS / "fed_learning_rate", "--format", "json")
+    assert _conversion(result.stdout)["applied"]
+    source = (out / "train.py").read_text()
+    assert (
+        "learning_rate_pl = tf.Variable(tf.constant(0, tf.float32), trainable=False, "
+        "name='learning_rate')" in source
+    )
+    assert "optimizer = set_optimizer(args.optimizer, learning_rate_pl)" in source
+    assert "def train_step(learning_rate_pl_value, inputs_pl, targets_pl):" in source
+    assert "learning_rate_pl.assign(learning_rate_pl_value)" in source
+    assert (
+        "loss_train = train_step(learning_rate_pl_value=learning_rate, "
+        "inputs_pl=data_inputs[lo:lo + batch], targets_pl=data_targets[lo:lo + batch])"
+    ) in source
+    assert "feed_dict_train" not in source
+    # the session's read of the global step reads the variable
+    assert "start_step = global_step.numpy()" in source
+    # the towers' lists are made in the step: each trace fills its own
+    made = source.index("total_grads_and_vars, total_losses = [], []")
+    assert source.index("def train_step(") < made < source.index("def replica_step(")
+
+
+def test_memory_growth_of_a_module_level_session_moves_before_the_strategy_once(tmp_path):
+    """module_script with a ConfigProto asking for GPU memory growth: its TF2 loop over the GPUs
+    moves before the strategy as one statement (its body is not moved again after it, where
+    `gpu` is unbound on a machine without GPUs)."""
+    legacy = (TOWERS / "module_script" / "train.py").read_text()
+    configured = legacy.replace(
+        "  with tf.Session() as sess:\n",
+        "  config = tf.ConfigProto(allow_soft_placement=True)\n"
+        "  config.gpu_options.allow_growth = True\n"
+        "  with tf.Session(config=config) as sess:\n",
+    )
+    assert configured != legacy
+    (tmp_path / "legacy").mkdir()
+    (tmp_path / "legacy" / "train.py").write_text(configured)
+    out, result = rewritten(tmp_path / "legacy", "--unsafe-fixes", "--format", "json")
+    assert _conversion(result.stdout)["message"].startswith(STAGED)
+    source = (out / "train.py").read_text()
+    tree = ast.parse(source)
+    growth = [c for c in _calls(tree) if c == "tf.config.experimental.set_memory_growth"]
+    assert len(growth) == 1, source
+    loops = [
+        n for n in tree.body if isinstance(n, ast.For) and "list_physical_devices" in ast.unparse(n)
+    ]
+    assert len(loops) == 1, source
+    strategy = next(
+        i for i, n in enumerate(tree.body) if "tf.distribute.MirroredStrategy()" in ast.unparse(n)
+    )
+    assert tree.body.index(loops[0]) < strategy
