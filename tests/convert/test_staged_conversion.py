@@ -30,6 +30,7 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "colocated_loss": ((), [], 0),
     "hand_written_adam": ((), [], 0),
+    "model_object": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
     "trainer_class": ((), [], 0),
@@ -140,16 +141,17 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 
 # fixture -> (legacy loss rows compared, weights compared): module_script fetches both towers'
 # losses, summed_reuse_flag and hand_written_adam the last tower's, colocated_loss the towers'
-# combined loss and trainer_class the towers' mean (one reduced row each, below)
+# combined loss, trainer_class and model_object the towers' mean (one reduced row each, below)
 COMPARED = {
     "colocated_loss": (1, 4),
     "hand_written_adam": (1, 3),
+    "model_object": (1, 4),
     "module_script": (2, 6),
     "summed_reuse_flag": (1, 4),
     "trainer_class": (1, 4),
 }
 # fixture -> reduced (not per-tower) loss rows among them
-REDUCED = {"colocated_loss": 1, "trainer_class": 1}
+REDUCED = {"colocated_loss": 1, "model_object": 1, "trainer_class": 1}
 
 
 @pytest.mark.slow
