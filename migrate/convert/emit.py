@@ -24,6 +24,7 @@ from tfmigrate.convert.plan import (
     _calls,
     _targets,
     attribute_key,
+    receiver_alias,
 )
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.convert.undefined import undefined_out
@@ -138,6 +139,12 @@ class Emitted:
 
 
 def emit(plan: Plan) -> Emitted:
+    outside = plan.receiver if plan.receiver != RECEIVER else None
+    with receiver_alias(outside):
+        return _emit(plan)
+
+
+def _emit(plan: Plan) -> Emitted:
     module = plan.source.module
     clash = _clashes(plan)
     if clash:
@@ -856,7 +863,7 @@ class _Writer(cst.CSTTransformer):
         assert run is not None
         step: cst.BaseExpression = cst.Name("train_step")
         if self.plan.runner is not None:
-            step = cst.Attribute(cst.Name(RECEIVER), cst.Name("train_step"))
+            step = cst.Attribute(cst.Name(self.plan.receiver), cst.Name("train_step"))
         call = cst.Call(
             step,
             [

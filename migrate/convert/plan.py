@@ -13,6 +13,8 @@ only decides; ``emit`` writes.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, TypeVar
@@ -88,15 +90,21 @@ _TF1_ONLY = (
 # A class-based trainer keeps its values on the object: ``self.x`` is keyed like a name, so a
 # placeholder, a loss or the update made in one method is followed into the method that runs it.
 RECEIVER = "self"
+# A model object run from outside its class (``model = Model(...)`` then
+# ``sess.run(model.train_op)`` in a function of the module): while its core is planned and
+# emitted, ``model.x`` is keyed as ``self.x`` so the runner's fetches and feeds meet the values
+# the building method made.
+_OUTSIDE: ContextVar[str | None] = ContextVar("outside_receiver", default=None)
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 def attribute_key(node: cst.CSTNode) -> str | None:
-    """``self.x`` -> ``"self.x"``; None for anything else."""
+    """``self.x`` (or the outside runner's ``model.x``) -> ``"self.x"``; None for anything
+    else."""
     if (
         isinstance(node, cst.Attribute)
         and isinstance(node.value, cst.Name)
-        and node.value.value == RECEIVER
+        and node.value.value in (RECEIVER, _OUTSIDE.get())
     ):
         return f"{RECEIVER}.{node.attr.value}"
     return None
@@ -301,6 +309,9 @@ class Plan(Decisions[Decision]):
     colocated: Colocated | None = None  # one loss over the towers, differentiated once
     # a class-based trainer: the method that runs the step (``scope`` is the building one)
     runner: cst.FunctionDef | None = None
+    # what the runner calls the object: ``self``, or the name a function outside the class
+    # bound the object to
+    receiver: str = RECEIVER
 
     @property
     def todos(self) -> list[Todo]:
@@ -313,7 +324,21 @@ class NotPlanned(Exception):
 
 def plan_core(source: SourceFile, program: ir.Program, core: ir.TowerCore) -> Plan:
     """The plan for ``core``'s tower loop in ``source``, or NotPlanned with the reason."""
-    return _Planner(source, program, core).plan()
+    planner = _Planner(source, program, core)
+    outside = planner.outside_runner()
+    with receiver_alias(outside[1] if outside else None):
+        return planner.plan()
+
+
+@contextmanager
+def receiver_alias(name: str | None) -> Iterator[None]:
+    """``name.x`` keyed as ``self.x`` while the block runs (a model object run from outside
+    its class)."""
+    token = _OUTSIDE.set(name)
+    try:
+        yield
+    finally:
+        _OUTSIDE.reset(token)
 
 
 # -- reading helpers ------------------------------------------------------------------------------
@@ -342,6 +367,19 @@ def _target_name(statement: cst.CSTNode) -> str | None:
     if len(targets) == 1 and isinstance(targets[0], cst.Name):
         return targets[0].value
     return attribute_key(targets[0]) if len(targets) == 1 else None
+
+
+def _run_fetches(node: cst.CSTNode) -> Iterator[cst.BaseExpression]:
+    """What each ``x.run(fetches, ...)`` in ``node`` fetches."""
+    for call in _calls(node):
+        fetches = get_arg(call, 0, "fetches") if method_name(call) == "run" else None
+        if fetches is not None:
+            yield fetches
+
+
+def _target_name_node(statement: cst.CSTNode) -> cst.BaseAssignTargetExpression | None:
+    targets = _targets(statement)
+    return targets[0] if len(targets) == 1 else None
 
 
 def _calls(node: cst.CSTNode) -> Iterator[cst.Call]:
@@ -603,9 +641,9 @@ class _Planner:
             raise NotPlanned("the towers are in another module")
         loop = self._loop(core.towers.where.line)
         scope = self.source.enclosing_def(loop) or self.source.module
-        runner = None
+        runner, receiver = None, RECEIVER
         if isinstance(scope, cst.FunctionDef) and self.source.enclosing_class(loop) is not None:
-            runner = self._runner(scope)
+            runner, receiver = self._runner(scope)
         self.scope = scope
         self.loop = loop
         self.body = list(statements_in(_body(scope)))
@@ -676,6 +714,7 @@ class _Planner:
             inputs=[],
             chains=chains,
             runner=runner,
+            receiver=receiver,
         )
         self.plan_ = plan
         plan.decide(loop, Decision(Action.TRAIN_STEP))
@@ -870,9 +909,26 @@ class _Planner:
             f"train step's `{colocated.loss}` is the sum of the replicas' losses (the legacy value)"
         )
 
-    def _runner(self, method: cst.FunctionDef) -> cst.FunctionDef:
-        """The method of ``method``'s class that runs the update it builds: a ``Session.run``
-        fetching an attribute the building method assigns."""
+    def outside_runner(self) -> tuple[cst.FunctionDef, str] | None:
+        """A function outside the class whose tower-building method it calls, that makes the
+        object and runs its update: (the function, its name for the object)."""
+        towers = self.core.towers
+        if towers is None or towers.where.file != self.source.rel:
+            return None
+        try:
+            loop = self._loop(towers.where.line)
+            method = self.source.enclosing_def(loop)
+            if method is None or self.source.enclosing_class(loop) is None:
+                return None
+            runner, receiver = self._runner(method)
+        except NotPlanned:
+            return None
+        return (runner, receiver) if receiver != RECEIVER else None
+
+    def _runner(self, method: cst.FunctionDef) -> tuple[cst.FunctionDef, str]:
+        """The method of ``method``'s class that runs the update it builds (a ``Session.run``
+        fetching an attribute the building method assigns), or else a module-level function
+        that makes the object and runs it: the function and its name for the object."""
         params = method.params.params
         if not params or params[0].name.value != RECEIVER:
             raise NotPlanned(f"the towers are built in a method whose object is not `{RECEIVER}`")
@@ -883,12 +939,9 @@ class _Planner:
         for statement in _body(cls):
             if not isinstance(statement, cst.FunctionDef) or statement is method:
                 continue
-            for call in _calls(statement):
-                fetches = get_arg(call, 0, "fetches") if method_name(call) == "run" else None
-                if fetches is None:
-                    continue
+            for fetches in _run_fetches(statement):
                 if free_names(fetches) & assigned:
-                    return statement
+                    return statement, RECEIVER
                 parts = fetches.elements if isinstance(fetches, cst.List | cst.Tuple) else [fetches]
                 for part in parts:
                     key = attribute_key(part.value if isinstance(part, cst.Element) else part)
@@ -900,10 +953,42 @@ class _Planner:
                 f"the towers are built in a method; `{runner}` runs `{key}`, which that method "
                 "does not assign (the update reaches it through another attribute)"
             )
+        if method.name.value == "__init__":
+            outside = self._outside_runner(cls, assigned)
+            if outside is not None:
+                return outside
         raise NotPlanned(
             "the towers are built in a method and no other method of its class runs the update "
-            "(the object is run from outside the class)"
+            "(the object is run from outside the class, and no function of this module makes "
+            "the object and runs it)"
         )
+
+    def _outside_runner(
+        self, cls: cst.ClassDef, assigned: set[str]
+    ) -> tuple[cst.FunctionDef, str] | None:
+        """A module-level function binding ``name = Cls(...)`` whose ``Session.run`` fetches
+        ``name.x`` for an ``self.x`` that ``__init__`` assigns."""
+        for function in self.source.module.body:
+            if not isinstance(function, cst.FunctionDef):
+                continue
+            objects = {
+                target.value
+                for statement in statements_in(_body(function))
+                if isinstance(value := _value(statement), cst.Call)
+                and isinstance(value.func, cst.Name)
+                and value.func.value == cls.name.value
+                and isinstance(target := _target_name_node(statement), cst.Name)
+            }
+            for fetches in _run_fetches(function):
+                for node in tree.walk(fetches, _DEFS):
+                    if (
+                        isinstance(node, cst.Attribute)
+                        and isinstance(node.value, cst.Name)
+                        and node.value.value in objects
+                        and f"{RECEIVER}.{node.attr.value}" in assigned
+                    ):
+                        return function, node.value.value
+        return None
 
     def _averaged(self, update: Statement) -> bool:
         """Whether the core whose update this is averaged its towers' gradients."""

@@ -1,7 +1,8 @@
 """Class-based trainers in the staged conversion: the towers built in one method of a class and
 the step run by another (fixtures/towers/trainer_class is verified in test_staged_conversion.py).
 Here the variants: a session kept on the object, batches from a one-shot iterator on the object,
-and the object run from outside its class (refused, with the reason)."""
+and the object made and run by a function of the module outside its class (converted; the
+object run from elsewhere is refused, with the reason)."""
 
 from __future__ import annotations
 
@@ -150,10 +151,31 @@ def test_a_session_and_an_iterator_kept_on_the_object(tmp_path):
     assert "Session" not in source and "_sess" not in source
 
 
-def test_an_object_run_from_outside_its_class_is_refused_naming_why(tmp_path):
-    finding, _ = _rewrite(tmp_path, RUN_FROM_OUTSIDE)
+def test_an_object_run_by_a_function_outside_its_class_converts(tmp_path):
+    finding, source = _rewrite(tmp_path, RUN_FROM_OUTSIDE)
+    assert finding["applied"] and "TODO" not in finding["message"], finding["message"]
+    tree = ast.parse(source)
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"]
+    (init,) = cls.body
+    (step,) = [n for n in ast.walk(init) if isinstance(n, ast.FunctionDef) and n.decorator_list]
+    assert [ast.unparse(a) for a in step.args.args] == ["x"]
+    assert ast.unparse(init.body[-1].body[-1]) == "self.train_step = train_step"
+    # the function that made the object calls the step on it, fed what it fed the placeholder
+    (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert [ast.unparse(s) for s in main.body] == [
+        "model = Model(2)",
+        "for _ in range(3):\n    model.train_step(x=np.ones([8, 4], np.float32))",
+    ]
+    assert "Session" not in source and "placeholder" not in source
+
+
+def test_an_object_run_from_another_module_is_refused_naming_why(tmp_path):
+    library = RUN_FROM_OUTSIDE[: RUN_FROM_OUTSIDE.index("\n\ndef main")] + "\n"
+    finding, _ = _rewrite(tmp_path, library)
     assert not finding["applied"]
-    assert "no other method of its class runs the update" in finding["message"], finding["message"]
+    message = finding["message"]
+    assert "no other method of its class runs the update" in message, message
+    assert "no function of this module makes the object and runs it" in message, message
 
 
 def test_a_step_fetched_through_another_attribute_is_refused_naming_it(tmp_path):

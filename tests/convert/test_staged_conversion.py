@@ -32,6 +32,7 @@ FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "fed_learning_rate": ((), [], 0),
     "gradient_helper": ((), [], 0),
     "hand_written_adam": ((), [], 0),
+    "model_object": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
     "trainer_class": ((), [], 0),
@@ -111,7 +112,7 @@ def test_the_output_is_an_idiomatic_tf2_program(name):
     assert not names & BANNED, names & BANNED
     assert not names & PROTOCOL and "def tfmigrate_program" not in source
     # the session's step run became a call of the train step (on the object, for a class)
-    assert {"train_step", "self.train_step"} & set(_calls(tree))
+    assert {"train_step", "self.train_step", "model.train_step"} & set(_calls(tree))
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
@@ -150,18 +151,23 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 
 # fixture -> (legacy loss rows compared, weights compared): module_script fetches both towers'
 # losses, summed_reuse_flag and hand_written_adam the last tower's, colocated_loss the towers'
-# combined loss, trainer_class and gradient_helper the towers' mean (one reduced row each, below)
+# combined loss, trainer_class, gradient_helper and model_object the towers' mean (one reduced row
+# each, below)
 COMPARED = {
     "colocated_loss": (1, 4),
     "fed_learning_rate": (1, 4),
     "gradient_helper": (1, 3),
     "hand_written_adam": (1, 3),
+    "model_object": (1, 4),
     "module_script": (2, 6),
     "summed_reuse_flag": (1, 4),
     "trainer_class": (1, 4),
 }
 # fixture -> reduced (not per-tower) loss rows among them
-REDUCED = {"colocated_loss": 1, "fed_learning_rate": 1, "gradient_helper": 1, "trainer_class": 1}
+REDUCED = {
+    "colocated_loss": 1, "fed_learning_rate": 1, "gradient_helper": 1, "model_object": 1,
+    "trainer_class": 1,
+}  # fmt: skip
 
 
 @pytest.mark.slow
