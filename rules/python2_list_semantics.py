@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.rule import Example, FixSafety, Rule
+from tfmigrate.rule import Example, FixSafety, Rule, RuleContext
 
 _VIEWS = frozenset({"keys", "values", "items"})
 _SHUFFLES = frozenset({"random.shuffle", "numpy.random.shuffle"})
@@ -154,7 +154,7 @@ class Python2ListSemantics(Rule):
         ),
     )
 
-    def __init__(self, context):  # type: ignore[no-untyped-def]  # reason: the base's signature
+    def __init__(self, context: RuleContext) -> None:
         super().__init__(context)
         self._scopes: list[_Scope] = [_Scope()]
 
