@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -51,6 +52,17 @@ def _install_fakes(names: list[str]) -> None:
             except ImportError:
                 continue
             module.load_data = _fake_loader(shape, label, classes)  # type: ignore[attr-defined]  # reason: patched from outside
+
+
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*:")
+
+
+def _quoted(formatted: str) -> str:
+    """The line that names the exception: the last such line of a message autograph wraps
+    (its own text last), the first of a message that spans lines (a variable's repr)."""
+    lines = [line.strip() for line in formatted.strip().splitlines()]
+    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (named[-1] if named else lines[-1])[:300]
 
 
 def _trial_runner(as_written: Any) -> Any:
@@ -113,8 +125,7 @@ def main() -> None:
             result["error"] = f"exited with status {ended.code}"
         elif ended is not None:
             result["missing"] = _missing_dependency(ended)
-            last = traceback.format_exception(ended)[-1].strip()
-            result["error"] = last.splitlines()[-1][:300]
+            result["error"] = _quoted(traceback.format_exception(ended)[-1])
     except Exception as exc:  # noqa: BLE001  the trial's own failure is a result too
         result["error"] = f"the trial runner failed: {exc!r}"[:300]
     (ns.out / "trial.json").write_text(json.dumps(result))

@@ -304,3 +304,17 @@ def test_refusals_group_by_reason_without_program_names() -> None:
         (2, "the towers are built in the method `…`"),
         (1, "more than one tower loop"),
     ]
+
+
+def test_the_trains_cell_quotes_the_line_that_names_the_exception() -> None:
+    spec = importlib.util.spec_from_file_location("trial_boot", REPO / "bench" / "trial_boot.py")
+    boot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(boot)
+    # a message whose repr spans lines: its first line, not the closing brace
+    spanning = "TypeError: Variable is unhashable. (Variable: MirroredVariable:{\n  0: <v>\n})\n"
+    assert (
+        boot._quoted(spanning) == "TypeError: Variable is unhashable. (Variable: MirroredVariable:{"
+    )
+    # autograph's wrapper: the user's own exception, quoted last in the message
+    wrapped = 'TypeError: in user code:\n\n    File "t.py", line 3\n    TypeError: bad operand\n'
+    assert boot._quoted(wrapped) == "TypeError: bad operand"

@@ -490,18 +490,24 @@ def _is_named(statement: cst.CSTNode, name: str) -> bool:
 def _placeholder_helpers_out(module: cst.Module, plan: Plan, writer: _Writer) -> cst.Module:
     """A function that only made the step's placeholders, now called by nothing here: under a
     TODO, commented out (another script may still import it)."""
-    if not plan.placeholder_helpers:
+    helpers = plan.placeholder_helpers | plan.iterator_helpers
+    if not helpers:
         return module
     body: list[cst.BaseStatement] = []
     for statement in module.body:
         if (
             isinstance(statement, cst.FunctionDef)
-            and statement.name.value in plan.placeholder_helpers
+            and statement.name.value in helpers
             and sum(1 for n in _all_names(module) if n.value == statement.name.value) == 1
         ):
+            made = (
+                "placeholders"
+                if statement.name.value in plan.placeholder_helpers
+                else "a TF1 iterator of the dataset (the program iterates the dataset itself now)"
+            )
             todo = Todo(
                 Leftover.SESSION,
-                f"`{statement.name.value}` made placeholders: the train step takes these values as "
+                f"`{statement.name.value}` made {made}: the train step takes these values as "
                 "arguments now",
             )
             writer.todos.append(todo)

@@ -301,6 +301,7 @@ class Plan(Decisions[Decision]):
     step_iterators: set[str] = field(default_factory=set)
     before_loop: set[str] = field(default_factory=set)  # bound beside the loop, before it
     placeholder_helpers: set[str] = field(default_factory=set)  # functions making the inputs
+    iterator_helpers: set[str] = field(default_factory=set)  # functions making the iterator
     # placeholders an optimizer or schedule read (a learning rate fed per step): now variables
     # the train step assigns from its parameter -> that parameter's name
     fed_variables: dict[str, str] = field(default_factory=dict)
@@ -1765,6 +1766,9 @@ class _Planner:
             batch = self._batch(statement, value, name)
             if batch is not None:
                 return batch
+        helped = self._helper_batch(statement, value)
+        if helped is not None:
+            return helped
         if isinstance(value, cst.Call) and name is not None:
             dataset = self._iterator_dataset(value)
             if dataset is not None:
@@ -2008,6 +2012,82 @@ class _Planner:
                         Leftover.CASCADE, f"uses `{receiver.value}`, left under a TODO above"
                     )
         return None
+
+    def _helper_batch(
+        self, statement: cst.SimpleStatementLine, value: cst.BaseExpression | None
+    ) -> Decision | None:
+        """``features, iterator = input_helper(dataset)``: a function of this file that makes
+        an iterator of its argument and returns its batch (and the iterator). As if the
+        iterator were made here: the batch is the train step's argument."""
+        made = self._iterator_helper(value)
+        names = _target_tuple(statement)
+        if made is None or names is None or len(names) != len(made[1]):
+            return None
+        assert isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
+        dataset, returned = made
+        iterator = next((n for n, r in zip(names, returned, strict=True) if r == "iterator"), None)
+        iterator = iterator or self._fresh("iterator")
+        self.iterators[iterator] = dataset
+        for name, role in zip(names, returned, strict=True):
+            if role == "batch":
+                self.batches[name] = iterator
+                self.step_names.add(name)  # what reads the batch runs in the step
+        self.plan_.iterator_helpers.add(value.func.value)
+        return Decision(Action.ITERATOR, dataset=dataset, iterator=iterator)
+
+    def _iterator_helper(
+        self, value: cst.BaseExpression | None
+    ) -> tuple[cst.BaseExpression, list[str]] | None:
+        """(the dataset argument, what each returned value is: 'batch' or 'iterator') of a call
+        to a function of this file whose only return gives ``it.get_next()`` (and ``it``), where
+        ``it`` is an iterator it makes of one of its parameters."""
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return None
+        function = self.source.top_level(value.func.value)
+        if not isinstance(function, cst.FunctionDef):
+            return None
+        params = [p.name.value for p in function.params.params]
+        statements = list(statements_in(_body(function)))
+        iterators: dict[str, int] = {}  # iterator -> the parameter it iterates
+        batches: dict[str, str] = {}  # batch -> its iterator
+        for statement in statements:
+            made, target = _value(statement), _target_name(statement)
+            if not isinstance(made, cst.Call) or target is None:
+                continue
+            dataset = self._iterator_dataset(made)
+            if isinstance(dataset, cst.Name) and dataset.value in params:
+                iterators[target] = params.index(dataset.value)
+            receiver = made.func.value if isinstance(made.func, cst.Attribute) else None
+            if (
+                method_name(made) == "get_next"
+                and isinstance(receiver, cst.Name)
+                and receiver.value in iterators
+            ):
+                batches[target] = receiver.value
+        returns = [
+            s.body[0].value
+            for s in statements
+            if isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Return)
+        ]
+        if len(returns) != 1 or returns[0] is None or len(set(iterators.values())) != 1:
+            return None
+        returned = returns[0]
+        elements = (
+            [e.value for e in returned.elements] if isinstance(returned, cst.Tuple) else [returned]
+        )
+        roles = []
+        for element in elements:
+            if isinstance(element, cst.Name) and element.value in batches:
+                roles.append("batch")
+            elif isinstance(element, cst.Name) and element.value in iterators:
+                roles.append("iterator")
+            else:
+                return None
+        position = next(iter(iterators.values()))
+        args = [a for a in value.args if a.keyword is None and not a.star]
+        if "batch" not in roles or position >= len(args):
+            return None
+        return args[position].value, roles
 
     def _placeholders_made_by(self, value: cst.BaseExpression | None) -> int | None:
         """``x, y = placeholder_inputs(...)``: a function of this file that returns only
