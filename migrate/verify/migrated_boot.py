@@ -28,10 +28,13 @@ from tfmigrate.verify.manifest import RESOLVED_MAPPING
 from tfmigrate.verify.record import (
     CRASHED,
     ERROR,
+    OK,
     RunRecord,
 )
 
 CONVERSION_JSON = "conversion.json"  # convert-checkpoint's report, in the folder it writes
+# TensorFlow's error when a MultiWorkerMirroredStrategy comes after the first op
+COLLECTIVES_TOO_LATE = "Collective ops must be configured at program startup"
 
 
 class SetupProblem(Exception):
@@ -128,6 +131,11 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
             record.status = CRASHED
             record.message = f"{type(ended).__name__}: {ended}".strip()
             record.traceback = user_traceback(ended)
+            if multi_worker and COLLECTIVES_TOO_LATE in str(ended):
+                record.message += (
+                    " (the program ran TensorFlow ops before it created its "
+                    "MultiWorkerMirroredStrategy: create the strategy first, as on a real cluster)"
+                )
         elif not record.steps:
             record.status = ERROR
             record.message = (
@@ -142,7 +150,7 @@ def run_as_written(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> i
         if record.status != ERROR and runner.started:
             runner.finish()
             (ns.out / RESOLVED_MAPPING).write_text(json.dumps(runner.mapping, indent=2))
-        if not runner.strategies and multi_worker and record.status != ERROR:
+        if not runner.strategies and multi_worker and record.status == OK:
             record.status = ERROR
             record.message = (
                 "--workers: the program created no tf.distribute.MultiWorkerMirroredStrategy"

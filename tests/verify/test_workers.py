@@ -161,6 +161,24 @@ def test_a_failing_worker_stops_the_cluster_and_is_named(tmp_path, legacy_cache)
     assert "worker 1 lost its data" in data["sides"]["worker 1"]["traceback"]
 
 
+@pytest.mark.slow
+def test_a_strategy_created_after_the_first_op_is_named_as_the_cause(tmp_path, legacy_cache):
+    # TensorFlow configures collectives at start-up: a worker that ran an op first cannot join
+    migrated = plant(
+        tmp_path,
+        MULTI_WORKER,
+        "    flags = parse_args(argv)\n",
+        "    flags = parse_args(argv)\n    tf.constant(0)\n",
+    )
+    result = verify_workers(migrated, tmp_path / "report", legacy_cache)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Collective ops must be configured at program startup" in result.stdout
+    assert "the program ran TensorFlow ops before it created its MultiWorkerMirroredStrategy" in (
+        result.stdout
+    )
+    assert "created no tf.distribute.MultiWorkerMirroredStrategy" not in result.stdout
+
+
 # -- hand-written programs: each worker runs the main block ------------------------------------
 
 HANDWRITTEN = FIXTURES / "handwritten"
