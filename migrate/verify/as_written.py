@@ -34,6 +34,7 @@ import runpy
 import sys
 import threading
 import time
+from difflib import SequenceMatcher
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -168,24 +169,41 @@ def unmatched(
     """What match_by_name left: the lines that list it by name and shape on both sides ("legacy
     only: ...", "migrated only: ...", "ambiguous: ..."), the legacy names and the migrated names."""
 
-    def shape(s: tuple[int, ...]) -> str:
-        return "[" + ", ".join(map(str, s)) + "]"
-
     legacy_left = [n for n in legacy if n not in mapping and n not in ambiguous]
     used = set(mapping.values())
     migrated_left = [n for n in migrated if n not in used]
     lines = []
     if legacy_left:
-        lines.append("legacy only: " + ", ".join(f"{n} {shape(legacy[n][0])}" for n in legacy_left))
+        lines.append("legacy only: " + ", ".join(f"{n} {_shape(legacy[n][0])}" for n in legacy_left))
     if migrated_left:
         lines.append(
-            "migrated only: " + ", ".join(f"{n} {shape(migrated[n][0])}" for n in migrated_left)
+            "migrated only: " + ", ".join(f"{n} {_shape(migrated[n][0])}" for n in migrated_left)
         )
     for n, found in ambiguous.items():
         lines.append(
-            f"ambiguous: legacy {n} {shape(legacy[n][0])} could be migrated {', '.join(found)}"
+            f"ambiguous: legacy {n} {_shape(legacy[n][0])} could be migrated {', '.join(found)}"
         )
     return lines, legacy_left, migrated_left
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _alternatives(
+    side: str, wrong: str, shape: tuple[int, ...] | None, free: dict[str, tuple[int, ...]]
+) -> str:
+    """What a wrong mapping entry could have meant: the side's unmapped variables of that shape,
+    the names closest to the wrong one first."""
+    if shape is None:
+        return ""
+    found = sorted(
+        (n for n, s in free.items() if s == shape),
+        key=lambda n: (-SequenceMatcher(None, wrong, n).ratio(), n),
+    )
+    if not found:
+        return f" (no unmapped {side} variable has its shape {_shape(shape)})"
+    return f" (unmapped {side} variables of shape {_shape(shape)}: {', '.join(found[:5])})"
 
 
 def _shared_tail(a: str, b: str) -> int:
@@ -222,6 +240,8 @@ class AsWritten:
     stop_before_training = False
     # convert-checkpoint --check: the program's own restore loaded its values; start() assigns none
     keep_values = False
+    # where the explicit mapping came from (--mapping, the manifest), for the messages about it
+    mapping_source = "the variable mapping"
 
     def __init__(
         self,
@@ -934,18 +954,34 @@ class AsWritten:
         problems = []
         for legacy_name, name in mapping.items():
             if legacy_name not in init:
-                problems.append(f"legacy {legacy_name} (mapped to {name}) does not exist")
+                problems.append(
+                    f"legacy {legacy_name!r} (mapped to {name!r}) is not a variable of the legacy "
+                    "program"
+                    + _alternatives(
+                        "legacy",
+                        legacy_name,
+                        shapes[name][0] if name in shapes else None,
+                        {n: tuple(v.shape) for n, v in init.items() if n not in mapping},
+                    )
+                )
             elif name not in shapes:
                 problems.append(
-                    f"migrated {name} (mapped from {legacy_name}) is not a variable of the program"
+                    f"migrated {name!r} (mapped from {legacy_name!r}) is not a variable of the "
+                    "migrated program"
+                    + _alternatives(
+                        "migrated",
+                        name,
+                        tuple(init[legacy_name].shape),
+                        {n: s for n, (s, _) in shapes.items() if n not in mapping.values()},
+                    )
                 )
             elif tuple(init[legacy_name].shape) != shapes[name][0]:
                 problems.append(
-                    f"{legacy_name} {list(init[legacy_name].shape)} -> {name} "
-                    f"{list(shapes[name][0])}: shapes differ"
+                    f"legacy {legacy_name!r} {_shape(tuple(init[legacy_name].shape))} is mapped to "
+                    f"migrated {name!r} {_shape(shapes[name][0])}: the shapes differ"
                 )
         if problems:
-            raise self.fail("the variable mapping does not fit: " + "; ".join(problems))
+            raise self.fail(f"{self.mapping_source} does not fit: " + "; ".join(problems))
 
     def _check_matched(
         self,

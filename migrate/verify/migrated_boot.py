@@ -196,6 +196,8 @@ def _run_instrumented(
     else:
         runner = as_written.AsWritten(*args)
     runner.keep_values = ns.restore is not None
+    if ns.mapping_source:
+        runner.mapping_source = f"the variable mapping of {ns.mapping_source}"
     if ns.replay_inputs is not None:
         runner.record.notes.append(
             "--replay-inputs: the migrated replicas trained on the legacy towers' batches; the "
@@ -217,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--mapping", type=Path, required=True, help="JSON {legacy name: migrated name}"
+    )
+    parser.add_argument(
+        "--mapping-source", default="", help="where the mapping came from (for its messages)"
     )
     parser.add_argument("--wait", type=float, default=600.0)
     parser.add_argument(

@@ -50,6 +50,7 @@ class RunPlan:
     device: str = "cpu"
     timeout: float = 600.0
     mapping: dict[str, str] | None = None
+    mapping_source: str = ""  # the manifest or --mapping file it came from
     script_args: tuple[str, ...] = ()
     # a reusable earlier legacy run (its out folder): run only migrated
     legacy_done: Path | None = None
@@ -190,6 +191,8 @@ def _commands(plan: RunPlan) -> SideCommands:
         str(legacy_out / INIT_NPZ),
         "--mapping",
         str(mapping_file),
+        "--mapping-source",
+        plan.mapping_source,
         "--wait",
         str(plan.timeout),
         *common,

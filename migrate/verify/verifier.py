@@ -227,6 +227,7 @@ def run_verify(opts: VerifyOptions) -> Outcome:
         device=opts.device,
         timeout=opts.timeout,
         mapping=manifest.variables,
+        mapping_source=manifest.source,
         script_args=opts.script_args,
         legacy_done=_cached_legacy(cache_dir),
         roundtrip=opts.roundtrip,
