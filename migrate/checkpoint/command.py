@@ -6,6 +6,7 @@ folder is renamed into place only when everything converted, so an error leaves 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -83,8 +84,8 @@ def convert_checkpoint(
     check: Annotated[
         Path | None,
         typer.Option(
-            help="The legacy script: restore it from LEGACY_CHECKPOINT and the migrated program from "
-            "the converted one, run one step each, compare (exit 1 if they differ)."
+            help="The legacy script: restore it from LEGACY_CHECKPOINT, let the migrated program's "
+            "own restore load the converted one, run one step each, compare (exit 1 if they differ)."
         ),
     ] = None,
     timeout: Annotated[
@@ -113,20 +114,14 @@ def convert_checkpoint(
         fail(f"--device must be cpu or gpu, not {device!r}")
     if check is not None and not check.is_file():
         fail(f"--check {check} does not exist")
-    as_written = not _defines_protocol(script)
-    if check is not None and as_written:
-        fail(
-            f"--check needs a program that defines tfmigrate_program(); {script} runs as written "
-            "(restore it with its own restore code and compare, see docs/checkpoints.md)"
-        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         fail(f"--out {out} exists and is not empty (use --force to replace it)")
     try:
-        script_manifest = _manifest(script, manifest, mapping, as_written)
+        script_manifest = _manifest(script, manifest, mapping)
     except ManifestError as exc:
         fail(str(exc))
-    if not script_manifest.variables:
-        fail(f"{script_manifest.source}: the variable mapping is empty")
+    if not script_manifest.variables:  # a conversion that kept the legacy names records none
+        script_manifest = dataclasses.replace(script_manifest, variables=dict(SAME_NAMES))
     if legacy_checkpoint.is_dir():
         if not (legacy_checkpoint / "checkpoint").is_file():
             fail(
@@ -140,8 +135,7 @@ def convert_checkpoint(
     scratch = Path(tempfile.mkdtemp(prefix="tfmigrate-convert-"))
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        doing = "running the migrated program to its first step" if as_written else "building it"
-        with console.status(f"converting ({doing})..."):
+        with console.status("converting (running the migrated program to its first step)..."):
             result = _run_boot(
                 legacy_checkpoint,
                 script,
@@ -182,25 +176,12 @@ def convert_checkpoint(
         )
 
 
-def _defines_protocol(script: Path) -> bool:
-    from tfmigrate.verify.as_written import defines_protocol
-    from tfmigrate.verify.protocol import ENTRY_POINT
-
-    return defines_protocol(script, ENTRY_POINT)
-
-
-def _manifest(
-    script: Path, manifest: Path | None, mapping: Path | None, as_written: bool
-) -> ScriptManifest:
+def _manifest(script: Path, manifest: Path | None, mapping: Path | None) -> ScriptManifest:
     if mapping is not None:
         return load_mapping_file(mapping)
     path = manifest or find_manifest(script)
-    if path is None and as_written:  # its variables are matched by name and shape, as verify does
+    if path is None:  # its variables are matched by name and shape, as verify does
         return ScriptManifest(variables=dict(SAME_NAMES), source="matched by name and shape")
-    if path is None:
-        raise ManifestError(
-            f"no tfmigrate.json next to {script} or in its parents, and no --mapping"
-        )
     return load_manifest(path, script)
 
 
@@ -321,7 +302,8 @@ def _check(
             script,
             result["legacy_checkpoint"],
             out,
-            manifest,
+            # the pairs the conversion used (the manifest's, the others matched by name and shape)
+            dataclasses.replace(manifest, variables=result["mapping"]),
             replicas=replicas,
             device=device,
             timeout=timeout,

@@ -1,11 +1,9 @@
 """The conversion, in its own process: ``python -m tfmigrate.checkpoint.convert_boot ...``.
 
-Reads the legacy checkpoint with ``tf.train.load_checkpoint`` (the legacy graph never runs). A
-script that defines ``tfmigrate_program`` is built through the verify protocol under a
-MirroredStrategy (as verify's migrated side does), each variable gets its legacy value by the
-manifest's mapping, and the result is saved into ``--out`` (a scratch folder the command renames
-into place). Any other script runs as written, up to its first training step
-(as_written_convert.py). Writes ``--result`` (JSON) in every case, problems listed by name.
+Reads the legacy checkpoint with ``tf.train.load_checkpoint`` (the legacy graph never runs). The
+migrated script runs as written, up to its first training step (as_written_convert.py), and the
+result is saved into ``--out`` (a scratch folder the command renames into place). Writes
+``--result`` (JSON) in every case, problems listed by name.
 """
 
 from __future__ import annotations
@@ -18,26 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tfmigrate.checkpoint.layout import CHECKPOINT_NAME, checkpoint_for
-from tfmigrate.checkpoint.plan import EMA_SUFFIX, Plan, Spec, plan_conversion
-from tfmigrate.checkpoint.slots import find_optimizer, is_v1_optimizer, spec_of, v1_optimizer_state
-from tfmigrate.verify import protocol
-from tfmigrate.verify.as_written import defines_protocol
-from tfmigrate.verify.migrated_boot import (
-    SetupProblem,
-    configure_devices,
-    load_program_module,
-    user_traceback,
-)
+from tfmigrate.checkpoint.plan import EMA_SUFFIX, ConversionError, Plan, Spec
+from tfmigrate.verify.migrated_boot import CONVERSION_JSON, SetupProblem, user_traceback
 
 WEIGHTS_FILE = "model.weights.h5"
-REPORT_FILE = "conversion.json"
-
-
-class ConversionError(Exception):
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.problems = problems or []
+REPORT_FILE = CONVERSION_JSON
 
 
 def resolve_prefix(tf: Any, path: Path) -> str:
@@ -89,75 +72,6 @@ def read_values(reader: Any, plan: Plan, prefix: str) -> dict[str, Any]:
     return values
 
 
-def convert(tf: Any, ns: argparse.Namespace, script_args: list[str]) -> dict[str, Any]:
-    if not defines_protocol(ns.script, protocol.ENTRY_POINT):
-        from tfmigrate.checkpoint import as_written_convert
-
-        return as_written_convert.convert(tf, ns, script_args)
-    prefix = resolve_prefix(tf, ns.checkpoint)
-    reader, specs = read_specs(tf, prefix)
-    mapping: dict[str, str] = json.loads(ns.mapping.read_text())
-
-    devices = configure_devices(tf, ns.replicas, ns.device)
-    strategy = tf.distribute.MirroredStrategy(devices=devices)
-    script = ns.script.resolve()
-    sys.argv = [str(script), *script_args]
-    sys.path.insert(0, str(script.parent))
-    module = load_program_module(script)
-    entry = getattr(module, protocol.ENTRY_POINT, None)
-    if entry is None:
-        raise ConversionError(
-            f"{script.name} defines no {protocol.ENTRY_POINT}(strategy, argv); see docs/verify.md"
-        )
-    program = entry(strategy, list(script_args))
-    variables: dict[str, Any] = dict(program[protocol.KEY_VARIABLES])
-    if mapping == {"*": "*"}:  # the manifest maps by name (docs/verify.md)
-        mapping = {name: name for name in specs if name in variables}
-
-    optimizer = find_optimizer(program)
-    state: dict[str, tuple[str, Any]] = {}
-    if optimizer is not None and is_v1_optimizer(tf, optimizer):
-        trained = {
-            legacy: (new, variables[new])
-            for legacy, new in mapping.items()
-            if new in variables and getattr(variables[new], "trainable", False)
-        }
-        state = v1_optimizer_state(tf, strategy, optimizer, trained)
-    plan = plan_conversion(
-        specs,
-        {name: spec_of(tf, v) for name, v in variables.items()},
-        mapping,
-        slots={legacy: (label, spec_of(tf, var)) for legacy, (label, var) in state.items()},
-        use_ema=ns.use_ema,
-        ema_suffix=ns.ema_name,
-    )
-    if optimizer is not None and not is_v1_optimizer(tf, optimizer):
-        plan.notes.append(
-            f"the program's optimizer ({type(optimizer).__name__}) is not a "
-            "tf.compat.v1.train optimizer: its state is not converted"
-        )
-    if not plan.ok:
-        raise ConversionError("the checkpoint does not fit the program", plan.problems)
-
-    targets = {**variables, **{label: var for label, var in state.values()}}
-    values = read_values(reader, plan, prefix)
-    with strategy.scope():
-        for a in plan.assignments:
-            targets[a.target].assign(values[a.source])  # cross-replica: every replica gets it
-
-    checkpoint, layout = checkpoint_for(tf, program)
-    manager = tf.train.CheckpointManager(
-        checkpoint, str(ns.out), max_to_keep=1, checkpoint_name=CHECKPOINT_NAME
-    )
-    saved = manager.save(checkpoint_number=step_number(prefix))
-    files = sorted(p.name for p in ns.out.iterdir())
-    model = program.get("model")
-    if model is not None and hasattr(model, "save_weights"):
-        model.save_weights(str(ns.out / WEIGHTS_FILE))
-        files.append(WEIGHTS_FILE)
-    return report(prefix, ns, plan, layout, Path(saved).name, files)
-
-
 def report(
     prefix: str, ns: argparse.Namespace, plan: Plan, layout: str, saved: str, files: list[str]
 ) -> dict[str, Any]:
@@ -196,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     try:
-        result = convert(tf, ns, script_args)
+        from tfmigrate.checkpoint import as_written_convert
+
+        result = as_written_convert.convert(tf, ns, script_args)
         (ns.out / REPORT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     except ConversionError as exc:
         result = {"status": "error", "message": str(exc), "problems": exc.problems}

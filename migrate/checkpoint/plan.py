@@ -26,6 +26,15 @@ OPTIMIZER_NAMES = ("beta1_power", "beta2_power")
 KERAS2_OPTIMIZERS = ("SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam", "Ftrl")
 
 
+class ConversionError(Exception):
+    """The conversion cannot be done; ``problems`` lists each by name. (Defined here, not in the
+    boot module that runs as ``__main__``, so that every module raises the one class.)"""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+
+
 @dataclass(frozen=True)
 class Spec:
     shape: tuple[int, ...]
@@ -75,7 +84,7 @@ def plan_conversion(
     slots: dict[str, tuple[str, Spec]] | None = None,
     use_ema: bool = False,
     ema_suffix: str = EMA_SUFFIX,
-    program_source: str = "tfmigrate_program() returns",
+    program_source: str = "the program has",
 ) -> Plan:
     """``slots``: legacy optimizer-state name -> (migrated slot label, its spec), for an optimizer
     whose state maps exactly (the same tf.compat.v1.train class on both sides).

@@ -15,14 +15,6 @@ from typing import Any
 from tfmigrate.checkpoint.plan import Spec
 
 
-def find_optimizer(program: dict[str, Any]) -> Any:
-    """The protocol dict's ``optimizer``, else the ``optimizer`` of its ``checkpoint``."""
-    optimizer = program.get("optimizer")
-    if optimizer is None:
-        optimizer = getattr(program.get("checkpoint"), "optimizer", None)
-    return optimizer
-
-
 def is_v1_optimizer(tf: Any, optimizer: Any) -> bool:
     return isinstance(optimizer, tf.compat.v1.train.Optimizer)
 

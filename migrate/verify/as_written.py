@@ -20,7 +20,8 @@ working directory). verify instruments TensorFlow from outside:
   metrics, and neither is compared;
 - start: the legacy initial values are assigned when the first step is traced (under
   ``init_scope``, so the assignment runs eagerly before the traced step ever executes) or, for an
-  eager program, when its first GradientTape opens;
+  eager program, when its first GradientTape opens (with ``keep_values``, convert-checkpoint
+  --check's, none: the values are what the program's own restore loaded);
 - stop: after K steps a private BaseException unwinds the program's loop (with
   ``stop_before_training``, convert-checkpoint's, where the first step is about to execute).
 """
@@ -33,6 +34,7 @@ import runpy
 import sys
 import threading
 import time
+from difflib import SequenceMatcher
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -72,8 +74,11 @@ class Problem(Exception):
     """verify cannot run or match this program (a one-line reason for the report)."""
 
 
-def defines_protocol(script: Path, entry: str) -> bool:
-    """Whether the script defines the older verify entry point at module level (no import)."""
+OLD_ENTRY_POINT = "tfmigrate_program"  # older tfmigrate versions drove programs through it
+
+
+def defines_function(script: Path, entry: str) -> bool:
+    """Whether the script defines a function of that name at module level (no import)."""
     import ast
 
     try:
@@ -155,25 +160,50 @@ def match_by_name(
     return mapping, ambiguous
 
 
-def unmatched(mapping: dict[str, str], ambiguous: dict[str, list[str]],
-              legacy: dict[str, tuple[tuple[int, ...], np.dtype]],
-              migrated: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[list[str], list[str], list[str]]:
+def unmatched(
+    mapping: dict[str, str],
+    ambiguous: dict[str, list[str]],
+    legacy: dict[str, tuple[tuple[int, ...], np.dtype]],
+    migrated: dict[str, tuple[tuple[int, ...], np.dtype]],
+) -> tuple[list[str], list[str], list[str]]:
     """What match_by_name left: the lines that list it by name and shape on both sides ("legacy
     only: ...", "migrated only: ...", "ambiguous: ..."), the legacy names and the migrated names."""
-    def shape(s: tuple[int, ...]) -> str:
-        return "[" + ", ".join(map(str, s)) + "]"
 
     legacy_left = [n for n in legacy if n not in mapping and n not in ambiguous]
     used = set(mapping.values())
     migrated_left = [n for n in migrated if n not in used]
     lines = []
     if legacy_left:
-        lines.append("legacy only: " + ", ".join(f"{n} {shape(legacy[n][0])}" for n in legacy_left))
+        lines.append("legacy only: " + ", ".join(f"{n} {_shape(legacy[n][0])}" for n in legacy_left))
     if migrated_left:
-        lines.append("migrated only: " + ", ".join(f"{n} {shape(migrated[n][0])}" for n in migrated_left))
+        lines.append(
+            "migrated only: " + ", ".join(f"{n} {_shape(migrated[n][0])}" for n in migrated_left)
+        )
     for n, found in ambiguous.items():
-        lines.append(f"ambiguous: legacy {n} {shape(legacy[n][0])} could be migrated {', '.join(found)}")
+        lines.append(
+            f"ambiguous: legacy {n} {_shape(legacy[n][0])} could be migrated {', '.join(found)}"
+        )
     return lines, legacy_left, migrated_left
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _alternatives(
+    side: str, wrong: str, shape: tuple[int, ...] | None, free: dict[str, tuple[int, ...]]
+) -> str:
+    """What a wrong mapping entry could have meant: the side's unmapped variables of that shape,
+    the names closest to the wrong one first."""
+    if shape is None:
+        return ""
+    found = sorted(
+        (n for n, s in free.items() if s == shape),
+        key=lambda n: (-SequenceMatcher(None, wrong, n).ratio(), n),
+    )
+    if not found:
+        return f" (no unmapped {side} variable has its shape {_shape(shape)})"
+    return f" (unmapped {side} variables of shape {_shape(shape)}: {', '.join(found[:5])})"
 
 
 def _shared_tail(a: str, b: str) -> int:
@@ -208,9 +238,22 @@ class AsWritten:
     # convert-checkpoint: stop (StopProgram) where the first step is about to execute, once start()
     # has run; nothing trains
     stop_before_training = False
+    # convert-checkpoint --check: the program's own restore loaded its values; start() assigns none
+    keep_values = False
+    # where the explicit mapping came from (--mapping, the manifest), for the messages about it
+    mapping_source = "the variable mapping"
 
-    def __init__(self, tf: Any, devices: list[str], out: Path, steps: int, init: Path,
-                 mapping: dict[str, str], wait: float, replay: Path | None) -> None:
+    def __init__(
+        self,
+        tf: Any,
+        devices: list[str],
+        out: Path,
+        steps: int,
+        init: Path,
+        mapping: dict[str, str],
+        wait: float,
+        replay: Path | None,
+    ) -> None:
         self.tf, self.devices, self.out, self.max_steps = tf, devices, out, steps
         self.init_path, self.mapping_request, self.wait = init, mapping, wait
         self.replay_path = replay
@@ -239,10 +282,16 @@ class AsWritten:
         self.trace: dict[str, list[np.ndarray]] = {}
         self.replay_steps: list[list[tuple[str, list[np.ndarray]]]] | None = None
         self.eager_step_args: Any = None
+        # a step function called without its batch (fit's train function takes an iterator): each
+        # replica's inputs, captured where strategy.run hands them over inside the trace
+        self.args_without_data = False
+        self.replica_inputs: dict[tuple[int, int], np.ndarray] = {}
         self.problem: str | None = None  # the first Problem's own message
         self.xla = False  # a jit_compile function was seen (see allow_xla)
         self.compiling = threading.local()  # .depth: inside a jit_compile function's trace
-        self.trained_before_stop = False  # stop_before_training came one step late (see call_function)
+        self.trained_before_stop = (
+            False  # stop_before_training came one step late (see call_function)
+        )
         self._write_progress()
 
     # -- patches -------------------------------------------------------------------------------
@@ -268,7 +317,8 @@ class AsWritten:
             if devices is not None and list(devices) != me.devices:
                 me.record.notes.append(
                     f"the program's MirroredStrategy asked for devices {list(devices)}; verify gave it "
-                    f"{me.devices}")
+                    f"{me.devices}"
+                )
             orig_mirrored(strategy, devices=me.devices, cross_device_ops=cross_device_ops)
             me.strategies.append(strategy)
 
@@ -312,20 +362,29 @@ class AsWritten:
 
             keras_metric.Metric.__init__ = metric_init
             for name in ("apply_gradients", "apply"):
-                setattr(base_optimizer.BaseOptimizer, name,
-                        self._update_hook(getattr(base_optimizer.BaseOptimizer, name)))
-        v1_optimizer.Optimizer.apply_gradients = self._update_hook(v1_optimizer.Optimizer.apply_gradients)
+                setattr(
+                    base_optimizer.BaseOptimizer,
+                    name,
+                    self._update_hook(getattr(base_optimizer.BaseOptimizer, name)),
+                )
+        v1_optimizer.Optimizer.apply_gradients = self._update_hook(
+            v1_optimizer.Optimizer.apply_gradients
+        )
 
         from tensorflow.python.distribute import distribute_lib
 
         orig_run = distribute_lib.StrategyBase.run
 
-        def strategy_run(strategy: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
+        def strategy_run(
+            strategy: Any, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None
+        ) -> Any:
             if tf.executing_eagerly() and not me.calling:  # an eager step's batch: its arguments
                 if me.replay_path is not None:
                     args, kwargs, me.eager_step_args = me.replay(tuple(args), dict(kwargs or {}))
                 else:
                     me.eager_step_args = (args, kwargs)
+            elif me.calling and me.args_without_data and not getattr(me.compiling, "depth", 0):
+                fn = me.watch_inputs(fn)
             return orig_run(strategy, fn, args=args, kwargs=kwargs, options=options)
 
         distribute_lib.StrategyBase.run = strategy_run
@@ -365,7 +424,12 @@ class AsWritten:
         orig_enter = backprop.GradientTape.__enter__
 
         def enter(tape: Any) -> Any:
-            if tf.executing_eagerly() and not me.calling and not me.started and me.step_functions_none():
+            if (
+                tf.executing_eagerly()
+                and not me.calling
+                and not me.started
+                and me.step_functions_none()
+            ):
                 me.start()  # an eager program: its first step begins with this tape
                 if me.stop_before_training:
                     raise StopProgram()
@@ -408,7 +472,8 @@ class AsWritten:
         config.disable_op_determinism()
         self.record.notes.append(
             "the program compiles a function with XLA (jit_compile): it ran without TensorFlow's op "
-            "determinism, and the losses its steps differentiate are not recorded (only what they return)")
+            "determinism, and the losses its steps differentiate are not recorded (only what they return)"
+        )
 
     def step_functions_none(self) -> bool:
         return not any(flag for _, flag in self.step_functions.values())
@@ -448,6 +513,10 @@ class AsWritten:
         if getattr(fn, "_jit_compile", False) and not self.xla:
             self.allow_xla()
         if known is None or not known[1]:
+            self.args_without_data = not any(
+                isinstance(leaf, (self.tf.Tensor, self.tf.distribute.DistributedValues, np.ndarray))
+                for leaf in self.tf.nest.flatten((args, kwargs))
+            )
             # trace now (cached for the call): an update seen while tracing makes it a step
             self.calling += 1
             try:
@@ -479,6 +548,7 @@ class AsWritten:
         self.targets.clear()
         self.summaries.clear()
         self.eager_counts.clear()
+        self.replica_inputs.clear()
         self.calling += 1
         start = time.perf_counter()
         try:
@@ -486,17 +556,53 @@ class AsWritten:
             returned = self._returned(result)  # numpy: waits for the step to finish
         finally:
             self.calling -= 1
-        self.end_step((args, kwargs) if replayed is None else replayed, returned,
-                      time.perf_counter() - start)
+        self.end_step(
+            (args, kwargs) if replayed is None else replayed, returned, time.perf_counter() - start
+        )
         return result
+
+    def watch_inputs(self, fn: Any) -> Any:
+        """``fn`` recording, in each replica, every data tensor strategy.run hands it."""
+        tf, me = self.tf, self
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            ctx = tf.distribute.get_replica_context()
+            replica = int(getattr(ctx, "_replica_id_in_sync_group", 0) or 0) if ctx else 0
+            for i, leaf in enumerate(tf.nest.flatten((args, kwargs))):
+                if isinstance(leaf, tf.Tensor) and leaf.shape.rank and leaf.dtype.is_numeric:
+                    tf.numpy_function(
+                        partial(me._got_input, i, replica), [leaf], tf.int64, stateful=True
+                    )
+            return fn(*args, **kwargs)
+
+        return watched
+
+    def _got_input(self, index: int, replica: int, value: Any) -> np.int64:
+        with self.lock:
+            self.replica_inputs[(index, replica)] = np.asarray(value)
+        return np.int64(0)
+
+    def _captured_streams(self) -> list[list[np.ndarray]]:
+        """The replicas' captured inputs, one stream per argument leaf, in replica order."""
+        with self.lock:
+            captured, self.replica_inputs = dict(self.replica_inputs), {}
+        streams = []
+        for index in sorted({i for i, _ in captured}):
+            parts = [captured[i, r] for i, r in sorted(captured) if i == index]
+            if all(fingerprint.is_data(p) for p in parts):
+                streams.append(parts)
+        return streams
 
     def capture_target(self, target: Any) -> None:
         tf = self.tf
         if getattr(self.compiling, "depth", 0):
             return  # inside an XLA-compiled function (see install's call)
         leaves = [t for t in tf.nest.flatten(target) if t is not None]
-        floats = [tf.cast(tf.reduce_sum(t), tf.float64) for t in leaves
-                  if getattr(t, "dtype", None) is not None and t.dtype.is_floating]
+        floats = [
+            tf.cast(tf.reduce_sum(t), tf.float64)
+            for t in leaves
+            if getattr(t, "dtype", None) is not None and t.dtype.is_floating
+        ]
         if not floats:
             return
         total = tf.add_n(floats) if len(floats) > 1 else floats[0]
@@ -533,7 +639,9 @@ class AsWritten:
         if tf.executing_eagerly():
             self._got_summary(name, replica, value.numpy())
             return
-        tf.numpy_function(partial(self._got_summary, name, replica), [value], tf.int64, stateful=True)
+        tf.numpy_function(
+            partial(self._got_summary, name, replica), [value], tf.int64, stateful=True
+        )
 
     def _got_summary(self, name: str, replica: int | None, value: Any) -> np.int64:
         with self.lock:
@@ -553,15 +661,24 @@ class AsWritten:
                 parts = [np.asarray(p) for p in leaf.values]
                 for i, p in enumerate(parts):
                     if p.size == 1:
-                        fetches.append(Fetch(f"{name}[{i}]", name, i, float(p.reshape(())),
-                                             source=SOURCE_RETURNED))
+                        fetches.append(
+                            Fetch(
+                                f"{name}[{i}]",
+                                name,
+                                i,
+                                float(p.reshape(())),
+                                source=SOURCE_RETURNED,
+                            )
+                        )
             else:
                 try:
                     v = np.asarray(leaf)
                 except Exception:  # noqa: BLE001  not a value (an op, a dataset)
                     continue
                 if v.size == 1 and v.dtype.kind in "fiub":
-                    fetches.append(Fetch(name, name, None, float(v.reshape(())), source=SOURCE_RETURNED))
+                    fetches.append(
+                        Fetch(name, name, None, float(v.reshape(())), source=SOURCE_RETURNED)
+                    )
         return fetches
 
     def end_step(self, inputs: Any, returned: list[Fetch] | None, seconds: float) -> None:
@@ -575,7 +692,9 @@ class AsWritten:
         taken = {f.base for f in fetches}
         fetches += [f for f in returned or [] if f.base not in taken]
         taken = {f.base for f in fetches}
-        for (name, at), value in sorted(self.summaries.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        for (name, at), value in sorted(
+            self.summaries.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)
+        ):
             if name not in taken:
                 label = name if at is None else f"{name}[{at}]"
                 fetches.append(Fetch(label, name, at, value, source=SOURCE_SUMMARY))
@@ -601,6 +720,8 @@ class AsWritten:
             streams = [parts for _, parts in inputs]
         else:
             streams = [parts for _, parts in self._data_leaves(inputs)]
+            if not streams and self.replica_inputs:
+                streams = self._captured_streams()
         if not streams:
             return None, None
         return fingerprint.step_fingerprint(streams), fingerprint.step_samples(streams)
@@ -629,21 +750,32 @@ class AsWritten:
             assert self.replay_path is not None
             # the legacy side writes the batches after its last step, its record just after
             deadline = time.monotonic() + self.wait
-            while not self.replay_path.exists() and not (self.replay_path.parent / RECORD_JSON).exists():
+            while (
+                not self.replay_path.exists()
+                and not (self.replay_path.parent / RECORD_JSON).exists()
+            ):
                 if time.monotonic() > deadline:
                     raise self.fail("timed out waiting for the legacy run's input batches")
                 time.sleep(0.05)
             if not self.replay_path.exists():
-                raise self.fail("--replay-inputs: the legacy run recorded no input batches (its steps "
-                              "fed nothing verify could read, or they were too large to keep)")
+                raise self.fail(
+                    "--replay-inputs: the legacy run recorded no input batches (its steps "
+                    "fed nothing verify could read, or they were too large to keep)"
+                )
             self.replay_steps = load_step_inputs(self.replay_path)
         index = len(self.record.steps)
         if index >= len(self.replay_steps):
-            raise self.fail(f"--replay-inputs: the legacy run recorded the inputs of {len(self.replay_steps)} "
-                          f"steps, the migrated program reached step {index + 1}")
+            raise self.fail(
+                f"--replay-inputs: the legacy run recorded the inputs of {len(self.replay_steps)} "
+                f"steps, the migrated program reached step {index + 1}"
+            )
         flat = tf.nest.flatten((args, kwargs))
-        slots = [i for i, leaf in enumerate(flat) if isinstance(leaf, tf.distribute.DistributedValues)
-                 and all(fingerprint.is_data(np.asarray(p)) for p in leaf.values)]
+        slots = [
+            i
+            for i, leaf in enumerate(flat)
+            if isinstance(leaf, tf.distribute.DistributedValues)
+            and all(fingerprint.is_data(np.asarray(p)) for p in leaf.values)
+        ]
         legacy = [(name, self._as_replicas(parts)) for name, parts in self.replay_steps[index]]
         migrated = [[np.asarray(p) for p in flat[i].values] for i in slots]
         pairs = _pair(legacy, migrated)
@@ -651,14 +783,16 @@ class AsWritten:
             raise self.fail(
                 "--replay-inputs: the legacy batches do not fit the migrated step's inputs: legacy "
                 f"step {index + 1} fed {_describe([p for _, p in legacy], [n for n, _ in legacy])}; "
-                f"the migrated step takes {_describe(migrated)}")
+                f"the migrated step takes {_describe(migrated)}"
+            )
         strategy = self.strategies[-1]
         replayed = []
         for slot, (name, parts) in zip(slots, [legacy[j] for j in pairs], strict=True):
             dtype = flat[slot].values[0].dtype
             cast = [np.asarray(p).astype(dtype.as_numpy_dtype) for p in parts]
             flat[slot] = strategy.experimental_distribute_values_from_function(
-                lambda ctx, cast=cast: tf.constant(cast[ctx.replica_id_in_sync_group]))
+                lambda ctx, cast=cast: tf.constant(cast[ctx.replica_id_in_sync_group])
+            )
             replayed.append((name, cast))
         args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
         return args, kwargs, replayed
@@ -683,10 +817,14 @@ class AsWritten:
         hidden: set[int] = set()  # ids that are parts of another variable
         slots: set[int] = set()
         for opt in self.optimizers:
-            opt_vars = opt.variables if not callable(getattr(opt, "variables", None)) else opt.variables()
+            opt_vars = (
+                opt.variables if not callable(getattr(opt, "variables", None)) else opt.variables()
+            )
             for v in opt_vars:
                 slots.add(id(v))
-                inner = getattr(v, "value", None) if type(v).__module__.startswith("keras") else None
+                inner = (
+                    getattr(v, "value", None) if type(v).__module__.startswith("keras") else None
+                )
                 if inner is not None:
                     slots.add(id(inner))
                     slots.update(id(c) for c in getattr(inner, "values", ()) or ())
@@ -701,7 +839,10 @@ class AsWritten:
         named: dict[str, Any] = {}
         kinds: dict[str, str] = {}
         candidates = [(kv.path, kv) for kv in self.keras] + [
-            (v.name.split(":")[0], v) for v in [*self.distributed, *self.plain] if id(v) not in hidden]
+            (v.name.split(":")[0], v)
+            for v in [*self.distributed, *self.plain]
+            if id(v) not in hidden
+        ]
         shadows = self._shadow_names(candidates)
         for name, var in candidates:
             name = shadows.get(id(var), name)
@@ -752,7 +893,9 @@ class AsWritten:
         deadline = time.monotonic() + self.wait
         while not self.init_path.exists():
             if time.monotonic() > deadline:
-                raise self.fail(f"timed out waiting for the legacy initial variables ({self.init_path})")
+                raise self.fail(
+                    f"timed out waiting for the legacy initial variables ({self.init_path})"
+                )
             time.sleep(0.05)
         init = load_arrays(self.init_path)
         legacy_dir = self.init_path.parent
@@ -760,14 +903,21 @@ class AsWritten:
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         traced_file = legacy_dir / TRACED_JSON
         traced = json.loads(traced_file.read_text()) if traced_file.exists() else sorted(init)
-        shapes = {n: (tuple(np.asarray(v).shape), np.asarray(v).dtype) for n, v in self.variables.items()
-                  for v in [self._parts(self.variables[n])[0]]}
+        shapes = {
+            n: (tuple(np.asarray(v).shape), np.asarray(v).dtype)
+            for n, v in self.variables.items()
+            for v in [self._parts(self.variables[n])[0]]
+        }
         # the pairs a mapping (--mapping, the manifest) gives, then the others by name and shape
         explicit = {} if self.mapping_request == SAME_NAMES else dict(self.mapping_request)
         self._check_explicit(explicit, init, shapes)
         # every legacy variable but the optimizer's (a big model's legacy run traces fewer per step)
         names = [n for n in init if meta.get(n, {}).get("kind") != "optimizer"] if meta else traced
-        comparable = {n: (tuple(init[n].shape), init[n].dtype) for n in names if n in init and n not in explicit}
+        comparable = {
+            n: (tuple(init[n].shape), init[n].dtype)
+            for n in names
+            if n in init and n not in explicit
+        }
         rest = {n: s for n, s in shapes.items() if n not in explicit.values()}
         by_name, ambiguous = match_by_name(comparable, rest)
         mapping = {**explicit, **by_name}
@@ -777,44 +927,82 @@ class AsWritten:
             target = shapes[name][1]
             value = np.asarray(init[legacy_name])
             if not _convertible(value, target):
-                raise self.fail(f"legacy {legacy_name} ({value.dtype}) does not convert exactly to migrated "
-                              f"{name} ({target})")
-            self._assign(var, value.astype(target))
+                raise self.fail(
+                    f"legacy {legacy_name} ({value.dtype}) does not convert exactly to migrated "
+                    f"{name} ({target})"
+                )
+            if not self.keep_values:
+                self._assign(var, value.astype(target))
         self.mapping = mapping
         for name, var in self.variables.items():
             self.record.variables[name] = {
-                "shape": list(shapes[name][0]), "dtype": str(shapes[name][1]),
-                "trainable": bool(getattr(var, "trainable", False)), "kind": self.kinds[name],
+                "shape": list(shapes[name][0]),
+                "dtype": str(shapes[name][1]),
+                "trainable": bool(getattr(var, "trainable", False)),
+                "kind": self.kinds[name],
                 "mapped": name in mapping.values(),
             }
         self.trace_names = [mapping[n] for n in traced if n in mapping]
         save_arrays(self.out / INIT_NPZ, self.read(list(self.variables)))
 
-    def _check_explicit(self, mapping: dict[str, str], init: dict[str, np.ndarray],
-                        shapes: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    def _check_explicit(
+        self,
+        mapping: dict[str, str],
+        init: dict[str, np.ndarray],
+        shapes: dict[str, tuple[tuple[int, ...], np.dtype]],
+    ) -> None:
         problems = []
         for legacy_name, name in mapping.items():
             if legacy_name not in init:
-                problems.append(f"legacy {legacy_name} (mapped to {name}) does not exist")
+                problems.append(
+                    f"legacy {legacy_name!r} (mapped to {name!r}) is not a variable of the legacy "
+                    "program"
+                    + _alternatives(
+                        "legacy",
+                        legacy_name,
+                        shapes[name][0] if name in shapes else None,
+                        {n: tuple(v.shape) for n, v in init.items() if n not in mapping},
+                    )
+                )
             elif name not in shapes:
-                problems.append(f"migrated {name} (mapped from {legacy_name}) is not a variable of the program")
+                problems.append(
+                    f"migrated {name!r} (mapped from {legacy_name!r}) is not a variable of the "
+                    "migrated program"
+                    + _alternatives(
+                        "migrated",
+                        name,
+                        tuple(init[legacy_name].shape),
+                        {n: s for n, (s, _) in shapes.items() if n not in mapping.values()},
+                    )
+                )
             elif tuple(init[legacy_name].shape) != shapes[name][0]:
-                problems.append(f"{legacy_name} {list(init[legacy_name].shape)} -> {name} "
-                                f"{list(shapes[name][0])}: shapes differ")
+                problems.append(
+                    f"legacy {legacy_name!r} {_shape(tuple(init[legacy_name].shape))} is mapped to "
+                    f"migrated {name!r} {_shape(shapes[name][0])}: the shapes differ"
+                )
         if problems:
-            raise self.fail("the variable mapping does not fit: " + "; ".join(problems))
+            raise self.fail(f"{self.mapping_source} does not fit: " + "; ".join(problems))
 
-    def _check_matched(self, mapping: dict[str, str], ambiguous: dict[str, list[str]],
-                       legacy: dict[str, tuple[tuple[int, ...], np.dtype]],
-                       migrated: dict[str, tuple[tuple[int, ...], np.dtype]], meta: dict[str, Any]) -> None:
+    def _check_matched(
+        self,
+        mapping: dict[str, str],
+        ambiguous: dict[str, list[str]],
+        legacy: dict[str, tuple[tuple[int, ...], np.dtype]],
+        migrated: dict[str, tuple[tuple[int, ...], np.dtype]],
+        meta: dict[str, Any],
+    ) -> None:
         lines, legacy_left, migrated_left = unmatched(mapping, ambiguous, legacy, migrated)
         if not lines:
             return
-        trainable_legacy = [n for n in [*legacy_left, *ambiguous] if meta.get(n, {}).get("trainable", True)]
+        trainable_legacy = [
+            n for n in [*legacy_left, *ambiguous] if meta.get(n, {}).get("trainable", True)
+        ]
         trainable_migrated = [n for n in migrated_left if self.kinds.get(n) == "weight"]
         text = "; ".join(lines)
         if trainable_legacy or trainable_migrated:
-            raise self.fail("variables could not be matched by name and shape (give --mapping): " + text)
+            raise self.fail(
+                "variables could not be matched by name and shape (give --mapping): " + text
+            )
         self.record.notes.append("not compared (no counterpart by name and shape): " + text)
 
     def finish(self) -> None:
@@ -824,20 +1012,27 @@ class AsWritten:
         save_arrays(self.out / FINAL_NPZ, self.read(names))
         for name in names:
             parts = self._parts(self.variables[name])
-            spread = max((float(np.max(np.abs(p - parts[0]))) for p in parts[1:] if p.size), default=0.0)
+            spread = max(
+                (float(np.max(np.abs(p - parts[0]))) for p in parts[1:] if p.size), default=0.0
+            )
             if spread > 0:
                 self.record.replica_spread[name] = spread
         if self.trace:
             save_arrays(self.out / TRACE_NPZ, {n: np.stack(v) for n, v in self.trace.items()})
 
     def _write_progress(self) -> None:
-        write_json_atomic(self.out / PROGRESS_JSON, {"steps": len(self.record.steps),
-                                                     "updates_seen": bool(self.optimizers)})
+        write_json_atomic(
+            self.out / PROGRESS_JSON,
+            {"steps": len(self.record.steps), "updates_seen": bool(self.optimizers)},
+        )
 
 
-def _pair(legacy: list[tuple[str, list[np.ndarray]]], migrated: list[list[np.ndarray]]) -> list[int] | None:
+def _pair(
+    legacy: list[tuple[str, list[np.ndarray]]], migrated: list[list[np.ndarray]]
+) -> list[int] | None:
     """For each migrated input, the index of its legacy stream: by position when every shape and
     dtype kind agrees, else the one legacy stream of that shape and kind; None when neither works."""
+
     def sig(parts: list[np.ndarray]) -> tuple:
         return tuple((tuple(np.asarray(p).shape), np.asarray(p).dtype.kind) for p in parts)
 
@@ -848,7 +1043,9 @@ def _pair(legacy: list[tuple[str, list[np.ndarray]]], migrated: list[list[np.nda
     chosen = []
     for s in msig:
         found = [j for j, t in enumerate(lsig) if t == s and j not in chosen]
-        if len(found) != 1 and not (found and all(lsig[j] == s for j in found) and msig.count(s) == len(found)):
+        if len(found) != 1 and not (
+            found and all(lsig[j] == s for j in found) and msig.count(s) == len(found)
+        ):
             return None
         chosen.append(found[0])
     return chosen
@@ -863,19 +1060,9 @@ def _describe(streams: list[list[np.ndarray]], names: list[str] | None = None) -
     return "(" + ", ".join(items) + ")" if items else "no data arrays"
 
 
-def run(tf: Any, script: Path, script_args: list[str], devices: list[str], out: Path, steps: int,
-        init: Path, mapping: dict[str, str], wait: float, replay: Path | None) -> tuple[AsWritten, BaseException | None]:
-    """Run the script's main block instrumented; returns the runner and what ended the program
-    (None: it ended by itself or after step K)."""
-    runner = AsWritten(tf, devices, out, steps, init, mapping, wait, replay)
-    if replay is not None:
-        runner.record.notes.append(
-            "--replay-inputs: the migrated replicas trained on the legacy towers' batches; the input "
-            "pipeline itself was not compared")
-    return runner, run_program(tf, runner, script, script_args)
-
-
-def run_program(tf: Any, runner: AsWritten, script: Path, script_args: list[str]) -> BaseException | None:
+def run_program(
+    tf: Any, runner: AsWritten, script: Path, script_args: list[str]
+) -> BaseException | None:
     """Install ``runner``'s patches and run the script's main block under them; returns what ended
     the program (None: it ended by itself or by StopProgram)."""
     runner.install()

@@ -15,44 +15,75 @@ EXIT_ERROR = 2
 
 
 def verify(
-    legacy: Annotated[Path, typer.Argument(help="The legacy TF1 tower training script.", show_default=False)],
+    legacy: Annotated[
+        Path, typer.Argument(help="The legacy TF1 tower training script.", show_default=False)
+    ],
     migrated: Annotated[
-        Path, typer.Argument(help="The migrated TF2 script, run as its user runs it.", show_default=False)
+        Path,
+        typer.Argument(
+            help="The migrated TF2 script, run as its user runs it.", show_default=False
+        ),
     ],
     script_args: Annotated[
         list[str] | None,
-        typer.Argument(help="Arguments for both scripts, after `--`.", show_default=False, metavar="[-- ARGS]"),
+        typer.Argument(
+            help="Arguments for both scripts, after `--`.", show_default=False, metavar="[-- ARGS]"
+        ),
     ] = None,
     replicas: Annotated[
         int | None,
-        typer.Option("--replicas", "-n", min=1, show_default=False,
-                     help="Towers / replicas [default: 2; with --workers on cpu: 1 per worker]."),
+        typer.Option(
+            "--replicas",
+            "-n",
+            min=1,
+            show_default=False,
+            help="Towers / replicas [default: 2; with --workers on cpu: 1 per worker].",
+        ),
     ] = None,
     workers: Annotated[
-        int, typer.Option(min=0, help="Run the migrated side as W MultiWorkerMirroredStrategy worker processes "
-                                      "on localhost; the legacy side gets W x replicas towers (0: off).")
+        int,
+        typer.Option(
+            min=0,
+            help="Run the migrated side as W MultiWorkerMirroredStrategy worker processes "
+            "on localhost; the legacy side gets W x replicas towers (0: off).",
+        ),
     ] = 0,
-    steps: Annotated[int, typer.Option("--steps", "-k", min=1, help="Training steps to compare.")] = 20,
+    steps: Annotated[
+        int, typer.Option("--steps", "-k", min=1, help="Training steps to compare.")
+    ] = 20,
     seed: Annotated[int, typer.Option(help="Seed for Python, numpy and TF on both sides.")] = 0,
     report: Annotated[
-        Path | None, typer.Option(help="Write report.json, report.md and loss.png (and the runs) here.")
+        Path | None,
+        typer.Option(help="Write report.json, report.md and loss.png (and the runs) here."),
     ] = None,
     manifest: Annotated[
-        Path | None, typer.Option(help="tfmigrate.json (default: next to MIGRATED or in its parents).")
+        Path | None,
+        typer.Option(help="tfmigrate.json (default: next to MIGRATED or in its parents)."),
     ] = None,
     mapping: Annotated[
         Path | None, typer.Option(help="Explicit variable mapping JSON for hand-migrated code.")
     ] = None,
-    device: Annotated[str, typer.Option(help="cpu: N logical CPU devices; gpu: the first N GPUs.")] = "cpu",
+    device: Annotated[
+        str, typer.Option(help="cpu: N logical CPU devices; gpu: the first N GPUs.")
+    ] = "cpu",
     timeout: Annotated[float, typer.Option(help="Seconds for both sides together.")] = 600.0,
-    atol: Annotated[float, typer.Option(help="Per-step scalars: absolute tolerance (early steps).")] = 1e-5,
-    rtol: Annotated[float, typer.Option(help="Per-step scalars: relative tolerance (later steps).")] = 1e-4,
-    early_steps: Annotated[int, typer.Option(help="Steps judged by --atol before --rtol applies.")] = 10,
+    atol: Annotated[
+        float, typer.Option(help="Per-step scalars: absolute tolerance (early steps).")
+    ] = 1e-5,
+    rtol: Annotated[
+        float, typer.Option(help="Per-step scalars: relative tolerance (later steps).")
+    ] = 1e-4,
+    early_steps: Annotated[
+        int, typer.Option(help="Steps judged by --atol before --rtol applies.")
+    ] = 10,
     weights_atol: Annotated[float, typer.Option(help="Variables: absolute tolerance.")] = 1e-6,
     weights_rtol: Annotated[float, typer.Option(help="Variables: relative tolerance.")] = 1e-4,
     update_rtol: Annotated[
-        float, typer.Option(help="Variables: or each step's update within this fraction of the legacy step's "
-                                 "(L2 over the variable; 0: the elementwise tolerances alone).")
+        float,
+        typer.Option(
+            help="Variables: or each step's update within this fraction of the legacy step's "
+            "(L2 over the variable; 0: the elementwise tolerances alone)."
+        ),
     ] = 1e-2,
     legacy_rev: Annotated[
         str | None, typer.Option(help="Take the legacy script's folder from this git revision.")
@@ -65,19 +96,26 @@ def verify(
     ] = None,
     noise_floor: Annotated[
         bool,
-        typer.Option("--noise-floor/--no-noise-floor",
-                     help="If something diverges, run the legacy program again under other kernel settings "
-                          "and accept failing steps within 3x its drift from itself (rounding).")
+        typer.Option(
+            "--noise-floor/--no-noise-floor",
+            help="If something diverges, run the legacy program again under other kernel settings "
+            "and accept failing steps within 3x its drift from itself (rounding).",
+        ),
     ] = True,
     replay_inputs: Annotated[
-        bool, typer.Option(help="Feed the migrated replicas the legacy towers' batches of each step instead of "
-                                "what the program's own input pipeline gives (the pipeline is then not compared).")
+        bool,
+        typer.Option(
+            help="Feed the migrated replicas the legacy towers' batches of each step instead of "
+            "what the program's own input pipeline gives (the pipeline is then not compared)."
+        ),
     ] = False,
     roundtrip: Annotated[
-        bool, typer.Option(help="Also check that what the migrated program saves brings it back: its state after "
-                                "the last step is restored into a fresh run, whose variables and next steps must "
-                                "match (with tfmigrate_program: its model reloaded without a strategy must "
-                                "predict the same).")
+        bool,
+        typer.Option(
+            help="Also check that what the migrated program saves brings it back: its state after "
+            "the last step is restored into a fresh run, whose variables and next steps must "
+            "match."
+        ),
     ] = False,
 ) -> None:
     """Train LEGACY and MIGRATED side by side on N devices and show whether they learn the same.
@@ -94,12 +132,31 @@ def verify(
         p.resolve() if p is not None else None for p in (report, manifest, mapping, legacy_cache)
     )
     opts = VerifyOptions(
-        legacy=legacy, migrated=migrated, replicas=replicas or (1 if workers else 2), steps=steps, seed=seed, device=device,
-        timeout=timeout, report_dir=report, manifest=manifest, mapping=mapping,
-        tolerances=Tolerances(atol=atol, rtol=rtol, early_steps=early_steps, weights_atol=weights_atol,
-                              weights_rtol=weights_rtol, update_rtol=update_rtol),
-        script_args=tuple(script_args or ()), legacy_rev=legacy_rev, legacy_cache=legacy_cache,
-        roundtrip=roundtrip, workers=workers, noise_floor=noise_floor, replay_inputs=replay_inputs,
+        legacy=legacy,
+        migrated=migrated,
+        replicas=replicas or (1 if workers else 2),
+        steps=steps,
+        seed=seed,
+        device=device,
+        timeout=timeout,
+        report_dir=report,
+        manifest=manifest,
+        mapping=mapping,
+        tolerances=Tolerances(
+            atol=atol,
+            rtol=rtol,
+            early_steps=early_steps,
+            weights_atol=weights_atol,
+            weights_rtol=weights_rtol,
+            update_rtol=update_rtol,
+        ),
+        script_args=tuple(script_args or ()),
+        legacy_rev=legacy_rev,
+        legacy_cache=legacy_cache,
+        roundtrip=roundtrip,
+        workers=workers,
+        noise_floor=noise_floor,
+        replay_inputs=replay_inputs,
     )
     problem = _argument_problem(opts) or _workers_problem(opts) or _roundtrip_problem(opts)
     if problem:
@@ -132,8 +189,10 @@ def _workers_problem(opts: VerifyOptions) -> str | None:
     if not opts.workers:
         return None
     if opts.device == "cpu" and opts.replicas != 1:
-        return ("--workers on cpu: MultiWorkerMirroredStrategy gives each worker exactly one CPU device, "
-                f"so --replicas must be 1 (the legacy side gets {opts.workers} towers), not {opts.replicas}")
+        return (
+            "--workers on cpu: MultiWorkerMirroredStrategy gives each worker exactly one CPU device, "
+            f"so --replicas must be 1 (the legacy side gets {opts.workers} towers), not {opts.replicas}"
+        )
     if opts.replay_inputs:
         return "--replay-inputs is not supported with --workers yet"
     if opts.roundtrip:

@@ -580,16 +580,19 @@ def _update_text(where: str, error: float | None, tol: Tolerances) -> str:
         return f"{where}: values not finite; "
     if np.isinf(error):
         return f"{where} moved it where legacy's did not; "
-    return f"{where}'s update {percent(error)} off legacy's (tolerance {percent(tol.update_rtol)}); "
+    return (
+        f"{where}'s update {percent(error)} off legacy's (tolerance {percent(tol.update_rtol)}); "
+    )
 
 
 def compare_roundtrip(before: np.ndarray, after: np.ndarray, tol: Tolerances) -> Row:
-    """Predictions of the trained in-strategy model vs the same model reloaded without a strategy."""
+    """The trained run's state after step K and its next steps vs a fresh run restored from what
+    it saved (roundtrip_boot.py): one flat vector each."""
     row = Row(
-        "predictions after save → reload without strategy",
+        "state after save → restore in a fresh run",
         "roundtrip",
-        "in-strategy",
-        "reloaded",
+        "trained",
+        "restored",
         PASS,
         steps_compared=1,
         phase=FINAL_PHASE,

@@ -4,8 +4,8 @@ Imported by migrated_boot (``--strategy multi-worker``) after TensorFlow: the cl
 ``TF_CONFIG``, set by workers.py. Every worker runs the same steps; collectives keep them in lock
 step. A worker only holds its own replicas' values, so each step's per-replica fetches and input
 slices are gathered from all workers (collectives too: every worker calls them in the same order)
-and every worker's record describes the whole cluster, in global replica order. WorkerRunner
-drives a program through ``tfmigrate_program``; WorkerAsWritten runs one as written.
+and every worker's record describes the whole cluster, in global replica order (WorkerAsWritten: the
+program run as written as one worker).
 """
 
 from __future__ import annotations
@@ -14,87 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from tfmigrate.verify import fingerprint
 from tfmigrate.verify.as_written import SOURCE_RETURNED, AsWritten, _flat_names
-from tfmigrate.verify.migrated_boot import MigratedRunner, is_distributed
 from tfmigrate.verify.record import Fetch
-
-
-def make_strategy(tf: Any, device: str) -> tuple[Any, list[str]]:
-    """The cluster's strategy. Without GPUs a worker has exactly one CPU device (one replica)."""
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    return strategy, [str(d) for d in strategy.extended.worker_devices]
-
-
-class WorkerRunner(MigratedRunner):
-    """Records like MigratedRunner, with per-replica values gathered from every worker."""
-
-    def __init__(self, tf: Any, strategy: Any, program: dict[str, Any], out: Any) -> None:
-        super().__init__(tf, strategy, program, out)
-        self.local_replicas = len(strategy.extended.worker_devices)
-        self.record.notes.append(
-            f"multi-worker: {strategy.num_replicas_in_sync} replicas over "
-            f"{strategy.num_replicas_in_sync // self.local_replicas} workers; per-step times include "
-            "gathering the replicas' fetches and inputs from every worker"
-        )
-
-    def replica_values(self, value: Any) -> list[np.ndarray]:
-        tf, strategy = self.tf, self.strategy
-        local = super().replica_values(value)
-        if local[0].ndim == 0:
-            # gather wants an axis: each replica contributes a [1] vector
-            ones = strategy.run(lambda v: tf.reshape(v, [1]), args=(value,))
-            return list(np.asarray(strategy.gather(ones, axis=0)))
-        rows = np.asarray(
-            strategy.gather(strategy.run(lambda v: tf.shape(v)[:1], args=(value,)), axis=0)
-        )
-        whole = np.asarray(strategy.gather(value, axis=0))
-        return np.split(whole, np.cumsum(rows)[:-1])
-
-    def is_per_replica(self, value: Any) -> bool:
-        # With one replica per worker, strategy.run returns (and a distributed dataset yields) plain
-        # tensors, not PerReplica values: treat every value as this worker's replica's.
-        return self.local_replicas == 1 or is_distributed(self.tf, value)
-
-    def fetches(self, out: Any, per_replica: list[str] | None = None) -> list[Fetch]:
-        if not hasattr(out, "items") or per_replica is not None:  # verify's loop: numpy parts
-            return super().fetches(out, per_replica)
-        result = []
-        for (
-            key,
-            value,
-        ) in out.items():  # the same order on every worker: the gathers are collectives
-            if not self.is_per_replica(value):
-                result += super().fetches({key: value})
-                continue
-            if super().replica_values(value)[0].size != 1:
-                continue  # non-scalars are not compared
-            values = [float(v.reshape(())) for v in self.replica_values(value)]
-            result += [
-                Fetch(name=f"{key}[{i}]", base=key, tower=i, value=v) for i, v in enumerate(values)
-            ]
-            if not is_distributed(self.tf, value) and len(set(values)) == 1:
-                # equal on every replica it may also have been a reduction (strategy.reduce):
-                # recorded both ways, with the same numbers
-                result.append(Fetch(name=key, base=key, tower=None, value=values[0]))
-        return result
-
-    def fingerprint(self, batch: Any) -> tuple[list[str] | None, int | None]:
-        streams = []
-        for leaf in self.tf.nest.flatten(batch):
-            parts = self.replica_values(leaf) if self.is_per_replica(leaf) else [np.asarray(leaf)]
-            if parts and all(fingerprint.is_data(p) for p in parts):
-                streams.append(parts)
-        if not streams:
-            return None, None
-        return fingerprint.step_fingerprint(streams), fingerprint.step_samples(streams)
 
 
 class WorkerAsWritten(AsWritten):
     """A program run as written (as_written.py) as one worker of the cluster in ``TF_CONFIG``.
 
     Every ``tf.distribute.MultiWorkerMirroredStrategy`` the program creates gets the cluster of
-    ``TF_CONFIG`` and the default communication (what the protocol's workers get); a
+    ``TF_CONFIG`` and the default communication; a
     ``MirroredStrategy`` is refused: it trains on one machine. After each step this worker's
     replicas' values (losses, returned and summary scalars, input slices) are gathered from every
     worker, in the same order on every worker (collectives), so the record describes the whole
@@ -140,7 +68,9 @@ class WorkerAsWritten(AsWritten):
     @property
     def strategy(self) -> Any:
         if not self.strategies:
-            raise self.fail("--workers: the program created no tf.distribute.MultiWorkerMirroredStrategy")
+            raise self.fail(
+                "--workers: the program created no tf.distribute.MultiWorkerMirroredStrategy"
+            )
         return self.strategies[-1]
 
     @property
@@ -197,18 +127,24 @@ class WorkerAsWritten(AsWritten):
                 continue
             if parts[0].size == 1 and parts[0].dtype.kind in "fiub":
                 scalars.append((name, not distributed, [float(p.reshape(())) for p in parts]))
-        fetches = [Fetch(n, n, None, vs[0], source=SOURCE_RETURNED)
-                   for n, reduced, vs in scalars if reduced and not one]
+        fetches = [
+            Fetch(n, n, None, vs[0], source=SOURCE_RETURNED)
+            for n, reduced, vs in scalars
+            if reduced and not one
+        ]
         # with one replica per worker strategy.run returns plain tensors: this replica's values
         spread = [(n, reduced, vs) for n, reduced, vs in scalars if one or not reduced]
         if not spread:
             return fetches
-        rows = self.gather([np.array([vs[i] for _, _, vs in spread], np.float64)
-                            for i in range(len(spread[0][2]))])
+        rows = self.gather(
+            [np.array([vs[i] for _, _, vs in spread], np.float64) for i in range(len(spread[0][2]))]
+        )
         for j, (name, reduced, _) in enumerate(spread):
             values = [float(row[j]) for row in rows]
-            fetches += [Fetch(f"{name}[{i}]", name, i, v, source=SOURCE_RETURNED)
-                        for i, v in enumerate(values)]
+            fetches += [
+                Fetch(f"{name}[{i}]", name, i, v, source=SOURCE_RETURNED)
+                for i, v in enumerate(values)
+            ]
             if reduced and len(set(values)) == 1:
                 # equal on every replica it may also have been a reduction: recorded both ways
                 fetches.append(Fetch(name, name, None, values[0], source=SOURCE_RETURNED))

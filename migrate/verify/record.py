@@ -28,9 +28,12 @@ TRACE_NPZ = "trace.npz"
 TRACED_JSON = "traced.json"  # legacy names traced per step (written before init.npz)
 LEGACY_VARIABLES_JSON = "variables.json"  # legacy variables' metadata (written before init.npz)
 INPUTS_NPZ = "inputs.npz"
+# --roundtrip: what the trained run and the resumed run compare (roundtrip_boot.py)
+ROUNDTRIP_BEFORE = "roundtrip_before.npz"
+ROUNDTRIP_AFTER = "roundtrip_after.npz"
 
 # Status of a side. "ok": reached the requested steps (or the script's own end); "crashed": user code
-# raised; "error": the runtime could not set the program up (protocol missing, bad mapping, ...).
+# raised; "error": the runtime could not set the program up (no training step seen, a mapping that does not fit, ...).
 OK, CRASHED, ERROR = "ok", "crashed", "error"
 
 
@@ -154,6 +157,9 @@ def load_step_inputs(path: Path) -> list[list[tuple[str, list[np.ndarray]]]]:
         s, i, t, name = key.split("|", 3)
         table.setdefault(int(s), {}).setdefault(int(i), (name, {}))[1][int(t)] = value
     return [
-        [(name, [parts[t] for t in sorted(parts)]) for _, (name, parts) in sorted(table.get(s, {}).items())]
+        [
+            (name, [parts[t] for t in sorted(parts)])
+            for _, (name, parts) in sorted(table.get(s, {}).items())
+        ]
         for s in range(max(table) + 1 if table else 0)
     ]

@@ -1,11 +1,6 @@
 """Second half of ``--roundtrip``: ``python -m tfmigrate.verify.roundtrip_boot --script S --dir D``.
 
-A program that defines ``tfmigrate_program`` (protocol.py): a fresh process with one device and NO
-distribution strategy (what a user's evaluation or serving script has) builds the program with the
-default strategy, ``restore``s what the trained run saved, predicts on the same inputs and stores
-the predictions for the comparison.
-
-A program run as written (as_written.py) is checked on what resuming its training needs instead.
+The program runs as written (as_written.py) and is checked on what resuming its training needs.
 The trained run (``SavingRun``, in the migrated side) saves the training state after step K —
 through every ``tf.train.Checkpoint`` the program built, else every variable verify found and
 the optimizers' variables — then trains ``CONTINUE_STEPS`` more steps on the batches of its steps
@@ -28,15 +23,22 @@ from typing import Any
 
 import numpy as np
 
-from tfmigrate.verify import as_written, protocol
+from tfmigrate.verify import as_written
 from tfmigrate.verify.migrated_boot import (
     SetupProblem,
     configure_devices,
-    load_program_module,
-    roundtrip_parts,
     user_traceback,
 )
-from tfmigrate.verify.record import CRASHED, ERROR, Fetch, RunRecord, load_arrays, save_arrays
+from tfmigrate.verify.record import (
+    CRASHED,
+    ERROR,
+    ROUNDTRIP_AFTER,
+    ROUNDTRIP_BEFORE,
+    Fetch,
+    RunRecord,
+    load_arrays,
+    save_arrays,
+)
 
 CONTINUE_STEPS = 3  # steps trained after the saved state, on both sides of the round trip
 PLAN_JSON = "roundtrip.json"  # what the trained run saved and how it ran, for the resumed run
@@ -97,13 +99,20 @@ class _Resuming(as_written.AsWritten):
     def state(self) -> dict[str, Any]:
         """The training state by name: the compared variables, then the optimizers' in order."""
         named = dict(self.variables)
-        named.update({f"optimizer variable {i}": v for i, v in enumerate(self.optimizer_variables())})
+        named.update(
+            {f"optimizer variable {i}": v for i, v in enumerate(self.optimizer_variables())}
+        )
         return named
 
     def model_vector(self) -> np.ndarray:
         """Every compared variable's value (the model's state, no optimizer's), in name order."""
-        return np.concatenate([np.zeros(0)] + [
-            self._parts(self.variables[n])[0].astype(np.float64).ravel() for n in sorted(self.variables)])
+        return np.concatenate(
+            [np.zeros(0)]
+            + [
+                self._parts(self.variables[n])[0].astype(np.float64).ravel()
+                for n in sorted(self.variables)
+            ]
+        )
 
     def step_vector(self, returned: list[Fetch] | None) -> np.ndarray:
         """This step's fetches (differentiated, returned, summaries) and every state value."""
@@ -122,13 +131,24 @@ class _Resuming(as_written.AsWritten):
 class SavingRun(_Resuming):
     """The trained run: after step K, save the state and train on the first steps' batches again."""
 
-    def __init__(self, *args: Any, roundtrip: Path, replicas: int, device: str, seed: int,
-                 script_args: list[str]) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        roundtrip: Path,
+        replicas: int,
+        device: str,
+        seed: int,
+        script_args: list[str],
+    ) -> None:
         super().__init__(*args)
         self.folder = roundtrip
         self.plan: dict[str, Any] = {
-            "replicas": replicas, "device": device, "seed": seed, "steps": self.max_steps,
-            "continue": min(CONTINUE_STEPS, self.max_steps), "script_args": script_args,
+            "replicas": replicas,
+            "device": device,
+            "seed": seed,
+            "steps": self.max_steps,
+            "continue": min(CONTINUE_STEPS, self.max_steps),
+            "script_args": script_args,
         }
         self.batches: list[tuple[Any, dict]] = []  # the arguments of steps 1..continue
         self.fingerprints: list[list[str] | None] = []
@@ -138,7 +158,12 @@ class SavingRun(_Resuming):
 
     def call_function(self, orig_call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         known = self.step_functions.get(id(fn))
-        if self.saved and known is not None and known[1] and len(self.continued) < len(self.batches):
+        if (
+            self.saved
+            and known is not None
+            and known[1]
+            and len(self.continued) < len(self.batches)
+        ):
             args, kwargs = self.batches[len(self.continued)]  # the batch of step 1, 2, ...
         return super().call_function(orig_call, fn, args, kwargs)
 
@@ -162,14 +187,20 @@ class SavingRun(_Resuming):
     def keep_batch(self, inputs: Any) -> None:
         tf = self.tf
         leaves = tf.nest.flatten(inputs) if inputs is not None else []
-        odd = [type(leaf).__name__ for leaf in leaves if not isinstance(
-            leaf, (tf.Tensor, tf.distribute.DistributedValues, np.ndarray, int, float, bool))]
+        odd = [
+            type(leaf).__name__
+            for leaf in leaves
+            if not isinstance(
+                leaf, (tf.Tensor, tf.distribute.DistributedValues, np.ndarray, int, float, bool)
+            )
+        ]
         if not self.function_step or odd or not self._data_leaves(inputs):
             what = f"takes {', '.join(sorted(set(odd)))}" if odd else "takes no batch as arguments"
             self.unreplayable = (
                 "--roundtrip: verify trains the steps after the saved state on the batches of the "
                 "first steps again, which needs a tf.function step that takes its batch as "
-                f"arguments; this program's step {what if self.function_step else 'runs eagerly'}")
+                f"arguments; this program's step {what if self.function_step else 'runs eagerly'}"
+            )
             return
         self.batches.append(inputs)
         self.fingerprints.append(self._fingerprint(inputs)[0])
@@ -181,16 +212,26 @@ class SavingRun(_Resuming):
         if checkpoints:
             for i, ckpt in enumerate(checkpoints):
                 ckpt.write(str(folder / f"checkpoint-{i}"))
-            how = ("through the program's tf.train.Checkpoint" if len(checkpoints) == 1 else
-                   f"through the program's {len(checkpoints)} tf.train.Checkpoint objects")
+            how = (
+                "through the program's tf.train.Checkpoint"
+                if len(checkpoints) == 1
+                else f"through the program's {len(checkpoints)} tf.train.Checkpoint objects"
+            )
         else:
-            save_arrays(folder / VARIABLES_NPZ, {n: self._parts(v)[0] for n, v in self.state().items()})
-            how = ("as every variable verify found and the optimizers' variables (the program "
-                   "builds no tf.train.Checkpoint)")
+            save_arrays(
+                folder / VARIABLES_NPZ, {n: self._parts(v)[0] for n, v in self.state().items()}
+            )
+            how = (
+                "as every variable verify found and the optimizers' variables (the program "
+                "builds no tf.train.Checkpoint)"
+            )
         resumable = not checkpoints or self.covers_optimizers(checkpoints)
-        self.plan.update(mode=MODE_CHECKPOINT if checkpoints else MODE_VARIABLES,
-                         checkpoints=len(checkpoints), fingerprints=self.fingerprints,
-                         compare=COMPARE_CONTINUED if resumable else COMPARE_MODEL)
+        self.plan.update(
+            mode=MODE_CHECKPOINT if checkpoints else MODE_VARIABLES,
+            checkpoints=len(checkpoints),
+            fingerprints=self.fingerprints,
+            compare=COMPARE_CONTINUED if resumable else COMPARE_MODEL,
+        )
         self.saved = True
         self.model_at_save = self.model_vector()
         if resumable and self.unreplayable:
@@ -201,19 +242,23 @@ class SavingRun(_Resuming):
                 f"the program then trained {self.plan['continue']} more steps on the batches of "
                 f"steps 1-{self.plan['continue']}, and a fresh run of it, restored from that state "
                 "before its first step, trained on its own first batches: the round trip row "
-                "compares the restored variables and those steps' fetches and variables")
+                "compares the restored variables and those steps' fetches and variables"
+            )
         else:
             self.record.notes.append(
                 f"--roundtrip: the state after step {self.max_steps} was saved {how}, which holds "
                 "no optimizer: training resumed from it starts its optimizer over (slots, "
                 "iteration counter). The round trip row compares the model variables a fresh run "
-                "of the program restored from it with the trained ones")
+                "of the program restored from it with the trained ones"
+            )
 
     def covers_optimizers(self, checkpoints: list[Any]) -> bool:
         """Whether the checkpoints reach an optimizer that trained (a model-only checkpoint,
         for inference, does not)."""
         tf = self.tf
-        reached = {id(d) for ckpt in checkpoints for d in tf.train.TrackableView(ckpt).descendants()}
+        reached = {
+            id(d) for ckpt in checkpoints for d in tf.train.TrackableView(ckpt).descendants()
+        }
         return any(id(opt) in reached for opt in self.optimizers)
 
     def finish(self) -> None:
@@ -226,7 +271,7 @@ class SavingRun(_Resuming):
         compared = [self.model_at_save]
         if self.plan["compare"] == COMPARE_CONTINUED:
             compared += self.continued
-        save_arrays(self.folder / protocol.ROUNDTRIP_BEFORE, {"predictions": np.concatenate(compared)})
+        save_arrays(self.folder / ROUNDTRIP_BEFORE, {"predictions": np.concatenate(compared)})
 
 
 class ResumedRun(_Resuming):
@@ -284,7 +329,8 @@ class ResumedRun(_Resuming):
                 raise self.fail(
                     f"--roundtrip: the trained run built {self.plan['checkpoints']} "
                     f"tf.train.Checkpoint(s) before its first step, the fresh run "
-                    f"{self.early_checkpoints}")
+                    f"{self.early_checkpoints}"
+                )
             for i, ckpt in enumerate(self.checkpoints[: self.early_checkpoints]):
                 ckpt.read(str(folder / f"checkpoint-{i}")).expect_partial()
             self.restored_model = self.model_vector()
@@ -294,8 +340,10 @@ class ResumedRun(_Resuming):
         saved = load_arrays(folder / VARIABLES_NPZ)
         state = self.state()
         if sorted(saved) != sorted(state):
-            raise self.fail("--roundtrip: the fresh run's variables are not the trained run's: "
-                            f"{sorted(set(saved) ^ set(state))[:5]}")
+            raise self.fail(
+                "--roundtrip: the fresh run's variables are not the trained run's: "
+                f"{sorted(set(saved) ^ set(state))[:5]}"
+            )
         for name, var in state.items():
             self._assign(var, saved[name])
         self.restored_model = self.model_vector()
@@ -304,11 +352,15 @@ class ResumedRun(_Resuming):
         if self.plan["compare"] == COMPARE_MODEL:
             raise as_written.StopProgram()  # restored before this step: nothing more to see
         index = len(self.continued)
-        expected = self.plan["fingerprints"][index] if index < len(self.plan["fingerprints"]) else None
+        expected = (
+            self.plan["fingerprints"][index] if index < len(self.plan["fingerprints"]) else None
+        )
         mine = self._fingerprint(inputs)[0] if inputs is not None else None
         if expected is not None and mine != expected:
-            raise self.fail(f"--roundtrip: the fresh run's batch of step {index + 1} is not the "
-                            "trained run's (the input pipeline is not deterministic)")
+            raise self.fail(
+                f"--roundtrip: the fresh run's batch of step {index + 1} is not the "
+                "trained run's (the input pipeline is not deterministic)"
+            )
         self.continued.append(self.step_vector(returned))
         if len(self.continued) >= self.plan["continue"]:
             raise as_written.StopProgram()
@@ -319,20 +371,33 @@ def resume_as_written(tf: Any, script: Path, folder: Path, record: RunRecord) ->
     go to ROUNDTRIP_AFTER."""
     plan_file = folder / PLAN_JSON
     if not plan_file.exists():
-        raise SetupProblem("--roundtrip: the trained run saved no training state (it ended before "
-                           "its last compared step)")
+        raise SetupProblem(
+            "--roundtrip: the trained run saved no training state (it ended before "
+            "its last compared step)"
+        )
     plan = json.loads(plan_file.read_text())
     if plan["compare"] == COMPARE_CONTINUED and not plan["continue"]:
         raise SetupProblem(
             f"--roundtrip: the program ended right after step {plan['steps']}: no step after the "
-            "saved state to compare (let it run longer than --steps)")
+            "saved state to compare (let it run longer than --steps)"
+        )
     devices = configure_devices(tf, plan["replicas"], plan["device"])
     tf.random.set_seed(plan["seed"])
     tf.config.experimental.enable_op_determinism()
     out = folder / "resumed"
     out.mkdir(parents=True, exist_ok=True)
-    runner = ResumedRun(tf, devices, out, plan["continue"], out / "no-legacy-values", {},
-                        60.0, None, folder=folder, plan=plan)
+    runner = ResumedRun(
+        tf,
+        devices,
+        out,
+        plan["continue"],
+        out / "no-legacy-values",
+        {},
+        60.0,
+        None,
+        folder=folder,
+        plan=plan,
+    )
     ended = as_written.run_program(tf, runner, script, list(plan["script_args"]))
     record.notes += runner.record.notes
     if runner.problem is not None or isinstance(ended, as_written.Problem):
@@ -343,27 +408,21 @@ def resume_as_written(tf: Any, script: Path, folder: Path, record: RunRecord) ->
         record.traceback = user_traceback(ended)
     elif not runner.restored:
         record.status = ERROR
-        record.message = "--roundtrip: the fresh run reached no traced optimizer update to restore at"
+        record.message = (
+            "--roundtrip: the fresh run reached no traced optimizer update to restore at"
+        )
     elif plan["compare"] == COMPARE_CONTINUED and len(runner.continued) < plan["continue"]:
         record.status = ERROR
-        record.message = (f"--roundtrip: the fresh run ended after {len(runner.continued)} of "
-                          f"{plan['continue']} steps")
+        record.message = (
+            f"--roundtrip: the fresh run ended after {len(runner.continued)} of "
+            f"{plan['continue']} steps"
+        )
     else:
         compared = [runner.restored_model]
         if plan["compare"] == COMPARE_CONTINUED:
             compared += runner.continued
-        save_arrays(folder / protocol.ROUNDTRIP_AFTER, {"predictions": np.concatenate(compared)})
+        save_arrays(folder / ROUNDTRIP_AFTER, {"predictions": np.concatenate(compared)})
     return record
-
-
-def reload_protocol(tf: Any, script: Path, folder: Path, script_args: list[str]) -> None:
-    """The protocol's round trip: build without a strategy, restore, predict."""
-    module = load_program_module(script)
-    entry = getattr(module, protocol.ENTRY_POINT)
-    program = entry(tf.distribute.get_strategy(), list(script_args))
-    _save, restore, predict, inputs = roundtrip_parts(program)
-    restore(str(folder / "saved"))
-    save_arrays(folder / protocol.ROUNDTRIP_AFTER, {"predictions": np.asarray(predict(inputs))})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,10 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         script = ns.script.resolve()
         sys.argv = [str(script), *script_args]
         sys.path.insert(0, str(script.parent))
-        if as_written.defines_protocol(script, protocol.ENTRY_POINT):
-            reload_protocol(tf, script, ns.dir, script_args)
-        else:
-            record = resume_as_written(tf, script, ns.dir, record)
+        record = resume_as_written(tf, script, ns.dir, record)
     except SetupProblem as exc:
         record.status, record.message = ERROR, str(exc)
     except Exception as exc:  # noqa: BLE001  the program's own build/restore/predict failed
@@ -401,4 +457,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -15,9 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfmigrate.verify.as_written import defines_protocol
-from tfmigrate.verify.manifest import SAME_NAMES
-from tfmigrate.verify.protocol import ENTRY_POINT
 from tfmigrate.verify.record import INIT_NPZ, INPUTS_NPZ, RECORD_JSON, RunRecord
 
 LEGACY_ENV = {
@@ -53,6 +50,7 @@ class RunPlan:
     device: str = "cpu"
     timeout: float = 600.0
     mapping: dict[str, str] | None = None
+    mapping_source: str = ""  # the manifest or --mapping file it came from
     script_args: tuple[str, ...] = ()
     # a reusable earlier legacy run (its out folder): run only migrated
     legacy_done: Path | None = None
@@ -145,22 +143,20 @@ def side_commands(plan: RunPlan) -> SideCommands:
     work.mkdir(parents=True, exist_ok=True)
     for d in (work / "legacy" / "out", work / "migrated" / "out"):
         d.mkdir(parents=True, exist_ok=True)
-    mapping_file, trace_file = _plan_files(plan)
-    mapping_file.write_text(json.dumps(plan.mapping or {}, indent=2))
-    trace_file.write_text(json.dumps(sorted((plan.mapping or {}).keys())))
+    _mapping_file(plan).write_text(json.dumps(plan.mapping or {}, indent=2))
     return _commands(plan)
 
 
-def _plan_files(plan: RunPlan) -> tuple[Path, Path]:
-    """The variable mapping the migrated side loads, the legacy names the legacy side traces."""
-    return plan.workdir / "mapping.json", plan.workdir / "trace.json"
+def _mapping_file(plan: RunPlan) -> Path:
+    """The variable mapping the migrated side matches the legacy variables by."""
+    return plan.workdir / "mapping.json"
 
 
 def _commands(plan: RunPlan) -> SideCommands:
     """Both sides' boot commands over the files side_commands wrote (writes nothing)."""
     work = plan.workdir
     legacy_out, migrated_out = work / "legacy" / "out", work / "migrated" / "out"
-    mapping_file, trace_file = _plan_files(plan)
+    mapping_file = _mapping_file(plan)
     tail = ["--", *plan.script_args]
     common = ["--steps", str(plan.steps), "--seed", str(plan.seed)]
     legacy_cmd = [
@@ -177,11 +173,8 @@ def _commands(plan: RunPlan) -> SideCommands:
         plan.device,
         *common,
     ]
-    # by name, or a program run as written (whose mapping may cover only some variables): the
+    # the migrated program runs as written (its mapping may cover only some variables): the
     # legacy side traces all its variables but the optimizer's
-    as_written = plan.migrated.is_file() and not defines_protocol(plan.migrated, ENTRY_POINT)
-    if plan.mapping and plan.mapping != SAME_NAMES and not as_written:
-        legacy_cmd += ["--trace", str(trace_file)]
     migrated_cmd = [
         sys.executable,
         "-m",
@@ -198,6 +191,8 @@ def _commands(plan: RunPlan) -> SideCommands:
         str(legacy_out / INIT_NPZ),
         "--mapping",
         str(mapping_file),
+        "--mapping-source",
+        plan.mapping_source,
         "--wait",
         str(plan.timeout),
         *common,
@@ -292,7 +287,7 @@ def noise_runs() -> list[NoiseRun]:
 
 def noise_command(plan: RunPlan, run: NoiseRun) -> list[str]:
     """A perturbed legacy run's command: the first legacy command with its own out folder. It
-    reads the mapping/trace files the main runs used and leaves them as they are (the report
+    reads the mapping file the main runs used and leaves them as they are (the report
     keeps them)."""
     cmd = _commands(plan).legacy
     cmd[cmd.index("--out") + 1] = str(plan.workdir / run.name / "out")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmigrate.verify import compare as cmp
-from tfmigrate.verify import loss_scaling, protocol
-from tfmigrate.verify.as_written import PROGRESS_JSON, defines_protocol
+from tfmigrate.verify import loss_scaling
+from tfmigrate.verify.as_written import PROGRESS_JSON
 from tfmigrate.verify.manifest import (
     RESOLVED_MAPPING,
     SAME_NAMES,
@@ -32,6 +32,8 @@ from tfmigrate.verify.record import (
     INIT_NPZ,
     OK,
     RECORD_JSON,
+    ROUNDTRIP_AFTER,
+    ROUNDTRIP_BEFORE,
     TRACE_NPZ,
     RunRecord,
     load_arrays,
@@ -62,9 +64,13 @@ class VerifyOptions:
     tolerances: cmp.Tolerances = field(default_factory=cmp.Tolerances)
     script_args: tuple[str, ...] = ()
     legacy_rev: str | None = None
-    legacy_cache: Path | None = None  # reuse legacy runs across verify calls (same inputs → same run)
+    legacy_cache: Path | None = (
+        None  # reuse legacy runs across verify calls (same inputs → same run)
+    )
     roundtrip: bool = False
-    workers: int = 0  # >0: the migrated side runs as W MultiWorkerMirroredStrategy workers (workers.py)
+    workers: int = (
+        0  # >0: the migrated side runs as W MultiWorkerMirroredStrategy workers (workers.py)
+    )
     # on a divergence, measure the legacy program's own drift under other kernels (sides.noise_runs)
     noise_floor: bool = True
     replay_inputs: bool = False  # the migrated replicas train on the legacy towers' batches
@@ -87,17 +93,15 @@ def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
     if opts.mapping is not None:
         return load_mapping_file(opts.mapping)
     path = opts.manifest or find_manifest(opts.migrated)
-    if path is None and not defines_protocol(opts.migrated, protocol.ENTRY_POINT):
-        # a program run as written: its variables are matched to the legacy ones by name and shape
-        return ScriptManifest(variables=dict(SAME_NAMES), source="matched by name and shape",
-                              notes=["no manifest and no --mapping: variables matched by name and shape"])
     if path is None:
-        raise ManifestError(
-            f"no tfmigrate.json next to {opts.migrated} or in its parents, and no --mapping: verify needs "
-            "the legacy→migrated variable-name mapping to start both sides from the same weights"
+        # a program run as written: its variables are matched to the legacy ones by name and shape
+        return ScriptManifest(
+            variables=dict(SAME_NAMES),
+            source="matched by name and shape",
+            notes=["no manifest and no --mapping: variables matched by name and shape"],
         )
     manifest = load_manifest(path, opts.migrated)
-    if not manifest.variables and not defines_protocol(opts.migrated, protocol.ENTRY_POINT):
+    if not manifest.variables:
         # a conversion that kept the legacy variable names (the staged converter's TF1Variables)
         # records no mapping: matched by name and shape, its notes and announcements kept
         manifest = dataclasses.replace(manifest, variables=dict(SAME_NAMES))
@@ -107,12 +111,19 @@ def resolve_manifest(opts: VerifyOptions) -> ScriptManifest:
 def legacy_from_git(legacy: Path, rev: str, into: Path) -> Path:
     """The legacy script's folder as it was at ``rev`` (read-only git: ``git archive``)."""
     folder = legacy.resolve().parent
-    top = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"], capture_output=True,
-                         text=True, check=True).stdout.strip()
+    top = subprocess.run(
+        ["git", "-C", str(folder), "rev-parse", "--show-toplevel"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     rel = folder.relative_to(Path(top).resolve()).as_posix()
     into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", top, "archive", "--format=tar", rev, rel or "."],
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", top, "archive", "--format=tar", rev, rel or "."],
+        capture_output=True,
+        check=True,
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into / rel / legacy.name
 
@@ -124,8 +135,19 @@ def legacy_cache_key(legacy: Path, opts: VerifyOptions, mapping: dict[str, str])
     for path in [*sorted(runtime.glob("*.py")), *sorted(legacy.resolve().parent.rglob("*.py"))]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
-    h.update(json.dumps([legacy.name, opts.replicas * max(opts.workers, 1), opts.steps, opts.seed, opts.device,
-                         list(opts.script_args), sorted(mapping)]).encode())
+    h.update(
+        json.dumps(
+            [
+                legacy.name,
+                opts.replicas * max(opts.workers, 1),
+                opts.steps,
+                opts.seed,
+                opts.device,
+                list(opts.script_args),
+                sorted(mapping),
+            ]
+        ).encode()
+    )
     return h.hexdigest()[:20]
 
 
@@ -142,8 +164,10 @@ def side_problem(run: SideRun, timeout: float) -> str | None:
             return f"the {run.side} side reached no training step in {timeout:g} s (timed out)"
         return f"the {run.side} side timed out after {timeout:g} s"
     if run.record is None:
-        return (f"the {run.side} runtime stopped (exit status {run.returncode}) before writing its record"
-                + (f":\n{run.tail()}" if run.stderr.strip() else ""))
+        return (
+            f"the {run.side} runtime stopped (exit status {run.returncode}) before writing its record"
+            + (f":\n{run.tail()}" if run.stderr.strip() else "")
+        )
     if run.record.status == CRASHED:
         return f"the {run.side} script crashed: {run.record.message}"
     if run.record.status != "ok":
@@ -153,8 +177,12 @@ def side_problem(run: SideRun, timeout: float) -> str | None:
 
 def side_data(run: SideRun) -> cmp.SideData:
     assert run.record is not None
-    return cmp.SideData(run.record, load_arrays(run.out / INIT_NPZ), load_arrays(run.out / FINAL_NPZ),
-                        load_arrays(run.out / TRACE_NPZ))
+    return cmp.SideData(
+        run.record,
+        load_arrays(run.out / INIT_NPZ),
+        load_arrays(run.out / FINAL_NPZ),
+        load_arrays(run.out / TRACE_NPZ),
+    )
 
 
 def run_verify(opts: VerifyOptions) -> Outcome:
@@ -163,7 +191,11 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     except ManifestError as exc:
         return Outcome(cmp.could_not_run(str(exc)), opts)
     if not manifest.variables:
-        return Outcome(cmp.could_not_run(f"{manifest.source}: the variable mapping is empty"), opts, manifest=manifest)
+        return Outcome(
+            cmp.could_not_run(f"{manifest.source}: the variable mapping is empty"),
+            opts,
+            manifest=manifest,
+        )
 
     scratch_parent = opts.report_dir / "runs" if opts.report_dir else None
     if scratch_parent is not None:
@@ -175,16 +207,33 @@ def run_verify(opts: VerifyOptions) -> Outcome:
         try:
             legacy = legacy_from_git(opts.legacy, opts.legacy_rev, workdir / "legacy-src")
         except (subprocess.CalledProcessError, ValueError, OSError) as exc:
-            return Outcome(cmp.could_not_run(f"cannot take {opts.legacy} from git rev {opts.legacy_rev}: {exc}"),
-                           opts, manifest=manifest)
+            return Outcome(
+                cmp.could_not_run(
+                    f"cannot take {opts.legacy} from git rev {opts.legacy_rev}: {exc}"
+                ),
+                opts,
+                manifest=manifest,
+            )
     cache_dir = None
     if opts.legacy_cache is not None:
         cache_dir = opts.legacy_cache / legacy_cache_key(legacy, opts, manifest.variables)
-    plan = RunPlan(legacy=legacy, migrated=opts.migrated, workdir=workdir, replicas=opts.replicas,
-                   steps=opts.steps, seed=opts.seed, device=opts.device, timeout=opts.timeout,
-                   mapping=manifest.variables, script_args=opts.script_args,
-                   legacy_done=_cached_legacy(cache_dir), roundtrip=opts.roundtrip, workers=opts.workers,
-                   replay_inputs=opts.replay_inputs)
+    plan = RunPlan(
+        legacy=legacy,
+        migrated=opts.migrated,
+        workdir=workdir,
+        replicas=opts.replicas,
+        steps=opts.steps,
+        seed=opts.seed,
+        device=opts.device,
+        timeout=opts.timeout,
+        mapping=manifest.variables,
+        mapping_source=manifest.source,
+        script_args=opts.script_args,
+        legacy_done=_cached_legacy(cache_dir),
+        roundtrip=opts.roundtrip,
+        workers=opts.workers,
+        replay_inputs=opts.replay_inputs,
+    )
     worker_runs: list[SideRun] = []
     if opts.workers:
         from tfmigrate.verify.workers import run_worker_sides
@@ -198,7 +247,9 @@ def run_verify(opts: VerifyOptions) -> Outcome:
         manifest.variables = json.loads(resolved.read_text())
     if cache_dir is not None and plan.legacy_done is None and _cached_legacy(legacy_run.out):
         _publish(legacy_run.out, cache_dir)
-    outcome = Outcome(cmp.could_not_run(""), opts, legacy_run, migrated_run, manifest, workers=worker_runs)
+    outcome = Outcome(
+        cmp.could_not_run(""), opts, legacy_run, migrated_run, manifest, workers=worker_runs
+    )
     for run in _problem_first([legacy_run, migrated_run, *worker_runs]):
         problem = side_problem(run, opts.timeout)
         if problem:
@@ -209,14 +260,16 @@ def run_verify(opts: VerifyOptions) -> Outcome:
     else:
         assert legacy_run.record is not None and migrated_run.record is not None  # no side_problem
         scaling = loss_scaling.scale_differentiated(legacy_run.record, migrated_run.record)
-        outcome.comparison = cmp.compare(side_data(legacy_run), side_data(migrated_run), manifest,
-                                         opts.tolerances)
+        outcome.comparison = cmp.compare(
+            side_data(legacy_run), side_data(migrated_run), manifest, opts.tolerances
+        )
         if outcome.comparison.verdict != cmp.COULD_NOT_RUN:
             outcome.comparison.notes += scaling
         elif "different inputs" in outcome.comparison.reason and not opts.replay_inputs:
             outcome.comparison.notes.append(
                 "--replay-inputs trains the migrated replicas on the legacy towers' batches, so the "
-                "training step is compared whatever the input pipelines do")
+                "training step is compared whatever the input pipelines do"
+            )
         if _wants_noise_floor(opts, outcome.comparison):
             _noise_floor(plan, outcome, side_data(legacy_run), cache_dir)
         if opts.roundtrip and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
@@ -224,10 +277,16 @@ def run_verify(opts: VerifyOptions) -> Outcome:
         if worker_runs and outcome.comparison.verdict != cmp.COULD_NOT_RUN:
             from tfmigrate.verify.workers import add_agreement, agreement_rows
 
-            rows = agreement_rows(side_data(migrated_run), {r.side: side_data(r) for r in worker_runs},
-                                  opts.tolerances, outcome.comparison.notes)
+            rows = agreement_rows(
+                side_data(migrated_run),
+                {r.side: side_data(r) for r in worker_runs},
+                opts.tolerances,
+                outcome.comparison.notes,
+            )
             add_agreement(outcome.comparison, rows)
-    outcome.comparison.notes = manifest.notes + _record_notes(legacy_run, migrated_run) + outcome.comparison.notes
+    outcome.comparison.notes = (
+        manifest.notes + _record_notes(legacy_run, migrated_run) + outcome.comparison.notes
+    )
     if opts.report_dir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return outcome
@@ -235,7 +294,9 @@ def run_verify(opts: VerifyOptions) -> Outcome:
 
 def _problem_first(runs: list[SideRun]) -> list[SideRun]:
     """A side whose user code crashed explains the others (stopped while waiting for it)."""
-    return sorted(runs, key=lambda r: 0 if r.record is not None and r.record.status == CRASHED else 1)
+    return sorted(
+        runs, key=lambda r: 0 if r.record is not None and r.record.status == CRASHED else 1
+    )
 
 
 def _wants_noise_floor(opts: VerifyOptions, comparison: cmp.Comparison) -> bool:
@@ -255,13 +316,17 @@ def _publish(out: Path, cache: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _noise_floor(plan: RunPlan, outcome: Outcome, legacy: cmp.SideData, cache_dir: Path | None) -> None:
+def _noise_floor(
+    plan: RunPlan, outcome: Outcome, legacy: cmp.SideData, cache_dir: Path | None
+) -> None:
     """The noise floor's legacy runs (kept in the legacy cache beside the legacy run: they are as
     deterministic as it is) compared with the legacy run, then the failing rows re-judged."""
     assert outcome.manifest is not None
     floors = []
     for spec in noise_runs():
-        cached = _cached_legacy(cache_dir.with_name(f"{cache_dir.name}.{spec.name}") if cache_dir else None)
+        cached = _cached_legacy(
+            cache_dir.with_name(f"{cache_dir.name}.{spec.name}") if cache_dir else None
+        )
         if cached is not None:
             run = SideRun(noise_label(spec), cached, 0, "", "", False, RunRecord.load(cached))
         else:
@@ -273,8 +338,14 @@ def _noise_floor(plan: RunPlan, outcome: Outcome, legacy: cmp.SideData, cache_di
         if problem:
             outcome.comparison.notes.append(f"noise floor run {spec.name} not used: {problem}")
             continue
-        floors.append(cmp.compare(legacy, side_data(run), cmp.noise_manifest(outcome.manifest),
-                                  outcome.options.tolerances))
+        floors.append(
+            cmp.compare(
+                legacy,
+                side_data(run),
+                cmp.noise_manifest(outcome.manifest),
+                outcome.options.tolerances,
+            )
+        )
     if floors:
         cmp.apply_noise_floor(outcome.comparison, floors)
 
@@ -284,14 +355,17 @@ def _roundtrip(plan: RunPlan, outcome: Outcome) -> None:
     outcome.roundtrip = run
     problem = side_problem(run, plan.timeout)
     if problem:
-        outcome.comparison = cmp.could_not_run(problem.replace("roundtrip side", "round trip (reload)"),
-                                               outcome.comparison.notes)
+        outcome.comparison = cmp.could_not_run(
+            problem.replace("roundtrip side", "round trip (reload)"), outcome.comparison.notes
+        )
         if run.record is not None and run.record.status == CRASHED:
             outcome.crash = run
         return
-    before = load_arrays(plan.roundtrip_dir / protocol.ROUNDTRIP_BEFORE)["predictions"]
-    after = load_arrays(plan.roundtrip_dir / protocol.ROUNDTRIP_AFTER)["predictions"]
-    cmp.add_roundtrip(outcome.comparison, cmp.compare_roundtrip(before, after, outcome.options.tolerances))
+    before = load_arrays(plan.roundtrip_dir / ROUNDTRIP_BEFORE)["predictions"]
+    after = load_arrays(plan.roundtrip_dir / ROUNDTRIP_AFTER)["predictions"]
+    cmp.add_roundtrip(
+        outcome.comparison, cmp.compare_roundtrip(before, after, outcome.options.tolerances)
+    )
 
 
 def _record_notes(*runs: SideRun) -> list[str]:

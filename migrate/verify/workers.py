@@ -9,8 +9,7 @@ not run, rather than crash, gives the others ``FAILED_GRACE_SECONDS`` to end by 
 legacy side finishes its run, so the report names the worker's problem); once one worker has finished
 well, the others get ``GRACE_SECONDS`` to finish too.
 
-A worker runs the program through ``tfmigrate_program`` when it defines it, else as written
-(multi_worker_runtime.WorkerAsWritten). The workers gather every replica's fetches and inputs (multi_worker_runtime.py), so each record
+A worker runs the program as written (multi_worker_runtime.WorkerAsWritten). The workers gather every replica's fetches and inputs (multi_worker_runtime.py), so each record
 describes the whole cluster; the chief's is compared with the legacy run, and every other worker's
 must agree with the chief's (``agreement_rows``).
 """

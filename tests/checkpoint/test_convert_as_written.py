@@ -1,5 +1,4 @@
-"""convert-checkpoint on hand-written TF2 programs as they are written (no tfmigrate_program, no
-manifest): the program runs to its first training step, its own tf.train.CheckpointManager writes
+"""convert-checkpoint on hand-written TF2 programs as they are written (no manifest): the program runs to its first training step, its own tf.train.CheckpointManager writes
 the legacy values, and the program's own restore code reads them.
 
 The legacy twin (fixtures/handwritten/get_variable_towers/legacy.py) trains LEGACY_STEPS steps on
@@ -86,7 +85,9 @@ def _convert_all(prefix: Path, cases: dict[str, tuple], out: Path) -> dict:
     """Each case (script, *options) converted into out/<case>, two conversions at a time."""
     out.mkdir()
     with ThreadPoolExecutor(2) as pool:
-        futures = {n: pool.submit(_convert, prefix, c[0], out / n, *c[1:]) for n, c in cases.items()}
+        futures = {
+            n: pool.submit(_convert, prefix, c[0], out / n, *c[1:]) for n, c in cases.items()
+        }
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -229,10 +230,46 @@ def test_a_rewritten_program_converts_as_written_and_resumes(tmp_path):
     assert "step 0 " not in runs["resumed"] and "step 0 " in runs["fresh"]
 
 
-def test_check_needs_the_protocol_and_says_so(tmp_path):
-    out = tmp_path / "out"
-    result = run_cli("convert-checkpoint", tmp_path, "--script", TOWERS / "train_tf2.py", "--out",
-                     out, "--check", TOWERS / "legacy.py")  # fmt: skip
-    assert result.returncode == 2, result
-    assert "--check needs a program that defines tfmigrate_program()" in result.stdout
-    assert not out.exists()
+@pytest.mark.slow
+def test_check_runs_the_program_restored_by_its_own_manager(legacy_checkpoint, tmp_path):
+    """--check: the legacy program restored from its checkpoint, and train_tf2.py restored by its
+    own manager.restore_or_initialize() from the converted one (put where its --model_dir points),
+    compute the same first step. A variant whose restore never runs is caught (exit 1)."""
+    cases = {
+        "checked": (TOWERS / "train_tf2.py", "--check", TOWERS / "legacy.py"),
+        "no-restore": (_variant(tmp_path, "no-restore", ("if manager.restore_or_initialize():",
+                                                         "if manager.latest_checkpoint is None:")),
+                       "--check", TOWERS / "legacy.py"),
+    }  # fmt: skip
+    results = _convert_all(legacy_checkpoint, cases, tmp_path / "out")
+    checked = results["checked"]
+    assert checked.returncode == 0, checked
+    assert (
+        "computes the same as the legacy program restored from the legacy checkpoint"
+        in checked.stdout
+    )
+    assert "ok   restored hidden/weights" in checked.stdout
+    missed = results["no-restore"]
+    assert missed.returncode == 1, missed
+    assert "check: DIFFERENT: restored " in missed.stdout
+    assert (tmp_path / "out" / "no-restore" / "conversion.json").exists()  # the conversion stays
+
+
+def test_check_of_a_program_without_a_checkpoint_manager_says_why(tmp_path):
+    """Where its own restore reads from is not known: exit 2 with the reason (no TensorFlow)."""
+    from tfmigrate.verify.migrated_boot import SetupProblem, place_converted
+
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    (folder / "conversion.json").write_text(json.dumps({"restore_folder": None}))
+    with pytest.raises(SetupProblem, match="keeps no tf.train.CheckpointManager"):
+        place_converted(folder, tmp_path)
+    (folder / "conversion.json").write_text(json.dumps({"restore_folder": "model"}))
+    (folder / "ckpt-3.index").write_text("x")
+    place_converted(folder, tmp_path / "cwd")
+    assert (tmp_path / "cwd" / "model" / "ckpt-3.index").read_text() == "x"
+    (folder / "conversion.json").write_text(
+        json.dumps({"restore_folder": str(tmp_path / "elsewhere")})
+    )
+    with pytest.raises(SetupProblem, match="not from the converted folder"):
+        place_converted(folder, tmp_path / "cwd")

@@ -1,4 +1,4 @@
-"""verify runs a hand-written TF2 program as its user runs it (no tfmigrate_program, no manifest):
+"""verify runs a hand-written TF2 program as its user runs it (no manifest):
 steps found at the optimizer update, losses where the gradient is taken, variables matched by
 name and shape, loss scaling detected, the legacy batches replayed on request."""
 
@@ -11,7 +11,13 @@ import pytest
 from verify_support import FIXTURES, verify
 
 from tfmigrate.verify import compare as cmp
-from tfmigrate.verify.as_written import _convertible, _pair, defines_protocol, match_by_name
+from tfmigrate.verify.as_written import (
+    OLD_ENTRY_POINT,
+    _convertible,
+    _pair,
+    defines_function,
+    match_by_name,
+)
 from tfmigrate.verify.loss_scaling import scale_differentiated
 from tfmigrate.verify.record import Fetch, RunRecord, Step, load_step_inputs, save_step_inputs
 
@@ -61,22 +67,42 @@ def test_an_eager_step_is_a_step_too(tmp_path, legacy_cache):
     outcome = verify(TOWERS / "legacy.py", eager, steps=STEPS, cache=legacy_cache)
     assert outcome.comparison.verdict == cmp.EQUIVALENT, outcome.comparison.reason
     assert outcome.comparison.steps_compared == STEPS
-    assert not any("could not be fingerprinted" in n for n in outcome.comparison.notes)  # strategy.run's batch
-    assert not any("sgd/iteration" in n for n in outcome.comparison.notes)  # the counter is the optimizer's
+    assert not any(
+        "could not be fingerprinted" in n for n in outcome.comparison.notes
+    )  # strategy.run's batch
+    assert not any(
+        "sgd/iteration" in n for n in outcome.comparison.notes
+    )  # the counter is the optimizer's
 
 
 @pytest.mark.slow
-def test_a_keras_fit_program_is_verified_through_a_mapping_of_its_weight_paths(tmp_path, legacy_cache):
+def test_a_keras_fit_program_is_verified_through_a_mapping_of_its_weight_paths(
+    tmp_path, legacy_cache
+):
     mapping = tmp_path / "mapping.json"
-    mapping.write_text(json.dumps({f"{layer}/{tf1}": f"classifier/{layer}/{keras}" for layer in ("hidden", "logits")
-                                   for tf1, keras in (("weights", "kernel"), ("biases", "bias"))}))
-    outcome = verify(TOWERS / "legacy.py", TOWERS / "train_fit.py", steps=STEPS, cache=legacy_cache,
-                     mapping=mapping)
+    mapping.write_text(
+        json.dumps(
+            {
+                f"{layer}/{tf1}": f"classifier/{layer}/{keras}"
+                for layer in ("hidden", "logits")
+                for tf1, keras in (("weights", "kernel"), ("biases", "bias"))
+            }
+        )
+    )
+    outcome = verify(
+        TOWERS / "legacy.py",
+        TOWERS / "train_fit.py",
+        steps=STEPS,
+        cache=legacy_cache,
+        mapping=mapping,
+    )
     comparison = outcome.comparison
     assert comparison.verdict == cmp.EQUIVALENT, comparison.reason
     assert _statuses(outcome)["loss (tower 1)"] == _statuses(outcome)["logits/weights"] == cmp.PASS
     assert any("loss scaling" in n for n in comparison.notes)
-    assert not any("loss/total" in n for n in comparison.notes)  # fit's loss tracker is not a weight
+    assert not any(
+        "loss/total" in n for n in comparison.notes
+    )  # fit's loss tracker is not a weight
 
 
 @pytest.mark.slow
@@ -105,7 +131,9 @@ def test_shuffled_legacy_input_is_equivalent_only_with_replayed_inputs(legacy_ca
     replayed = verify(legacy, migrated, steps=STEPS, cache=legacy_cache, replay_inputs=True)
     comparison = replayed.comparison
     assert comparison.verdict == cmp.EQUIVALENT, comparison.reason
-    assert {"net/hidden/kernel", "net/out/bias"} <= {r.quantity for r in comparison.rows if r.status == cmp.PASS}
+    assert {"net/hidden/kernel", "net/out/bias"} <= {
+        r.quantity for r in comparison.rows if r.status == cmp.PASS
+    }
     assert any("input pipeline itself was not compared" in n for n in comparison.notes)
     losses = [r for r in comparison.rows if r.category == "loss"]
     assert len(losses) == 2 and all(r.status == cmp.PASS for r in losses)
@@ -114,8 +142,12 @@ def test_shuffled_legacy_input_is_equivalent_only_with_replayed_inputs(legacy_ca
 @pytest.mark.slow
 def test_replayed_batches_that_fit_no_migrated_input_name_both_structures(tmp_path, legacy_cache):
     # the migrated labels are floats: no legacy batch has their shape and kind
-    migrated = _copy(tmp_path, SHUFFLED, "argmax(axis=1)).astype(np.int32)", "argmax(axis=1)).astype(np.float32)")
-    outcome = verify(SHUFFLED / "legacy.py", migrated, steps=STEPS, cache=legacy_cache, replay_inputs=True)
+    migrated = _copy(
+        tmp_path, SHUFFLED, "argmax(axis=1)).astype(np.int32)", "argmax(axis=1)).astype(np.float32)"
+    )
+    outcome = verify(
+        SHUFFLED / "legacy.py", migrated, steps=STEPS, cache=legacy_cache, replay_inputs=True
+    )
     reason = outcome.comparison.reason
     assert outcome.comparison.exit_code == 2
     assert "do not fit" in reason and "int32 [16] x2" in reason and "float32 [16] x2" in reason
@@ -123,18 +155,31 @@ def test_replayed_batches_that_fit_no_migrated_input_name_both_structures(tmp_pa
 
 
 @pytest.mark.slow
-def test_program_that_never_reaches_a_training_step_times_out_with_a_one_line_reason(tmp_path, legacy_cache):
-    migrated = _copy(tmp_path, TOWERS, "  for step, (rows, labels) in enumerate(dist_data):",
-                     "  import time\n  while True:\n    time.sleep(0.2)\n  for step, (rows, labels) in enumerate(dist_data):")
+def test_program_that_never_reaches_a_training_step_times_out_with_a_one_line_reason(
+    tmp_path, legacy_cache
+):
+    migrated = _copy(
+        tmp_path,
+        TOWERS,
+        "  for step, (rows, labels) in enumerate(dist_data):",
+        "  import time\n  while True:\n    time.sleep(0.2)\n  for step, (rows, labels) in enumerate(dist_data):",
+    )
     outcome = verify(TOWERS / "legacy.py", migrated, steps=STEPS, cache=legacy_cache, timeout=25)
     assert outcome.comparison.exit_code == 2
-    assert outcome.comparison.reason == "the migrated side reached no training step in 25 s (timed out)"
+    assert (
+        outcome.comparison.reason
+        == "the migrated side reached no training step in 25 s (timed out)"
+    )
 
 
 @pytest.mark.slow
 def test_program_without_a_visible_optimizer_and_unmatched_variables_exit_2(tmp_path, legacy_cache):
-    by_hand = _copy(tmp_path, TOWERS, "    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))",
-                    "    for v, g in zip(variables, tape.gradient(loss, variables)):\n      v.assign_sub(0.4 * g)")
+    by_hand = _copy(
+        tmp_path,
+        TOWERS,
+        "    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))",
+        "    for v, g in zip(variables, tape.gradient(loss, variables)):\n      v.assign_sub(0.4 * g)",
+    )
     outcome = verify(TOWERS / "legacy.py", by_hand, steps=STEPS, cache=legacy_cache)
     assert outcome.comparison.exit_code == 2
     assert "no training step recognised" in outcome.comparison.reason
@@ -150,7 +195,9 @@ def test_program_without_a_visible_optimizer_and_unmatched_variables_exit_2(tmp_
     # a mapping names the pair verify cannot find; the other variables still match by name
     mapping = tmp_path / "mapping.json"
     mapping.write_text(json.dumps({"hidden/weights": "dense/kernel"}))
-    outcome = verify(TOWERS / "legacy.py", renamed, steps=STEPS, cache=legacy_cache, mapping=mapping)
+    outcome = verify(
+        TOWERS / "legacy.py", renamed, steps=STEPS, cache=legacy_cache, mapping=mapping
+    )
     assert outcome.comparison.verdict == cmp.EQUIVALENT, outcome.comparison.reason
     assert _statuses(outcome)["hidden/weights"] == _statuses(outcome)["hidden/biases"] == cmp.PASS
 
@@ -166,8 +213,11 @@ def test_names_match_across_a_model_prefix_and_slashes_for_underscores():
     legacy = _shapes(net__hidden__kernel=(3, 4), net__hidden__bias=(4,), conv1__weights=(2, 2))
     migrated = _shapes(model__net__hidden__kernel=(3, 4), hidden__bias=(4,), conv1_weights=(2, 2))
     mapping, ambiguous = match_by_name(legacy, migrated)
-    assert mapping == {"net/hidden/kernel": "model/net/hidden/kernel", "net/hidden/bias": "hidden/bias",
-                       "conv1/weights": "conv1_weights"}
+    assert mapping == {
+        "net/hidden/kernel": "model/net/hidden/kernel",
+        "net/hidden/bias": "hidden/bias",
+        "conv1/weights": "conv1_weights",
+    }
     assert not ambiguous
 
 
@@ -188,27 +238,63 @@ def test_dtypes_convert_only_when_exact():
 
 
 def _record(side, steps, devices=2):
-    return RunRecord(side=side, devices=devices, steps=[Step(step=i + 1, seconds=0.0, fetches=f)
-                                                         for i, f in enumerate(steps)])
+    return RunRecord(
+        side=side,
+        devices=devices,
+        steps=[Step(step=i + 1, seconds=0.0, fetches=f) for i, f in enumerate(steps)],
+    )
 
 
 def test_loss_scaling_is_detected_from_step_one_and_applied_to_every_step():
-    legacy = _record("legacy", [[Fetch("tower_0/xent", "xent", 0, 2.0), Fetch("tower_1/xent", "xent", 1, 3.0),
-                                 Fetch("lr", "lr", None, 0.1)],
-                                [Fetch("tower_0/xent", "xent", 0, 1.5), Fetch("tower_1/xent", "xent", 1, 2.5)]])
-    migrated = _record("migrated", [[Fetch("loss[0]", "loss", 0, 1.0, source="differentiated"),
-                                     Fetch("loss[1]", "loss", 1, 1.5, source="differentiated")],
-                                    [Fetch("loss[0]", "loss", 0, 0.7, source="differentiated"),
-                                     Fetch("loss[1]", "loss", 1, 1.25, source="differentiated")]])
+    legacy = _record(
+        "legacy",
+        [
+            [
+                Fetch("tower_0/xent", "xent", 0, 2.0),
+                Fetch("tower_1/xent", "xent", 1, 3.0),
+                Fetch("lr", "lr", None, 0.1),
+            ],
+            [Fetch("tower_0/xent", "xent", 0, 1.5), Fetch("tower_1/xent", "xent", 1, 2.5)],
+        ],
+    )
+    migrated = _record(
+        "migrated",
+        [
+            [
+                Fetch("loss[0]", "loss", 0, 1.0, source="differentiated"),
+                Fetch("loss[1]", "loss", 1, 1.5, source="differentiated"),
+            ],
+            [
+                Fetch("loss[0]", "loss", 0, 0.7, source="differentiated"),
+                Fetch("loss[1]", "loss", 1, 1.25, source="differentiated"),
+            ],
+        ],
+    )
     notes = scale_differentiated(legacy, migrated)
-    assert [(f.name, f.value, f.scale) for f in migrated.steps[1].fetches] == [("xent[0]", 1.4, 2.0),
-                                                                              ("xent[1]", 2.5, 2.0)]
+    assert [(f.name, f.value, f.scale) for f in migrated.steps[1].fetches] == [
+        ("xent[0]", 1.4, 2.0),
+        ("xent[1]", 2.5, 2.0),
+    ]
     assert len(notes) == 1 and "divided by 2" in notes[0]
-    unscaled = _record("migrated", [[Fetch("loss[0]", "loss", 0, 2.0, source="differentiated"),
-                                     Fetch("loss[1]", "loss", 1, 3.0, source="differentiated")]])
+    unscaled = _record(
+        "migrated",
+        [
+            [
+                Fetch("loss[0]", "loss", 0, 2.0, source="differentiated"),
+                Fetch("loss[1]", "loss", 1, 3.0, source="differentiated"),
+            ]
+        ],
+    )
     assert "as it is" in scale_differentiated(legacy, unscaled)[0]
-    wrong = _record("migrated", [[Fetch("loss[0]", "loss", 0, 5.0, source="differentiated"),
-                                  Fetch("loss[1]", "loss", 1, 3.0, source="differentiated")]])
+    wrong = _record(
+        "migrated",
+        [
+            [
+                Fetch("loss[0]", "loss", 0, 5.0, source="differentiated"),
+                Fetch("loss[1]", "loss", 1, 3.0, source="differentiated"),
+            ]
+        ],
+    )
     assert "matches no per-tower legacy fetch" in scale_differentiated(legacy, wrong)[0]
     assert wrong.steps[0].fetches[0].base == "loss"
 
@@ -225,7 +311,10 @@ def test_step_inputs_round_trip_and_pair_by_position_then_shape(tmp_path):
 
 
 def test_a_program_defining_the_older_entry_point_is_recognised_without_importing_it(tmp_path):
+    """(its function is ignored: the program runs as written, with a note)"""
     script = tmp_path / "p.py"
-    script.write_text("import sys\nsys.exit(3)\ndef tfmigrate_program(strategy, argv):\n  return {}\n")
-    assert defines_protocol(script, "tfmigrate_program")
-    assert not defines_protocol(TOWERS / "train_tf2.py", "tfmigrate_program")
+    script.write_text(
+        "import sys\nsys.exit(3)\ndef " + OLD_ENTRY_POINT + "(strategy, argv):\n  return {}\n"
+    )
+    assert defines_function(script, OLD_ENTRY_POINT)
+    assert not defines_function(TOWERS / "train_tf2.py", OLD_ENTRY_POINT)

@@ -100,5 +100,11 @@ def test_a_mapping_that_does_not_fit_is_reported_precisely(tmp_path, legacy_cach
     data["files"]["train.py"]["variables"]["conv1/weights"] = "cifar/conv1/kernel_typo"
     manifest.write_text(json.dumps(data))
     outcome = verify(pair("cifar_average")[0], migrated_dir / "train.py", cache=legacy_cache)
-    assert outcome.comparison.verdict == cmp.COULD_NOT_RUN
-    assert "'cifar/conv1/kernel_typo' (mapped from 'conv1/weights') is not in" in outcome.comparison.reason
+    assert outcome.comparison.verdict == cmp.COULD_NOT_RUN and outcome.comparison.exit_code == 2
+    reason = outcome.comparison.reason
+    # which file to edit, which entry is wrong, and what it probably meant
+    assert f"the variable mapping of {manifest} [train.py] does not fit" in reason, reason
+    assert (
+        "migrated 'cifar/conv1/kernel_typo' (mapped from 'conv1/weights') is not a variable of the "
+        "migrated program (unmapped migrated variables of shape [3, 3, 3, 16]: cifar/conv1/kernel"
+    ) in reason, reason

@@ -14,7 +14,6 @@ from verify_support import STEPS, pair, plant, verify
 
 from tfmigrate.verify import compare as cmp
 from tfmigrate.verify.manifest import SAME_NAMES
-from tfmigrate.verify.migrated_boot import SetupProblem, resolve_by_name
 
 # Runs in a subprocess: the legacy runtime replaces `tensorflow` for the whole process.
 SHIM_CHECK = textwrap.dedent("""
@@ -91,29 +90,6 @@ def test_batch_size_per_replica_instead_of_global_is_named(tmp_path, legacy_cach
     )  # inputs differ: issue 4's contract
     assert "different inputs at step 1: legacy's step had 64 samples, migrated's 32" in comp.reason
     assert "GLOBAL batch" in comp.reason
-
-
-def test_by_name_mapping_pairs_variables_of_the_same_name_only():
-    init = {"conv2d/kernel": 0, "batch_normalization/moving_mean": 0, "SGD/iter": 0}
-    program = {"conv2d/kernel": 1, "batch_normalization/moving_mean": 1, "adam/iteration": 1}
-    assert resolve_by_name(init, program) == {
-        "conv2d/kernel": "conv2d/kernel",
-        "batch_normalization/moving_mean": "batch_normalization/moving_mean",
-    }
-    # Keras 3 puts a Sequential model's name in front of its layers' names; tf_keras does not
-    assert resolve_by_name(
-        {"dense/kernel": 0, "dense/bias": 0},
-        {"sequential/dense/kernel": 1, "sequential/dense/bias": 1},
-    ) == {"dense/kernel": "sequential/dense/kernel", "dense/bias": "sequential/dense/bias"}
-    assert resolve_by_name({"net/dense/kernel": 0}, {"dense/kernel": 1}) == {
-        "net/dense/kernel": "dense/kernel"
-    }
-    # ... unless that is ambiguous
-    assert resolve_by_name(
-        {"dense/kernel": 0, "d/bias": 0}, {"a/dense/kernel": 1, "b/dense/kernel": 1, "d/bias": 1}
-    ) == {"d/bias": "d/bias"}
-    with pytest.raises(SetupProblem, match="--mapping"):
-        resolve_by_name({"dense/kernel": 0}, {"dense_1/kernel": 1})
 
 
 @pytest.mark.slow

@@ -339,7 +339,10 @@ def test_noise_floor_accepts_only_differences_the_legacy_program_makes_with_itse
     result = _judged([_row("a", 0.05, step=3), _row("b", 1e-4, cmp.PASS, None)])
     assert result.verdict == cmp.DIVERGED
     # two floor runs: the larger drift counts, and a drift seen at step 2 still counts at step 3
-    floors = [_floor(a={1: 1e-4, 2: 0.03, 3: 0.001, 4: 0.02}), _floor(a={1: 1e-4, 2: 0.01, 3: 0.002, 4: 0.025})]
+    floors = [
+        _floor(a={1: 1e-4, 2: 0.03, 3: 0.001, 4: 0.02}),
+        _floor(a={1: 1e-4, 2: 0.01, 3: 0.002, 4: 0.025}),
+    ]
     cmp.apply_noise_floor(result, floors)
     assert result.verdict == cmp.EQUIVALENT and result.first_divergence is None
     assert [r.status for r in result.rows] == [cmp.NOISE, cmp.PASS]
@@ -348,7 +351,9 @@ def test_noise_floor_accepts_only_differences_the_legacy_program_makes_with_itse
 
     # 4x the drift is a difference of the migration; so is any change where the runs moved nothing
     result = _judged([_row("a", 0.08, step=2), _row("c", 0.5, step=2)])
-    cmp.apply_noise_floor(result, [_floor(a={1: 0.0, 2: 0.02, 3: 0.02, 4: 0.02}, c={1: 0.0, 2: 0.0})])
+    cmp.apply_noise_floor(
+        result, [_floor(a={1: 0.0, 2: 0.02, 3: 0.02, 4: 0.02}, c={1: 0.0, 2: 0.0})]
+    )
     assert result.verdict == cmp.DIVERGED
     assert [r.status for r in result.rows] == [cmp.FAIL, cmp.FAIL]
     assert result.first_divergence["quantity"] == "a"
@@ -358,7 +363,9 @@ def test_noise_floor_runs_on_a_divergence_unless_turned_off():
     from tfmigrate.verify.verifier import VerifyOptions, _wants_noise_floor
 
     def wants(rows: list[cmp.Row], **flag: bool) -> bool:
-        return _wants_noise_floor(VerifyOptions(legacy=Path("a"), migrated=Path("b"), **flag), _judged(rows))
+        return _wants_noise_floor(
+            VerifyOptions(legacy=Path("a"), migrated=Path("b"), **flag), _judged(rows)
+        )
 
     assert wants([_row("a", 0.5, step=1)]) and wants([_row("a", 0.5, step=3)])
     assert not wants([_row("a", 0.5, step=1)], noise_floor=False)
@@ -366,18 +373,22 @@ def test_noise_floor_runs_on_a_divergence_unless_turned_off():
 
 
 def test_noise_runs_leave_the_main_runs_files_alone(tmp_path, monkeypatch):
-    """The noise floor's extra legacy runs read the mapping/trace files of the main runs (kept
-    with --report) and write only into their own folders, each under its own kernel settings."""
+    """The noise floor's extra legacy runs read the mapping file of the main runs (kept with
+    --report) and write only into their own folders, each under its own kernel settings."""
     from tfmigrate.verify import sides
 
     plan = sides.RunPlan(legacy=tmp_path / "train.py", migrated=tmp_path / "new.py",
                          workdir=tmp_path / "work", mapping={"a/w": "m/w"}, script_args=("--x", "1"))  # fmt: skip
     main = sides.side_commands(plan)
-    files = {p: p.read_text() for p in (plan.workdir / "mapping.json", plan.workdir / "trace.json")}
+    files = {p: p.read_text() for p in (plan.workdir / "mapping.json",)}
     for p in files:
         p.write_text(files[p] + " ")  # what the main runs left, to be kept byte for byte
     ran = []
-    monkeypatch.setattr(sides, "_run_alone", lambda side, cmd, out, folder, plan, env: ran.append((side, cmd, out, env)))
+    monkeypatch.setattr(
+        sides,
+        "_run_alone",
+        lambda side, cmd, out, folder, plan, env: ran.append((side, cmd, out, env)),
+    )
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     for run in sides.noise_runs():
         sides.run_noise(plan, run)
@@ -388,7 +399,7 @@ def test_noise_runs_leave_the_main_runs_files_alone(tmp_path, monkeypatch):
     for cmd, out in ((cmd1, out1), (cmd2, out2)):
         assert out.parent.parent == plan.workdir and out.is_dir() and out != main.legacy_out
         assert cmd[cmd.index("--out") + 1] == str(out)
-        assert cmd[cmd.index("--trace") + 1] == main.legacy[main.legacy.index("--trace") + 1]
+        assert "--trace" not in cmd and "--trace" not in main.legacy  # every variable is traced
     assert cmd1[-3:] == ["--", "--x", "1"] and "--nudge-initial" not in cmd1
     assert cmd2[-5:] == ["--nudge-initial", "1", "--", "--x", "1"]
 
@@ -399,7 +410,9 @@ def test_noise_runs_are_kept_in_the_legacy_cache(tmp_path, monkeypatch):
     from tfmigrate.verify import sides, verifier
     from tfmigrate.verify.record import RECORD_JSON
 
-    plan = sides.RunPlan(legacy=tmp_path / "train.py", migrated=tmp_path / "new.py", workdir=tmp_path / "work")
+    plan = sides.RunPlan(
+        legacy=tmp_path / "train.py", migrated=tmp_path / "new.py", workdir=tmp_path / "work"
+    )
     ran = []
 
     def fake_run(plan, spec):
@@ -422,4 +435,6 @@ def test_noise_runs_are_kept_in_the_legacy_cache(tmp_path, monkeypatch):
         verifier._noise_floor(plan, outcome, legacy, cache)
         assert [r.side for r in outcome.noise] == [sides.noise_label(s) for s in sides.noise_runs()]
     assert ran == [s.name for s in sides.noise_runs()]  # the second verify ran nothing
-    assert all((cache.with_name(f"key.{s.name}") / RECORD_JSON).exists() for s in sides.noise_runs())
+    assert all(
+        (cache.with_name(f"key.{s.name}") / RECORD_JSON).exists() for s in sides.noise_runs()
+    )

@@ -73,7 +73,12 @@ def leftovers(report: Path) -> list[str]:
 
 
 def verify_workers(
-    migrated: Path, report: Path, cache: Path, *extra: str, legacy: Path = LEGACY, steps: int = STEPS
+    migrated: Path,
+    report: Path,
+    cache: Path,
+    *extra: str,
+    legacy: Path = LEGACY,
+    steps: int = STEPS,
 ) -> subprocess.CompletedProcess:
     """`verify --workers 2` of `migrated` against `legacy`; checks nothing is left running."""
     try:
@@ -145,9 +150,9 @@ def test_a_failing_worker_stops_the_cluster_and_is_named(tmp_path, legacy_cache)
     migrated = plant(
         tmp_path,
         MULTI_WORKER,
-        "    flags = parse_args(argv)\n    with strategy.scope():",
-        "    flags = parse_args(argv)\n    assert strategy.cluster_resolver.task_id != 1, "
-        "'worker 1 lost its data'\n    with strategy.scope():",
+        "    with strategy.scope():\n",
+        "    assert strategy.cluster_resolver.task_id != 1, 'worker 1 lost its data'\n"
+        "    with strategy.scope():\n",
     )
     result = verify_workers(migrated, tmp_path / "report", legacy_cache)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -156,7 +161,25 @@ def test_a_failing_worker_stops_the_cluster_and_is_named(tmp_path, legacy_cache)
     assert "worker 1 lost its data" in data["sides"]["worker 1"]["traceback"]
 
 
-# -- programs run as written (no tfmigrate_program): each worker runs the main block ------------
+@pytest.mark.slow
+def test_a_strategy_created_after_the_first_op_is_named_as_the_cause(tmp_path, legacy_cache):
+    # TensorFlow configures collectives at start-up: a worker that ran an op first cannot join
+    migrated = plant(
+        tmp_path,
+        MULTI_WORKER,
+        "    flags = parse_args(argv)\n",
+        "    flags = parse_args(argv)\n    tf.constant(0)\n",
+    )
+    result = verify_workers(migrated, tmp_path / "report", legacy_cache)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Collective ops must be configured at program startup" in result.stdout
+    assert "the program ran TensorFlow ops before it created its MultiWorkerMirroredStrategy" in (
+        result.stdout
+    )
+    assert "created no tf.distribute.MultiWorkerMirroredStrategy" not in result.stdout
+
+
+# -- hand-written programs: each worker runs the main block ------------------------------------
 
 HANDWRITTEN = FIXTURES / "handwritten"
 TOWERS_LEGACY = HANDWRITTEN / "get_variable_towers" / "legacy.py"
@@ -175,8 +198,9 @@ def hand_written(tmp_path: Path, old: str, new: str) -> Path:
 @pytest.mark.slow
 def test_hand_written_multi_worker_program_verifies_as_written(tmp_path, legacy_cache):
     report = tmp_path / "report"
-    result = verify_workers(AS_WRITTEN, report, legacy_cache, legacy=TOWERS_LEGACY,
-                            steps=AS_WRITTEN_STEPS)
+    result = verify_workers(
+        AS_WRITTEN, report, legacy_cache, legacy=TOWERS_LEGACY, steps=AS_WRITTEN_STEPS
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EQUIVALENT" in result.stdout
     data = json.loads((report / "report.json").read_text())
@@ -194,10 +218,14 @@ def test_hand_written_multi_worker_program_verifies_as_written(tmp_path, legacy_
 
 @pytest.mark.slow
 def test_hand_written_loss_scaled_by_local_replicas_diverges(tmp_path, legacy_cache):
-    migrated = hand_written(tmp_path, "loss = tf.reduce_mean(per_example) / replicas",
-                            "loss = tf.reduce_mean(per_example) / len(strategy.extended.worker_devices)")
-    result = verify_workers(migrated, tmp_path / "report", legacy_cache, legacy=TOWERS_LEGACY,
-                            steps=AS_WRITTEN_STEPS)
+    migrated = hand_written(
+        tmp_path,
+        "loss = tf.reduce_mean(per_example) / replicas",
+        "loss = tf.reduce_mean(per_example) / len(strategy.extended.worker_devices)",
+    )
+    result = verify_workers(
+        migrated, tmp_path / "report", legacy_cache, legacy=TOWERS_LEGACY, steps=AS_WRITTEN_STEPS
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "DIVERGED: first divergence at step 1" in result.stdout
 
@@ -205,8 +233,9 @@ def test_hand_written_loss_scaled_by_local_replicas_diverges(tmp_path, legacy_ca
 @pytest.mark.slow
 def test_a_mirrored_strategy_program_is_not_a_multi_worker_program(tmp_path, legacy_cache):
     mirrored = HANDWRITTEN / "get_variable_towers" / "train_tf2.py"
-    result = verify_workers(mirrored, tmp_path / "report", legacy_cache, legacy=TOWERS_LEGACY,
-                            steps=AS_WRITTEN_STEPS)
+    result = verify_workers(
+        mirrored, tmp_path / "report", legacy_cache, legacy=TOWERS_LEGACY, steps=AS_WRITTEN_STEPS
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "creates a tf.distribute.MirroredStrategy" in result.stdout
     assert "it is not a multi-worker program" in result.stdout
