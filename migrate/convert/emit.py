@@ -870,13 +870,17 @@ class _Writer(cst.CSTTransformer):
         step: cst.BaseExpression = cst.Name("train_step")
         if self.plan.runner is not None:
             step = cst.Attribute(cst.Name(self.plan.receiver), cst.Name("train_step"))
-        call = cst.Call(
-            step,
-            [
-                cst.Arg(value, keyword=cst.Name(step_local(name)), equal=_equal())
-                for name, value in run.arguments
-            ],
-        )
+        # a value fed to a variable the step assigns (a learning rate) goes in as a tensor: a
+        # Python number would make tf.function trace the step again for each new value
+        fed = {param: variable for variable, param in self.plan.fed_variables.items()}
+        args = []
+        for name, value in run.arguments:
+            if name in fed:
+                value = parse_template_expression(
+                    "tf.constant({value}, {variable}.dtype)", value=value, variable=cst.Name(fed[name])
+                )
+            args.append(cst.Arg(value, keyword=cst.Name(step_local(name)), equal=_equal()))
+        call = cst.Call(step, args)
         target = run.target
         if not run.values:
             return updated_node.with_changes(body=[cst.Expr(call)])

@@ -289,7 +289,9 @@ def test_a_learning_rate_placeholder_fed_key_by_key_becomes_a_variable_the_step_
     assert "def train_step(learning_rate_pl_value, inputs_pl, targets_pl):" in source
     assert "learning_rate_pl.assign(learning_rate_pl_value)" in source
     assert (
-        "loss_train = train_step(learning_rate_pl_value=learning_rate, "
+        # a tensor, not the Python float: a new learning rate must not trace the step again
+        "loss_train = train_step("
+        "learning_rate_pl_value=tf.constant(learning_rate, learning_rate_pl.dtype), "
         "inputs_pl=data_inputs[lo:lo + batch], targets_pl=data_targets[lo:lo + batch])"
     ) in source
     assert "feed_dict_train" not in source
