@@ -125,5 +125,5 @@ def test_a_helper_that_returns_something_else_is_not_read_as_an_iterator(tmp_pat
     out = tmp_path / "out"
     run_cli("rewrite", "--unsafe-fixes", "--out", out, folder)
     written = out / "train.py"
-    if written.exists():
-        assert "first_batch(" in written.read_text()
+    assert written.exists()
+    assert "first_batch(" in written.read_text()
