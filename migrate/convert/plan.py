@@ -1343,6 +1343,9 @@ class _Planner:
         self.sessions: set[str] = set()
         self.initializers: set[str] = set()
         self.iterators: dict[str, cst.BaseExpression] = {}  # iterator -> dataset
+        # initializable iterator -> the statement that made it: TF1 could read it only after
+        # running its initializer, which becomes the `iter(dataset)`, so the first goes
+        self.initializable: dict[str, cst.BaseStatement] = {}
         self.batches: dict[str, str] = {}  # get_next result name -> iterator
         self.updates: set[str] = set().union(*(_targets_names(c.update) for c in plan.chains))
         self.schedules: set[str] = set()
@@ -1773,6 +1776,10 @@ class _Planner:
             dataset = self._iterator_dataset(value)
             if dataset is not None:
                 self.iterators[name] = dataset
+                if method_name(value) == "make_initializable_iterator" or (
+                    called == "tensorflow.data.make_initializable_iterator"
+                ):
+                    self.initializable[name] = statement
                 return Decision(Action.ITERATOR, dataset=dataset)
         # session and initializers
         if called == "tensorflow.data.Iterator.from_string_handle" and name is not None:
@@ -2175,6 +2182,11 @@ class _Planner:
             and _value(statement) is run
         ):
             iterator = fetches.value.value
+            made = self.initializable.pop(iterator, None)
+            if made is not None:
+                self.plan_.decide(
+                    made, Decision(Action.DROP, "the iterator is made where it was initialized")
+                )
             return Decision(Action.ITERATOR, dataset=self.iterators[iterator], iterator=iterator)
         handled = method_receiver(fetches, "string_handle", self.iterators)
         if handled is not None and _value(statement) is run:
