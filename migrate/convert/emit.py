@@ -1200,6 +1200,8 @@ class _Replica:
         self.deferred: list[cst.BaseStatement] = []  # the updates, after the store's scope
         # hand-written updates: their chains and the gradients the replicas return for them
         self.reduced: list[tuple[Chain, cst.BaseExpression]] = []
+        # chain -> the name of its variable list in the replica function
+        self.variables_of: dict[int, cst.BaseExpression] = {}
 
     def body(self) -> list[cst.BaseStatement]:
         plan = self.plan
@@ -1457,6 +1459,7 @@ class _Replica:
             index = plan.chains.index(chain)
             listed = cst.Name("variables" if not index else f"variables_{index + 1}")
             out.append(_statement("{name} = {value}", name=listed, value=variables_value))
+        self.variables_of[id(chain)] = listed
         loss = self._loss_names()[self._loss_key(chain)]
         if gradient.pairs:
             value = parse_template_expression(
@@ -1488,6 +1491,8 @@ class _Replica:
         if chain.hand_written:
             self.reduced.append((chain, grads))
             return []
+        if chain.all_reduced:
+            return self._all_reduced_update(chain, grads)
         out: list[cst.BaseStatement] = []
         for statement in chain.between:
             if isinstance(grads, cst.Name) and grads.value != chain.combined and not out:
@@ -1508,6 +1513,59 @@ class _Replica:
         args[0] = args[0].with_changes(value=_paired(args[0].value, grads, chain))
         update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])
         out.append(update)
+        self.deferred.extend(out)
+        return []
+
+    def _all_reduced_update(
+        self, chain: Chain, grads: cst.BaseExpression
+    ) -> list[cst.BaseStatement]:
+        """What the program did to the combined gradients (clipping them by their global norm)
+        sees the combined ones: each replica all-reduces the gradients of its scaled loss, which
+        sums them to the towers' combination, runs those statements on the sum, and gives the
+        update its share of the result (apply_gradients sums the replicas' gradients again)."""
+        plan = self.plan
+        variables = self.variables_of[id(chain)]
+        name = chain.combined
+        if chain.gradient.pairs:
+            value = parse_template_expression(
+                'list(zip(tf.distribute.get_replica_context().all_reduce("SUM", [g for g, _ in {grads}]), {variables}))',
+                grads=grads,
+                variables=variables,
+            )
+        else:
+            value = parse_template_expression(
+                'tf.distribute.get_replica_context().all_reduce("SUM", {grads})', grads=grads
+            )
+        how = "averaged" if chain.averaged else "summed"
+        out: list[cst.BaseStatement] = [
+            _statement("{name} = {value}", name=cst.Name(name), value=value).with_changes(
+                leading_lines=[
+                    cst.EmptyLine(
+                        comment=cst.Comment(
+                            f"# The towers {how} their gradients, then changed them: every "
+                            "replica changes the replicas' sum."
+                        )
+                    )
+                ]
+            )
+        ]
+        out += [s.visit(_Expressions(plan)) for s in chain.between]  # type: ignore[misc]  # visit() may return a sentinel; a statement stays a statement here
+        call = chain.update_call.visit(_Expressions(plan))
+        assert isinstance(call, cst.Call)
+        args = list(call.args)
+        args[0] = args[0].with_changes(value=_shares(args[0].value))
+        update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])
+        out.append(
+            update.with_changes(
+                leading_lines=[
+                    cst.EmptyLine(
+                        comment=cst.Comment(
+                            "# apply_gradients sums the replicas' gradients: each gives its share."
+                        )
+                    )
+                ]
+            )
+        )
         self.deferred.extend(out)
         return []
 
@@ -1672,6 +1730,23 @@ def _names_of(statement: cst.CSTNode) -> set[str]:
     from tfmigrate.rules._towers import bound_names
 
     return bound_names(statement)
+
+
+def _shares(pairs: cst.BaseExpression) -> cst.BaseExpression:
+    """``zip(grads, variables)`` or a list of pairs, each gradient divided by the replicas."""
+    if (
+        isinstance(pairs, cst.Call)
+        and isinstance(pairs.func, cst.Name)
+        and pairs.func.value == "zip"
+        and len(pairs.args) == 2
+    ):
+        divided = parse_template_expression(
+            "[g / strategy.num_replicas_in_sync for g in {grads}]", grads=pairs.args[0].value
+        )
+        return pairs.with_changes(args=[pairs.args[0].with_changes(value=divided), pairs.args[1]])
+    return parse_template_expression(
+        "[(g / strategy.num_replicas_in_sync, v) for g, v in {pairs}]", pairs=pairs
+    )
 
 
 def _paired(

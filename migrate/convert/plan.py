@@ -66,6 +66,12 @@ _SCHEDULES = frozenset(
         "noisy_linear_cosine_decay",
     )
 )  # fmt: skip
+_VARIABLE_MAKERS = frozenset(
+    {
+        "tensorflow.Variable", "tensorflow.get_variable",
+        "tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step",
+    }
+)  # fmt: skip
 _WRAPPERS = frozenset({"tensorflow.Graph", "tensorflow.device", "tensorflow.variable_scope"})
 _TF1_ONLY = (
     ("tensorflow.train.Saver", Leftover.CHECKPOINT, "tf.train.Saver needs a session: save and "
@@ -225,6 +231,10 @@ class Chain:
     # the statements of the towers binding the variables the hand-written update reads
     # (``params = tf.trainable_variables()``): the train step binds them again
     rebound: tuple[cst.SimpleStatementLine, ...] = ()
+    # An optimizer update of combined gradients the program changed first (``between``:
+    # clipping by their global norm): each replica all-reduces its gradients to the towers'
+    # combination and runs ``between`` on it before the update.
+    all_reduced: bool = False
 
 
 @dataclass(frozen=True)
@@ -674,6 +684,7 @@ class _Planner:
                 between = self._between(combination, update)
             hand_written = self._hand_written(update_call)
             averaged = self._averaged(update)
+            all_reduced = bool(between) and not hand_written
             chains.append(
                 Chain(
                     gradient,
@@ -687,6 +698,7 @@ class _Planner:
                     hand_written,
                     averaged,
                     self._rebound(update, between, gradient, combined) if hand_written else (),
+                    all_reduced,
                 )  # fmt: skip
             )
             drops.append((combination if inline is None else None, tower_list))
@@ -1468,9 +1480,24 @@ class _Planner:
                 if outer is not None:
                     self.plan_.decide(outer, Decision(Action.UNWRAP))
                 outer = ancestor
-        if outer is not None:
+        if outer is not None and self._variables_before(outer):
+            # a variable made before the wrapper (a global step) must be made in the strategy's
+            # scope too: the strategy goes at the start of the function instead
+            self.plan_.decide(outer, Decision(Action.UNWRAP))
+        elif outer is not None:
             self.plan_.decide(outer, Decision(Action.SCOPE))
             self.plan_.wrapper = outer
+
+    def _variables_before(self, statement: cst.BaseStatement) -> bool:
+        """Whether a statement before ``statement`` in its block makes a variable."""
+        siblings = list(getattr(self.source.parent(statement), "body", ()))
+        if statement not in siblings:
+            return False
+        return any(
+            self.call_q(call) in _VARIABLE_MAKERS
+            for before in siblings[: siblings.index(statement)]
+            for call in _calls(before)
+        )
 
     def _is_wrapper(self, statement: cst.With) -> bool:
         for item in statement.items:

@@ -28,6 +28,7 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 
 # fixture -> (rewrite flags, TODO codes in the output, statements commented out)
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
+    "clipped_average": ((), [], 0),
     "colocated_loss": ((), [], 0),
     "fed_learning_rate": ((), [], 0),
     "gradient_helper": ((), [], 0),
@@ -154,6 +155,7 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 # combined loss, trainer_class, gradient_helper and model_object the towers' mean (one reduced row
 # each, below)
 COMPARED = {
+    "clipped_average": (1, 4),
     "colocated_loss": (1, 4),
     "fed_learning_rate": (1, 4),
     "gradient_helper": (1, 3),
@@ -193,6 +195,24 @@ def test_the_converted_program_verifies_equivalent(name):
     if name in REDUCED:
         reduced = re.findall(r"^PASS\W+\S+ \(reduced\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M)
         assert len(reduced) == REDUCED[name], result.stdout
+
+
+def test_gradients_clipped_after_the_combination_are_clipped_once_on_the_sum():
+    """`clip_by_global_norm` of the averaged gradients sees the replicas' all-reduced sum (their
+    losses scaled), and the update gets each replica's share of the clipped result: the clip of
+    the combination, not of each replica's gradients (its verify run above checks the values)."""
+    out, _ = rewritten(TOWERS / "clipped_average", "--format", "json")
+    source = (out / "train.py").read_text()
+    (train_step,) = _tf_functions(ast.parse(source))
+    (replica,) = [n for n in ast.walk(train_step) if isinstance(n, ast.FunctionDef)
+                  and n.name == "replica_step"]  # fmt: skip
+    lines = [ast.unparse(s) for s in replica.body]
+    reduce_at = next(k for k, s in enumerate(lines) if "all_reduce('SUM'" in s)
+    clip_at = next(k for k, s in enumerate(lines) if "tf.clip_by_global_norm(grads, CLIP_NORM)" in s)
+    update = next(s for s in lines if ".apply_gradients(" in s)
+    assert reduce_at < clip_at < lines.index(update)
+    assert "zip([g / strategy.num_replicas_in_sync for g in clipped], variables)" in update
+    assert "TODO(tfmigrate)" not in source
 
 
 @pytest.mark.slow
