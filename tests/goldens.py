@@ -30,7 +30,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
             "bn_rmsprop", "cifar_average", "clipped_average", "colocated_loss", "fed_learning_rate", "global_updates",
             "gradient_helper", "hand_written_adam",
             "horovod_average", "keras2_fit",
-            "layers_adam", "model_object", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
+            "layers_adam", "model_object", "monitored_session", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
             "summed_reuse_flag", "trainer_class", "tutorial_flags",
         )
     },

@@ -16,6 +16,7 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 from tfmigrate import tree
 from tfmigrate.convert.helper_tape import taped_helpers
 from tfmigrate.convert.plan import (
+    MONITORED_GOES,
     RECEIVER,
     Action,
     Chain,
@@ -760,7 +761,18 @@ class _Writer(cst.CSTTransformer):
             assert decision.todo is not None
             return _left(original_node, updated_node, decision.todo, self.todos, self.module)
         if action is Action.UNWRAP:
-            return cst.FlattenSentinel(_dedented_body(updated_node, original_node))
+            body = _dedented_body(updated_node, original_node)
+            todo = self.plan.session_todo
+            if decision.why == MONITORED_GOES and todo is not None and body:
+                self.todos.append(todo)
+                # on its own line: the loop below may carry a TODO of its own
+                line = cst.EmptyLine(comment=cst.Comment(todo.marker()))
+                first = body[0]
+                lines = getattr(first, "leading_lines", ())
+                body[0] = first.with_changes(leading_lines=[*lines, line])
+            return cst.FlattenSentinel(body)
+        if action is Action.STOP_LOOP:
+            return self._stop_loop(updated_node)
         if action is Action.SCOPE:
             scoped = updated_node.with_changes(
                 items=[cst.WithItem(cst.parse_expression("strategy.scope()"))]
@@ -855,6 +867,18 @@ class _Writer(cst.CSTTransformer):
         value = cst.Call(cst.parse_expression("tf.Variable"), args)
         small = updated_node.body[0]
         return updated_node.with_changes(body=[small.with_changes(value=value)])
+
+    def _stop_loop(self, updated_node):
+        """``while not sess.should_stop():`` -> the bound its StopAtStepHook set."""
+        plan = self.plan
+        if plan.last_step is None or plan.global_step is None:
+            why = "the monitored session's hooks ended this loop: bound it"
+            unbound = updated_node.with_changes(test=cst.Name("True"))
+            return _marked(unbound, Leftover.SESSION, why, self.todos)
+        test = parse_template_expression(
+            "{step} < {last}", step=cst.Name(plan.global_step), last=plan.last_step
+        )
+        return updated_node.with_changes(test=test)
 
     def _iterator(self, original_node, decision):
         assert decision.dataset is not None

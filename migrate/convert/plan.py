@@ -51,6 +51,16 @@ _INITIALIZERS = frozenset(
     }
 )
 _SESSIONS = frozenset({"tensorflow.Session", "tensorflow.InteractiveSession"})
+MONITORED_GOES = "the monitored session goes: the loop does what it did"
+_GLOBAL_STEPS = frozenset(
+    {"tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"}
+)
+_MONITORED = frozenset(
+    {"tensorflow.train.MonitoredTrainingSession", "tensorflow.train.MonitoredSession",
+     "tensorflow.train.SingularMonitoredSession"}
+)  # fmt: skip
+# what a monitored session's keywords do that the converted loop needs nothing for
+_MONITORED_QUIET = frozenset({"hooks", "config", "is_chief", "master"})
 _QUEUE_PLUMBING = frozenset(
     {"tensorflow.train.Coordinator", "tensorflow.train.start_queue_runners"}
 )
@@ -161,6 +171,7 @@ class Action(Enum):
     FED_VARIABLE = "a placeholder the optimizer reads -> a variable the step assigns"
     SAVER_CALL = "saver.save/restore -> checkpoint.write/restore"
     READ = "a variable fetched by the session: its value, read eagerly"
+    STOP_LOOP = "while not sess.should_stop(): the StopAtStepHook's bound"
 
 
 @dataclass(frozen=True)
@@ -327,6 +338,11 @@ class Plan(Decisions[Decision]):
     @property
     def todos(self) -> list[Todo]:
         return [d.todo for d in self.decisions.values() if d.todo is not None]
+    # a monitored session's StopAtStepHook(last_step=...) and the global step it counts
+    last_step: cst.BaseExpression | None = None
+    global_step: str | None = None
+    # what a monitored session did that the converted loop does not (its TODO)
+    session_todo: Todo | None = None
 
 
 class NotPlanned(Exception):
@@ -1355,6 +1371,7 @@ class _Planner:
         self.sessions: set[str] = set()
         self.initializers: set[str] = set()
         self.iterators: dict[str, cst.BaseExpression] = {}  # iterator -> dataset
+        self.hook_lists: dict[str, cst.List | cst.Tuple] = {}  # hooks list -> its value
         # initializable iterator -> the statement that made it: TF1 could read it only after
         # running its initializer, which becomes the `iter(dataset)`, so the first goes
         self.initializable: dict[str, cst.BaseStatement] = {}
@@ -1464,7 +1481,7 @@ class _Planner:
             decision = self.plan_.decision(ancestor)
             if ancestor is self.loop or (
                 decision is not None
-                and decision.action not in (Action.KEEP, Action.UNWRAP, Action.SCOPE)
+                and decision.action not in (Action.KEEP, Action.UNWRAP, Action.SCOPE, Action.STOP_LOOP)
             ):
                 return True
         return False
@@ -1714,6 +1731,11 @@ class _Planner:
             self.sessions |= with_names(statement)
             plan.decide(statement, Decision(Action.UNWRAP, "the session goes"))
             return
+        if len(statement.items) == 1 and self.call_q(statement.items[0].item) in _MONITORED:
+            self.sessions |= with_names(statement)
+            self._monitored(statement.items[0].item)
+            plan.decide(statement, Decision(Action.UNWRAP, MONITORED_GOES))
+            return
         if self._is_wrapper(statement) and plan.decision(statement) is None:
             plan.decide(statement, Decision(Action.UNWRAP))
             return
@@ -1730,10 +1752,63 @@ class _Planner:
             return
         self._compound(statement)
 
+    def _monitored(self, call: cst.BaseExpression) -> None:
+        """A monitored session: its variables are initialized when made, its StopAtStepHook
+        bounds the loop; what else it did (checkpoints, summaries, other hooks) is the TODO of
+        its loop."""
+        assert isinstance(call, cst.Call)
+        left = []
+        hooks = get_arg(call, None, "hooks")
+        if isinstance(hooks, cst.Name) and hooks.value in self.hook_lists:
+            hooks = self.hook_lists[hooks.value]
+        if isinstance(hooks, cst.List | cst.Tuple):
+            left += self._hooks(hooks)
+        elif hooks is not None:
+            left.append(f"hooks={self.source.src(hooks, 30)}")
+        for arg in call.args:
+            keyword = arg.keyword.value if arg.keyword is not None else None
+            if keyword not in _MONITORED_QUIET:
+                left.append(f"{keyword or 'master'}={self.source.src(arg.value, 30)}")
+        if left:
+            self.plan_.session_todo = Todo(
+                Leftover.SESSION,
+                f"the monitored session's {', '.join(left)}: no TF2 form here, do it in the "
+                "loop (tf.train.CheckpointManager, tf.summary)",
+                commented=False,
+            )
+
+    def _hooks(self, hooks: cst.List | cst.Tuple) -> list[str]:
+        """The hooks the loop cannot do (StopAtStepHook(last_step=...) bounds it)."""
+        unknown = []
+        for element in hooks.elements:
+            hook = element.value
+            last = (
+                get_arg(hook, 1, "last_step")
+                if isinstance(hook, cst.Call)
+                and self.call_q(hook) == "tensorflow.train.StopAtStepHook"
+                else None
+            )
+            if last is not None and self.plan_.global_step is not None:
+                self.plan_.last_step = last
+            else:
+                unknown.append(self.source.src(hook, 40))
+        return unknown
+
+    def _should_stop(self, statement: cst.BaseStatement) -> bool:
+        test = statement.test if isinstance(statement, cst.While) else None
+        return (
+            isinstance(test, cst.UnaryOperation)
+            and isinstance(test.operator, cst.Not)
+            and method_receiver(test.expression, "should_stop", self.sessions) is not None
+        )
+
     def _compound(self, statement: cst.BaseStatement) -> None:
         """A for/while/if/try/with: its header is read like a statement; its body is decided
         statement by statement (in ``_phases``' walk)."""
         plan = self.plan_
+        if self._should_stop(statement):
+            plan.decide(statement, Decision(Action.STOP_LOOP))
+            return
         header = _header(statement)
         reads = set().union(*(free_names(node) for node in header)) if header else set()
         gone = gone_reads(reads, self.sessions, self.gone)
@@ -1751,6 +1826,20 @@ class _Planner:
         value = _value(statement)
         name = _target_name(statement)
         called = self.call_q(value)
+        if name is not None and (called in _GLOBAL_STEPS or name == "global_step"):
+            self.plan_.global_step = name
+        if (
+            name is not None
+            and isinstance(value, cst.List | cst.Tuple)
+            and value.elements
+            and all(
+                isinstance(e.value, cst.Call) and (self.call_q(e.value) or "").endswith("Hook")
+                for e in value.elements
+            )
+        ):
+            # session hooks: what they did is read where the monitored session takes them
+            self.hook_lists[name] = value
+            return Decision(Action.DROP, "session hooks: the loop does what they did")
         reads = (
             free_names(statement) - bound_names(statement)
             if _simple(statement)

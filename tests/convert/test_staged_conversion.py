@@ -34,6 +34,7 @@ FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "gradient_helper": ((), [], 0),
     "hand_written_adam": ((), [], 0),
     "model_object": ((), [], 0),
+    "monitored_session": ((), [], 0),
     "module_script": (("--unsafe-fixes",), ["TFM310", "TFM313", "TFM313", "TFM314"], 4),
     "summed_reuse_flag": ((), [], 0),
     "trainer_class": ((), [], 0),
@@ -161,6 +162,7 @@ COMPARED = {
     "gradient_helper": (1, 3),
     "hand_written_adam": (1, 3),
     "model_object": (1, 4),
+    "monitored_session": (1, 4),
     "module_script": (2, 6),
     "summed_reuse_flag": (1, 4),
     "trainer_class": (1, 4),
@@ -168,6 +170,7 @@ COMPARED = {
 # fixture -> reduced (not per-tower) loss rows among them
 REDUCED = {
     "colocated_loss": 1, "fed_learning_rate": 1, "gradient_helper": 1, "model_object": 1,
+    "monitored_session": 1,
     "trainer_class": 1,
 }  # fmt: skip
 
@@ -213,6 +216,33 @@ def test_gradients_clipped_after_the_combination_are_clipped_once_on_the_sum():
     assert reduce_at < clip_at < lines.index(update)
     assert "zip([g / strategy.num_replicas_in_sync for g in clipped], variables)" in update
     assert "TODO(tfmigrate)" not in source
+
+
+def test_a_monitored_session_loop_runs_to_its_stop_hook_last_step(tmp_path):
+    """`while not sess.should_stop()` under a MonitoredTrainingSession whose StopAtStepHook has a
+    last step: the loop runs while the global step is below it; what else the session did
+    (checkpoint_dir, other hooks) stays as a TODO on the loop's first line."""
+    out, result = rewritten(TOWERS / "monitored_session", "--format", "json")
+    assert _conversion(result.stdout)["applied"]
+    source = (out / "train.py").read_text()
+    assert "    while global_step < 50:\n" in source
+    code = source.split('"""', 2)[2]  # after the module docstring
+    assert "should_stop" not in code and "StopAtStepHook" not in code
+    folder = tmp_path / "monitored_session"
+    shutil.copytree(TOWERS / "monitored_session", folder)
+    train = folder / "train.py"
+    text = train.read_text().replace(
+        "MonitoredTrainingSession(hooks=hooks)",
+        "MonitoredTrainingSession(hooks=hooks, checkpoint_dir='ckpt')",
+    )
+    train.write_text(text.replace("StopAtStepHook(last_step=50)", "StopAtStepHook(num_steps=50)"))
+    run_cli("rewrite", "--out", tmp_path / "out", folder)
+    source = (tmp_path / "out" / "train.py").read_text()
+    assert "    while True:  # TODO(tfmigrate): TFM310 the monitored session's hooks ended" in source
+    assert (
+        "# TODO(tfmigrate): TFM310 the monitored session's tf.train.StopAtStepHook(num_steps=50), "
+        "checkpoint_dir='ckpt': no TF2 form here"
+    ) in source
 
 
 @pytest.mark.slow
