@@ -29,7 +29,7 @@ from tfmigrate.convert.plan import (
 )
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.convert.undefined import undefined_out
-from tfmigrate.rules._towers import free_names, get_arg, method_name
+from tfmigrate.rules._towers import bound_names, free_names, get_arg, method_name
 
 # The one helper a converted program gains: TF1 model code keeps making its variables with
 # tf.compat.v1.get_variable (tf_slim and tf.compat.v1.layers do too); this store makes each one
@@ -207,7 +207,6 @@ def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
     strategy: cst.SimpleStatementLine | None = None
     moved: list[cst.BaseStatement] = []
     bound_before: set[str] = set()
-    from tfmigrate.rules._towers import bound_names
 
     for statement in _in_order(module.body):
         if isinstance(statement, cst.FunctionDef | cst.ClassDef):
@@ -968,12 +967,18 @@ class _Writer(cst.CSTTransformer):
             step.append(_statement("strategy.run(replica_step)"))
         else:
             step.append(_statement(f"{outputs} = strategy.run(replica_step)"))
+        summed_once = set().union(
+            *(bound_names(s) for c in plan.chains if c.all_reduced for s in c.between)
+        )
         for position, name in enumerate([*plan.outputs, *(n for n, _ in plan.sums)]):
             each = outputs if len(returned) == 1 else f"{outputs}[{position}]"
             if position < len(plan.outputs) and name in plan.first_tower:
                 tower = plan.first_tower[name]
                 line = f"{name} = strategy.experimental_local_results({each})[{tower}]"
                 comment = f"# The loop read tower {tower}'s value (every replica computes it now)."
+            elif position < len(plan.outputs) and name in summed_once:
+                line = f"{name} = strategy.experimental_local_results({each})[0]"
+                comment = "# Every replica computed it from the gradients' sum."
             elif position < len(plan.outputs):
                 line = f"{name} = strategy.experimental_local_results({each})[-1]"
                 comment = "# The loop read the last tower's value."

@@ -1414,6 +1414,8 @@ class _Planner:
                     # the train step reduces the replicas' losses to the combined one
                     self.step_names.add(plan.colocated.loss)
                 for chain in plan.chains:
+                    if chain.all_reduced:
+                        continue  # every replica computes them on the sum: returned like a tower's
                     for moved in chain.between:
                         for name in bound_names(moved) - self.combined_names:
                             self.gone.setdefault(
@@ -2351,6 +2353,9 @@ class _Planner:
         # A fetched name the loop binds: the loop's value reaches the run (a binding in another
         # branch, e.g. a one-device path, does not).
         tower_only = bound_names(self.loop) - {plan.index} - self._bound_before_loop_beside()
+        for chain in plan.chains:
+            if chain.all_reduced:
+                tower_only |= set().union(*(bound_names(s) for s in chain.between))
         for position, element in enumerate(elements):
             names = free_names(element)
             if _key(element) in self.updates:

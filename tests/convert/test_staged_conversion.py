@@ -211,11 +211,29 @@ def test_gradients_clipped_after_the_combination_are_clipped_once_on_the_sum():
                   and n.name == "replica_step"]  # fmt: skip
     lines = [ast.unparse(s) for s in replica.body]
     reduce_at = next(k for k, s in enumerate(lines) if "all_reduce('SUM'" in s)
-    clip_at = next(k for k, s in enumerate(lines) if "tf.clip_by_global_norm(grads, CLIP_NORM)" in s)
+    clip_at = next(
+        k for k, s in enumerate(lines) if "tf.clip_by_global_norm(grads, CLIP_NORM)" in s
+    )
     update = next(s for s in lines if ".apply_gradients(" in s)
     assert reduce_at < clip_at < lines.index(update)
     assert "zip([g / strategy.num_replicas_in_sync for g in clipped], variables)" in update
     assert "TODO(tfmigrate)" not in source
+
+
+def test_a_fetched_value_of_the_clipping_is_returned_by_the_replicas(tmp_path):
+    folder = tmp_path / "clipped_average"
+    shutil.copytree(TOWERS / "clipped_average", folder)
+    train = folder / "train.py"
+    text = train.read_text().replace("clipped, _ = tf", "clipped, norm = tf")
+    text = text.replace(
+        "_, loss_value = sess.run([train_op, loss]",
+        "_, loss_value, n = sess.run([train_op, loss, norm]",
+    )
+    train.write_text(text)
+    run_cli("rewrite", "--out", tmp_path / "out", folder)
+    source = (tmp_path / "out" / "train.py").read_text()
+    assert "norm = strategy.experimental_local_results(outputs[1])[0]" in source
+    assert "return (loss, norm)" in source and "TODO(tfmigrate)" not in source
 
 
 def test_a_monitored_session_loop_runs_to_its_stop_hook_last_step(tmp_path):
@@ -238,7 +256,9 @@ def test_a_monitored_session_loop_runs_to_its_stop_hook_last_step(tmp_path):
     train.write_text(text.replace("StopAtStepHook(last_step=50)", "StopAtStepHook(num_steps=50)"))
     run_cli("rewrite", "--out", tmp_path / "out", folder)
     source = (tmp_path / "out" / "train.py").read_text()
-    assert "    while True:  # TODO(tfmigrate): TFM310 the monitored session's hooks ended" in source
+    assert (
+        "    while True:  # TODO(tfmigrate): TFM310 the monitored session's hooks ended" in source
+    )
     assert (
         "# TODO(tfmigrate): TFM310 the monitored session's tf.train.StopAtStepHook(num_steps=50), "
         "checkpoint_dir='ckpt': no TF2 form here"
