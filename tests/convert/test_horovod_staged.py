@@ -383,3 +383,30 @@ def _run(script: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str
         env=env,
         timeout=600,
     )
+
+
+def test_main_block_that_parses_the_flags_into_a_name_first_is_converted(tmp_path):
+    from tfmigrate.rules import _horovod_program_example as example
+
+    main = (
+        "if __name__ == '__main__':\n"
+        "    import signal\n"
+        "    signal.signal(signal.SIGINT, lambda x, y: sys.exit(0))\n"
+        "    parser = argparse.ArgumentParser()\n"
+        "    hps = parser.parse_args()  # so a typo is an error\n"
+        "    train(hps)\n"
+    )
+    legacy = (
+        example.LEGACY.split("if __name__")[0].replace(
+            "import argparse\n", "import argparse\nimport sys\n"
+        )
+        + main
+    )
+    repo = write_tree(tmp_path / "repo", {"train.py": legacy})
+    result = run_cli(
+        "rewrite", "--unsafe-fixes", "--format", "json", "--out", tmp_path / "out", repo
+    )
+    assert "converted the training function `train`" in _conversion(result.stdout)
+    source = (tmp_path / "out" / "train.py").read_text()
+    assert source.rstrip().endswith(main.rstrip())  # the main block is kept as written
+    assert "tf.distribute.MultiWorkerMirroredStrategy" in source
