@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -338,9 +339,10 @@ if hvd.rank() == 0:
                 program is not None and program.entry.path == Path(str(self.context.path)).resolve()
             ):
                 converted = convert_entry(self.context)
+                step = os.path.relpath(program.step.path, program.entry.path.parent)
                 summary = (
                     f"{start}; converted to a MultiWorkerMirroredStrategy program whose train "
-                    f"step (a tf.function, GradientTape replica) is built in `{program.step.rel}`"
+                    f"step (a tf.function, GradientTape replica) is built in `{step}`"
                 )
         if isinstance(converted, str):
             self.report(init, f"{start}; {refusal} (staged converter: {converted})")
@@ -365,18 +367,19 @@ if hvd.rank() == 0:
         program = step_program(path)
         if program is None or isinstance(program, str):
             return
+        entry = os.path.relpath(program.entry.path, path.parent)
         if program.step.path == path:
             converted = convert_step_module(self.context, program)
             what = (
-                "the train step of the Horovod program `"
-                f"{program.entry.rel}` is built here: converted to a tf.function train step "
-                "(GradientTape replica) under the MultiWorkerMirroredStrategy the entry makes"
+                f"the train step of the Horovod program `{entry}` is built here: converted to a "
+                "tf.function train step (GradientTape replica) under the "
+                "MultiWorkerMirroredStrategy the entry makes"
             )
         elif uses:
             converted = convert_helpers(self.context)
             what = (
-                f"Horovod helpers of the program `{program.entry.rel}`: its allreduce became the "
-                "replica context's all_reduce, hvd.size()/rank() the strategy's"
+                f"Horovod helpers of the program `{entry}`: its allreduce became the replica "
+                "context's all_reduce, hvd.size()/rank() the strategy's"
             )
         else:
             return

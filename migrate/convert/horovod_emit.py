@@ -38,7 +38,7 @@ from tfmigrate.rules._towers import bound_names, free_names
 _RESERVED = frozenset(
     {"strategy", "tf1_variables", "train_step", "replica_step", "outputs", "tape", "variables",
      "gradients", "replica_loss", "TF1Variables", "checkpoint", "checkpoint_manager",
-     "logged_tensors", "logging_iteration"}
+     "logged_tensors", "logging_iteration", "update_state", "UpdateState"}
 )  # fmt: skip
 _TRAINABLES = ("tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables")
 
@@ -182,7 +182,8 @@ def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def emit_horovod(plan: HorovodPlan) -> Emitted:
-    clash = _RESERVED & _names(plan.scope)
+    reserved = _RESERVED - {"gradients", "variables"} if plan.hand_written else _RESERVED
+    clash = reserved & _names(plan.scope)
     if clash:
         raise NotPlanned(f"the program already uses `{sorted(clash)[0]}`")
     writer = _Writer(plan)
@@ -695,6 +696,7 @@ class _Writer(cst.CSTTransformer):
         pairs = parse_template_expression(
             "list(zip(tape.gradient({loss}, variables), variables))", loss=loss
         )
+        assert isinstance(plan.gradient, cst.SimpleStatementLine)  # compute_gradients' line
         small = plan.gradient.body[0]
         assert isinstance(small, cst.Assign)
         out: list[cst.BaseStatement] = [
@@ -726,14 +728,31 @@ class _Writer(cst.CSTTransformer):
         plan = self.plan
         assert plan.gradient is not None
         trainables = _Trainables(self.source, self.plan.hand_written)
-        small = plan.gradient.body[0]
-        assert isinstance(small, cst.Assign)
         gradients = parse_template_expression(
             "tape.gradient({loss}, {variables})", loss=loss, variables=variables
         )
-        out: list[cst.BaseStatement] = [
-            plan.gradient.with_changes(body=[small.with_changes(value=gradients)], leading_lines=[])
-        ]
+        out: list[cst.BaseStatement] = []
+        if isinstance(plan.gradient, cst.If):  # tf.gradients or a drop-in, chosen by a flag
+            target = next(
+                n.targets[0].target
+                for n in _walk(plan.gradient)
+                if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Name)
+            )
+            line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], gradients)])
+            why = (
+                "the legacy chose how to take these gradients (a drop-in for tf.gradients, such "
+                "as memory-saving gradients, in one branch): the tape takes plain ones "
+                "(tf.recompute_grad is TF2's gradient checkpointing)"
+            )
+            out.append(_marked(line, Leftover.GRAPH, why, self.todos))
+        else:
+            small = plan.gradient.body[0]
+            assert isinstance(small, cst.Assign)
+            out.append(
+                plan.gradient.with_changes(
+                    body=[small.with_changes(value=gradients)], leading_lines=[]
+                )
+            )
         out.extend(_visited(s, trainables) for s in plan.between)
         update = _visited(plan.update, trainables)
         assert isinstance(update, cst.SimpleStatementLine)

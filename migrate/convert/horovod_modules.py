@@ -16,6 +16,7 @@ import too is named so in the finding (they get the converted module as well).""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def other_importers(program: StepProgram, path: Path) -> list[str]:
             continue
         source = project.load(candidate)
         if source is not None and any(t.file == path for t in source.imports.values()):
-            found.append(source.rel)
+            found.append(os.path.relpath(candidate, path.parent))
     return found
 
 

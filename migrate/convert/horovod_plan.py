@@ -142,7 +142,8 @@ class HorovodPlan(Decisions[Decision]):
     averaged: bool
     strategy_at_module: bool  # the strategy is made at module level (Horovod is used outside)
     # `gv = opt.compute_gradients(loss)` when the update is an apply_gradients (else None)
-    gradient: cst.SimpleStatementLine | None = None
+    # (for a hand-written update: its `grads = tf.gradients(loss, params)`, or an if/else of it)
+    gradient: cst.SimpleStatementLine | cst.If | None = None
     between: list[Statement] = field(default_factory=list)  # from the gradients to the update
     inputs: list[str] = field(default_factory=list)  # train step parameters, in order
     # the placeholders' (dtype, shape) as written: the train step's input signature
@@ -299,7 +300,9 @@ class _Planner:
 
     def _hand_written_call(
         self,
-    ) -> tuple[cst.SimpleStatementLine, cst.Call, cst.SimpleStatementLine, cst.Call] | None:
+    ) -> (
+        tuple[cst.SimpleStatementLine, cst.Call, cst.SimpleStatementLine | cst.If, cst.Call] | None
+    ):
         """The call of the program's hand-written update in this module (``train_op =
         optim.adam(params, grads, ...)``, or through a dict of update functions chosen by a
         flag) given the gradients of a ``grads = tf.gradients(loss, params)`` of its block."""
@@ -316,15 +319,11 @@ class _Planner:
             block = list(getattr(self.source.parent(node), "body", ()))
             if node not in block:
                 continue
-            gradients = {}
+            gradients: dict[str, tuple[cst.BaseStatement, cst.Call]] = {}
             for statement in block[: block.index(node)]:
-                made = _value(statement) if isinstance(statement, cst.SimpleStatementLine) else None
-                if (
-                    isinstance(made, cst.Call)
-                    and self.call_q(made) == "tensorflow.gradients"
-                    and _target_name(statement) is not None
-                ):
-                    gradients[_target_name(statement)] = (statement, made)
+                found = self._gradients_statement(statement)
+                if found is not None:
+                    gradients[found[0]] = (statement, found[1])
             given = [
                 gradients[a.value.value]
                 for a in value.args
@@ -332,8 +331,25 @@ class _Planner:
             ]
             if given and self._names_update(value.func, block[: block.index(node)], names):
                 gradient, gradient_call = given[0]
-                assert isinstance(gradient, cst.SimpleStatementLine)
+                assert isinstance(gradient, cst.SimpleStatementLine | cst.If)
                 return node, value, gradient, gradient_call
+        return None
+
+    def _gradients_statement(self, statement: cst.BaseStatement) -> tuple[str, cst.Call] | None:
+        """``grads = tf.gradients(loss, params)`` -> ('grads', the call); an if/else binding the
+        same name with tf.gradients in one branch counts too (the other may use a drop-in)."""
+        if isinstance(statement, cst.SimpleStatementLine):
+            made = _value(statement)
+            name = _target_name(statement)
+            if isinstance(made, cst.Call) and self.call_q(made) == "tensorflow.gradients" and name:
+                return name, made
+            return None
+        if isinstance(statement, cst.If) and isinstance(statement.orelse, cst.Else):
+            for branch in (statement.body, statement.orelse.body):
+                for inner in getattr(branch, "body", ()):
+                    found = self._gradients_statement(inner)
+                    if found is not None:
+                        return found
         return None
 
     def _names_update(
@@ -383,7 +399,9 @@ class _Planner:
                     return node, value
         raise NotPlanned(f"the update is not `x = opt.{method}(...)` on its own line")
 
-    def _between(self, gradient: cst.SimpleStatementLine, update: cst.SimpleStatementLine) -> None:
+    def _between(
+        self, gradient: cst.SimpleStatementLine | cst.If, update: cst.SimpleStatementLine
+    ) -> None:
         """Statements of the update's block between compute_gradients and apply_gradients whose
         values the update reads (clipping): they move into the replica function with it."""
         plan = self.plan_
