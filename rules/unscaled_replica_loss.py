@@ -440,8 +440,8 @@ def train_step(x, y):
             for n in walk(step.body)
         ):
             return False
-        if not self._gradients_leave(step):
-            return True  # used inside the step (an update of its own): the strategy sums none
+        if self._own_update(step):
+            return True  # an update of the program's own takes them: the strategy sums none
         caller = next((a for a in self.ancestors(run) if isinstance(a, cst.FunctionDef)), None)
         if caller is None:
             return False
@@ -456,9 +456,9 @@ def train_step(x, y):
         ]
         return bool(reductions) and all(_is_mean(r) for r in reductions)
 
-    def _gradients_leave(self, step: cst.FunctionDef) -> bool:
-        """The tape's gradients (``grads = tape.gradient(...)``) are returned by the step, or
-        are not all bound to names (nothing then tells where they go)."""
+    def _own_update(self, step: cst.FunctionDef) -> bool:
+        """The tape's gradients (``grads = tape.gradient(...)``) are passed to a call in the
+        step (``adam(params, grads, ...)``, which reduces them itself) and not returned."""
         names: set[str] = set()
         for node in walk(step.body):
             if (
@@ -468,10 +468,15 @@ def train_step(x, y):
                 and node.value.func.attr.value == "gradient"
             ):
                 if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
-                    return True
+                    return False
                 names.add(node.targets[0].target.value)
-        if not names:
-            return True
+        passed = {
+            a.value.value
+            for c in walk(step.body)
+            if isinstance(c, cst.Call)
+            for a in c.args
+            if isinstance(a.value, cst.Name)
+        }
         returned = {
             n.value
             for r in walk(step.body)
@@ -479,7 +484,7 @@ def train_step(x, y):
             for n in walk(r.value)
             if isinstance(n, cst.Name)
         }
-        return bool(names & returned)
+        return bool(names) and names <= passed and not names & returned
 
     def _unscaled_means(self, step: cst.FunctionDef) -> list[cst.Call]:
         if id(step) in self._steps:

@@ -997,7 +997,9 @@ class _Planner:
             kept.append(element)
         arguments = self._arguments(run)
         if arguments is None:
-            raise NotPlanned("the training step's feed is not a dict of its placeholders")
+            raise NotPlanned(
+                "the training step's feed is not a dict of its placeholders" + self._foreign(run)
+            )
         targets = _targets(statement)
         todo = None
         if gone:
@@ -1012,6 +1014,23 @@ class _Planner:
             run=StepRun(
                 tuple(kept), single, tuple(arguments), targets[0] if len(targets) == 1 else None
             ),
+        )
+
+    def _foreign(self, run: cst.Call) -> str:
+        """The fed keys that are no placeholder made where the step is built, named."""
+        feed = get_arg(run, 1, "feed_dict")
+        items = feed_items(feed) if isinstance(feed, cst.Dict) else None
+        if isinstance(feed, cst.Dict) and items is None:
+            keys = [
+                self.source.src(e.key, 30) for e in feed.elements if isinstance(e, cst.DictElement)
+            ]
+        else:
+            keys = [key for key, _ in items or [] if key not in self.plan_.inputs]
+        if not keys:
+            return ""
+        return (
+            f" ({', '.join(f'`{k}`' for k in keys)}: made by the caller of the function that "
+            "builds the step, not converted yet)"
         )
 
     def _arguments(self, run: cst.Call) -> list[tuple[str, cst.BaseExpression]] | None:
