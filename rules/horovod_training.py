@@ -77,6 +77,11 @@ class HorovodTraining(Rule):
     loss divided by `num_replicas_in_sync`, the broadcast, GPU pinning and session config go,
     and every worker saves checkpoints (the chief into the real folder). A script of another
     shape is left as it is; the `hvd.init()` finding names the line that blocked it and why.
+    When the entry's `hvd.init()` drives a step built in a repo module it imports (the per-step
+    graph and a hand-written update of the program's own that all-reduces the gradients through
+    a helper), each module converts from its side: the entry makes the strategy and sets it as
+    the program's, the step module gets the train step, the helpers the replica context's
+    `all_reduce`; a finding names the other scripts that import a converted module.
 
     ## Why is this bad?
     Horovod is a separate MPI/Gloo runtime, and its TF1 API (session hooks, wrapped `tf.train`
