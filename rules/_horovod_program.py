@@ -171,38 +171,14 @@ class Reader:
                 and isinstance(statement.test.left, cst.Name)
                 and statement.test.left.value == "__name__"
             ):
-                body = list(statement.body.body)
-                last = body[-1] if body else None
-                small = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
-                call = small.value if isinstance(small, cst.Expr) else None
-                parse = call.args[0].value if isinstance(call, cst.Call) and call.args else None
-                if (
-                    isinstance(call, cst.Call)
-                    and isinstance(call.func, cst.Name)
-                    and call.func.value == name
-                    and len(call.args) == 1
-                    and isinstance(parse, cst.Call)
-                    and isinstance(parse.func, cst.Attribute)
-                    and parse.func.attr.value == "parse_args"
-                    and isinstance(parse.func.value, cst.Name)
-                    and statement.orelse is None
-                ):
-                    # its last item is a line (`main(parser.parse_args())`): an indented block's
-                    statements = cast("list[cst.BaseStatement]", body[:-1])
-                    return statement, parse.func.value.value, statements
-                if (  # `main()` alone: a program without flags
-                    len(body) == 1
-                    and isinstance(call, cst.Call)
-                    and isinstance(call.func, cst.Name)
-                    and call.func.value == name
-                    and not call.args
-                    and statement.orelse is None
-                ):
-                    return statement, None, []
+                found = _main_call(statement, name)
+                if found is not None:
+                    return found
                 raise Blocked(
                     statement,
-                    f"the main block is not `{name}(parser.parse_args())` after building the "
-                    f"parser, nor `{name}()` alone",
+                    f"the main block is not `{name}(parser.parse_args())` (or `args = "
+                    f"parser.parse_args()` then `{name}(args)`) after building the parser, nor "
+                    f"`{name}()` alone",
                 )
         raise Blocked(function, f"no `if __name__ == '__main__':` block calling `{name}`")
 
@@ -716,3 +692,65 @@ def _with_value(statement: cst.BaseStatement, value: cst.BaseExpression) -> cst.
     small = statement.body[0]
     assert isinstance(small, cst.Assign)
     return statement.with_changes(body=[small.with_changes(value=value)])
+
+
+def _main_call(
+    block: cst.If, name: str
+) -> tuple[cst.If, str | None, list[cst.BaseStatement]] | None:
+    """The main block's call of the training function ``name``: ``name(parser.parse_args())``
+    or ``flags = parser.parse_args()`` then ``name(flags)`` last, after the statements that build
+    the parser (and whatever else the script sets up first); or ``name()`` alone."""
+    if block.orelse is not None:
+        return None
+    body = list(block.body.body)
+    calls = [_expression_call(s) for s in body]
+    call = calls[-1] if calls else None
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)):
+        return None
+    if call.func.value != name:
+        return None
+    if not call.args:
+        return (block, None, []) if len(body) == 1 else None
+    if len(call.args) != 1 or call.args[0].keyword is not None:
+        return None
+    argument = call.args[0].value
+    if isinstance(argument, cst.Call):
+        parser = _parse_args_receiver(argument)
+        if parser is None:
+            return None
+        # its last item is a line (`main(parser.parse_args())`): an indented block's
+        return block, parser, cast("list[cst.BaseStatement]", body[:-1])
+    if not isinstance(argument, cst.Name) or len(body) < 2:
+        return None
+    parsed = body[-2]
+    small = parsed.body[0] if isinstance(parsed, cst.SimpleStatementLine) else None
+    if not (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and small.targets[0].target.value == argument.value
+        and isinstance(small.value, cst.Call)
+    ):
+        return None
+    parser = _parse_args_receiver(small.value)
+    if parser is None:
+        return None
+    return block, parser, cast("list[cst.BaseStatement]", body[:-2])
+
+
+def _expression_call(statement: cst.CSTNode) -> cst.BaseExpression | None:
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    return small.value if isinstance(small, cst.Expr) else None
+
+
+def _parse_args_receiver(call: cst.Call) -> str | None:
+    """``parser.parse_args()`` -> 'parser'."""
+    func = call.func
+    if (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "parse_args"
+        and isinstance(func.value, cst.Name)
+    ):
+        return func.value.value
+    return None
+

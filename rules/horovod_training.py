@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import libcst as cst
 
 from tfmigrate.convert.horovod_emit import convert_horovod_module
+from tfmigrate.convert.horovod_modules import (
+    convert_entry,
+    convert_helpers,
+    convert_step_module,
+    other_importers,
+    step_program,
+)
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.rule import Example, FixSafety, Rule, RuleContext
 from tfmigrate.rules import _horovod_program_example as example
@@ -25,6 +34,17 @@ def _horovod_api(name: str | None) -> str | None:
     if name is None or not name.startswith(_HOROVOD):
         return None
     return name.rsplit(".", 1)[1]
+
+
+def _imports_horovod(statement: cst.CSTNode) -> bool:
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if isinstance(small, cst.Import):
+        return any(_text(a.name).startswith("horovod") for a in small.names)
+    return (
+        isinstance(small, cst.ImportFrom)
+        and small.module is not None
+        and _text(small.module).startswith("horovod")
+    )
 
 
 def _text(node: cst.CSTNode) -> str:
@@ -57,6 +77,11 @@ class HorovodTraining(Rule):
     loss divided by `num_replicas_in_sync`, the broadcast, GPU pinning and session config go,
     and every worker saves checkpoints (the chief into the real folder). A script of another
     shape is left as it is; the `hvd.init()` finding names the line that blocked it and why.
+    When the entry's `hvd.init()` drives a step built in a repo module it imports (the per-step
+    graph and a hand-written update of the program's own that all-reduces the gradients through
+    a helper), each module converts from its side: the entry makes the strategy and sets it as
+    the program's, the step module gets the train step, the helpers the replica context's
+    `all_reduce`; a finding names the other scripts that import a converted module.
 
     ## Why is this bad?
     Horovod is a separate MPI/Gloo runtime, and its TF1 API (session hooks, wrapped `tf.train`
@@ -258,7 +283,10 @@ if hvd.rank() == 0:
 
     def leave_Module(self, original_node: cst.Module) -> None:
         init = self._init
-        if init is None or (self.call_name(init) or "").startswith(_KERAS_HOROVOD_INIT):
+        if init is None:
+            self._module_of_program(original_node)
+            return
+        if (self.call_name(init) or "").startswith(_KERAS_HOROVOD_INIT):
             return  # Keras Horovod: TFM402 converts the fit program
         start = (
             "Horovod: `hvd.init()` starts one process per GPU under horovodrun/MPI. TF2: "
@@ -304,16 +332,76 @@ if hvd.rank() == 0:
         """The staged converter (read -> plan -> emit) on a script the whole-program reader
         refuses: it keeps what it cannot convert under TODO(tfmigrate) markers."""
         converted = convert_horovod_module(self.context)
-        if isinstance(converted, str):
-            self.report(init, f"{start}; {refusal} (staged converter: {converted})")
-            return
         summary = (
             f"{start}; converted to a MultiWorkerMirroredStrategy program (a tf.function train "
             "step, GradientTape replica)"
         )
+        if isinstance(converted, str) and "in another module" in converted:
+            program = step_program(Path(str(self.context.path)))
+            if isinstance(program, str):
+                converted = f"the step module does not convert: {program}"
+            elif (
+                program is not None and program.entry.path == Path(str(self.context.path)).resolve()
+            ):
+                converted = convert_entry(self.context)
+                step = os.path.relpath(program.step.path, program.entry.path.parent)
+                summary = (
+                    f"{start}; converted to a MultiWorkerMirroredStrategy program whose train "
+                    f"step (a tf.function, GradientTape replica) is built in `{step}`"
+                )
+        if isinstance(converted, str):
+            self.report(init, f"{start}; {refusal} (staged converter: {converted})")
+            return
         self.report(
             init,
             summary + converted.todo_summary(),
+            replacement=converted.module,
+            target=self.context.module,
+            manifest={"notes": converted.manifest_notes("TFM401")},
+        )
+
+    def _module_of_program(self, module: cst.Module) -> None:
+        """A module of a Horovod program whose entry (its ``hvd.init()``) is another script:
+        the module that builds the train step, or helpers calling Horovod."""
+        uses = [
+            n
+            for n in walk(module)
+            if isinstance(n, cst.Call) and _horovod_api(self.call_name(n)) is not None
+        ]
+        path = Path(str(self.context.path)).resolve()
+        program = step_program(path)
+        if program is None or isinstance(program, str):
+            return
+        entry = os.path.relpath(program.entry.path, path.parent)
+        if program.step.path == path:
+            converted = convert_step_module(self.context, program)
+            what = (
+                f"the train step of the Horovod program `{entry}` is built here: converted to a "
+                "tf.function train step (GradientTape replica) under the "
+                "MultiWorkerMirroredStrategy the entry makes"
+            )
+        elif uses:
+            converted = convert_helpers(self.context)
+            what = (
+                f"Horovod helpers of the program `{entry}`: its allreduce became the replica "
+                "context's all_reduce, hvd.size()/rank() the strategy's"
+            )
+        else:
+            return
+        # the finding sits on the Horovod import: the Horovod calls carry their own findings
+        node = next((s for s in module.body if _imports_horovod(s)), module)
+        if isinstance(converted, str):
+            self.report(node, f"Horovod: {what.split(':')[0]}; not converted: {converted}")
+            return
+        importers = other_importers(program, path)
+        if importers:
+            what += (
+                f"; other scripts import this module too ({', '.join(importers)}): they get the "
+                "converted module"
+            )
+        self.report(
+            node,
+            what + converted.todo_summary(),
             replacement=converted.module,
             target=self.context.module,
             manifest={"notes": converted.manifest_notes("TFM401")},

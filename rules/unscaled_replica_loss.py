@@ -440,6 +440,8 @@ def train_step(x, y):
             for n in walk(step.body)
         ):
             return False
+        if self._own_update(step):
+            return True  # an update of the program's own takes them: the strategy sums none
         caller = next((a for a in self.ancestors(run) if isinstance(a, cst.FunctionDef)), None)
         if caller is None:
             return False
@@ -453,6 +455,36 @@ def train_step(x, y):
             and n.args
         ]
         return bool(reductions) and all(_is_mean(r) for r in reductions)
+
+    def _own_update(self, step: cst.FunctionDef) -> bool:
+        """The tape's gradients (``grads = tape.gradient(...)``) are passed to a call in the
+        step (``adam(params, grads, ...)``, which reduces them itself) and not returned."""
+        names: set[str] = set()
+        for node in walk(step.body):
+            if (
+                isinstance(node, cst.Assign)
+                and isinstance(node.value, cst.Call)
+                and isinstance(node.value.func, cst.Attribute)
+                and node.value.func.attr.value == "gradient"
+            ):
+                if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
+                    return False
+                names.add(node.targets[0].target.value)
+        passed = {
+            a.value.value
+            for c in walk(step.body)
+            if isinstance(c, cst.Call)
+            for a in c.args
+            if isinstance(a.value, cst.Name)
+        }
+        returned = {
+            n.value
+            for r in walk(step.body)
+            if isinstance(r, cst.Return) and r.value is not None
+            for n in walk(r.value)
+            if isinstance(n, cst.Name)
+        }
+        return bool(names) and names <= passed and not names & returned
 
     def _unscaled_means(self, step: cst.FunctionDef) -> list[cst.Call]:
         if id(step) in self._steps:

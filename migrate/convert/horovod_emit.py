@@ -38,7 +38,7 @@ from tfmigrate.rules._towers import bound_names, free_names
 _RESERVED = frozenset(
     {"strategy", "tf1_variables", "train_step", "replica_step", "outputs", "tape", "variables",
      "gradients", "replica_loss", "TF1Variables", "checkpoint", "checkpoint_manager",
-     "logged_tensors", "logging_iteration"}
+     "logged_tensors", "logging_iteration", "update_state", "UpdateState"}
 )  # fmt: skip
 _TRAINABLES = ("tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables")
 
@@ -182,16 +182,17 @@ def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def emit_horovod(plan: HorovodPlan) -> Emitted:
-    clash = _RESERVED & _names(plan.scope)
+    reserved = _RESERVED - {"gradients", "variables"} if plan.hand_written else _RESERVED
+    clash = reserved & _names(plan.scope)
     if clash:
         raise NotPlanned(f"the program already uses `{sorted(clash)[0]}`")
     writer = _Writer(plan)
     module = plan.source.module.visit(writer)
     assert isinstance(module, cst.Module)
     if not writer.strategy_made:
-        module = _strategy_at_top(module)
+        module = _strategy_at_top(module, plan.hand_written)
     module = module.visit(_Horovod(plan.source))
-    module = _with_store(module)
+    module = _with_store(module, plan.hand_written)
     module = module.visit(_Blanks()).visit(_Commented())
     if plan.inputs:
         writer.notes.append(
@@ -206,7 +207,10 @@ def emit_horovod(plan: HorovodPlan) -> Emitted:
 
 
 def _names(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in _walk(node) if isinstance(n, cst.Name)} | bound_names(node)
+    """The names ``node`` reads or binds (an attribute's name, ``tf.gradients``, is none)."""
+    attributes = {id(n.attr) for n in _walk(node) if isinstance(n, cst.Attribute)}
+    names = {n.value for n in _walk(node) if isinstance(n, cst.Name) and id(n) not in attributes}
+    return names | bound_names(node)
 
 
 # -- pieces of new code ---------------------------------------------------------------------------
@@ -220,7 +224,9 @@ def _comment(text: str) -> cst.EmptyLine:
     return cst.EmptyLine(comment=cst.Comment(f"# {text}"))
 
 
-def _strategy_lines(leading: list[cst.EmptyLine] | None = None) -> list[cst.BaseStatement]:
+def _strategy_lines(
+    leading: list[cst.EmptyLine] | None = None, hand_written: bool = False
+) -> list[cst.BaseStatement]:
     first = _statement("strategy = tf.distribute.MultiWorkerMirroredStrategy()")
     first = first.with_changes(
         leading_lines=[
@@ -228,10 +234,25 @@ def _strategy_lines(leading: list[cst.EmptyLine] | None = None) -> list[cst.Base
             _comment("One process per machine (not per GPU): the cluster comes from TF_CONFIG."),
         ]
     )
-    return [first, _statement("tf1_variables = TF1Variables(strategy)")]
+    return [first, *_store_lines(hand_written)]
 
 
-def _strategy_at_top(module: cst.Module) -> cst.Module:
+def _store_lines(hand_written: bool) -> list[cst.BaseStatement]:
+    lines = [_statement("tf1_variables = TF1Variables(strategy)")]
+    if hand_written:
+        lines.append(_statement("update_state = UpdateState()"))
+    return lines
+
+
+def _entry_strategy_lines(hand_written: bool) -> list[cst.BaseStatement]:
+    """The step is built in a module the entry calls: the strategy the entry made."""
+    first = _statement("strategy = tf.distribute.get_strategy()").with_changes(
+        leading_lines=[_comment("The MultiWorkerMirroredStrategy the entry script made.")]
+    )
+    return [first, *_store_lines(hand_written)]
+
+
+def _strategy_at_top(module: cst.Module, hand_written: bool = False) -> cst.Module:
     """``hvd.init()`` ran in a function other than the step's, or Horovod is used in several:
     the strategy is made at module level, after the imports and the module's constants."""
     body = list(module.body)
@@ -240,7 +261,7 @@ def _strategy_at_top(module: cst.Module) -> cst.Module:
         if isinstance(statement, cst.FunctionDef | cst.ClassDef | cst.If):
             break
         at = position + 1
-    lines = _strategy_lines([cst.EmptyLine(), cst.EmptyLine()])
+    lines = _strategy_lines([cst.EmptyLine(), cst.EmptyLine()], hand_written)
     return module.with_changes(body=[*body[:at], *lines, *body[at:]])
 
 
@@ -310,11 +331,15 @@ class _StepNumber(cst.CSTTransformer):
 
 
 class _Trainables(cst.CSTTransformer):
-    def __init__(self, source: SourceFile) -> None:
+    def __init__(self, source: SourceFile, as_list: bool = False) -> None:
         self.source = source
+        # a list, as tf.trainable_variables() was: a hand-written update may test for one
+        self.as_list = as_list
 
     def leave_Call(self, original_node, updated_node):
         if self.source.qualify(original_node.func) in _TRAINABLES:
+            if self.as_list:
+                return cst.parse_expression("list(tf1_variables.trainable_variables)")
             return cst.parse_expression("tf1_variables.trainable_variables")
         return updated_node
 
@@ -366,7 +391,14 @@ class _Writer(cst.CSTTransformer):
         if isinstance(updated_node, cst.IndentedBlock) and not updated_node.body:
             return updated_node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
         if original_node is self.plan.scope:
-            updated_node = updated_node.visit(_Trainables(self.source))
+            updated_node = updated_node.visit(_Trainables(self.source, self.plan.hand_written))
+            if self.plan.strategy_from_entry and isinstance(updated_node, cst.FunctionDef):
+                self.strategy_made = True
+                body = list(updated_node.body.body)
+                lines = _entry_strategy_lines(self.plan.hand_written)
+                updated_node = updated_node.with_changes(
+                    body=updated_node.body.with_changes(body=[*lines, *body])
+                )
         decision = self.plan.decision(original_node)
         if decision is None:
             return updated_node
@@ -383,7 +415,9 @@ class _Writer(cst.CSTTransformer):
             ):
                 return cst.RemoveFromParent()
             self.strategy_made = True
-            return cst.FlattenSentinel(_strategy_lines(list(original_node.leading_lines)))
+            return cst.FlattenSentinel(
+                _strategy_lines(list(original_node.leading_lines), self.plan.hand_written)
+            )
         if action is Action.OPTIMIZER:
             assert decision.value is not None
             small = updated_node.body[0]
@@ -528,7 +562,7 @@ class _Writer(cst.CSTTransformer):
             updated_node = updated_node.with_changes(leading_lines=[])
         target, positions = self._call_target(run)
         logging = self.plan.logging
-        if logging is None and target is not None and len(positions) == 1:
+        if logging is None and (target is not None or run.returned) and len(positions) == 1:
             # one fetched value: the number sess.run gave
             call = cst.Call(cst.Attribute(call, cst.Name("numpy")))
         if logging is not None:
@@ -537,7 +571,9 @@ class _Writer(cst.CSTTransformer):
                 if target is not None
                 else cst.Name("logged_tensors")
             )
-        if target is None:
+        if run.returned:
+            statement = updated_node.with_changes(body=[cst.Return(call)])
+        elif target is None:
             statement = updated_node.with_changes(body=[cst.Expr(call)])
         else:
             statement = updated_node.with_changes(
@@ -656,10 +692,11 @@ class _Writer(cst.CSTTransformer):
         the update as written."""
         plan = self.plan
         assert plan.gradient is not None
-        trainables = _Trainables(self.source)
+        trainables = _Trainables(self.source, self.plan.hand_written)
         pairs = parse_template_expression(
             "list(zip(tape.gradient({loss}, variables), variables))", loss=loss
         )
+        assert isinstance(plan.gradient, cst.SimpleStatementLine)  # compute_gradients' line
         small = plan.gradient.body[0]
         assert isinstance(small, cst.Assign)
         out: list[cst.BaseStatement] = [
@@ -681,6 +718,71 @@ class _Writer(cst.CSTTransformer):
             update = update.with_changes(body=[cst.Expr(small.value)])
         out.append(update.with_changes(leading_lines=[]))
         return out
+
+    def _hand_written_update(
+        self, variables: cst.BaseExpression, loss: cst.BaseExpression
+    ) -> list[cst.BaseStatement]:
+        """``grads = tf.gradients(loss, params)`` -> the tape's gradients of this replica; then
+        the program's own update, as each Horovod process called it: it all-reduces the
+        gradients itself (in the replica context), and its variables are made once."""
+        plan = self.plan
+        assert plan.gradient is not None
+        trainables = _Trainables(self.source, self.plan.hand_written)
+        gradients = parse_template_expression(
+            "tape.gradient({loss}, {variables})", loss=loss, variables=variables
+        )
+        out: list[cst.BaseStatement] = []
+        if isinstance(plan.gradient, cst.If):  # tf.gradients or a drop-in, chosen by a flag
+            target = next(
+                n.targets[0].target
+                for n in _walk(plan.gradient)
+                if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Name)
+            )
+            line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], gradients)])
+            why = (
+                "the legacy chose how to take these gradients (a drop-in for tf.gradients, such "
+                "as memory-saving gradients, in one branch): the tape takes plain ones "
+                "(tf.recompute_grad is TF2's gradient checkpointing)"
+            )
+            out.append(_marked(line, Leftover.GRAPH, why, self.todos))
+        else:
+            small = plan.gradient.body[0]
+            assert isinstance(small, cst.Assign)
+            out.append(
+                plan.gradient.with_changes(
+                    body=[small.with_changes(value=gradients)], leading_lines=[]
+                )
+            )
+        out.extend(_visited(s, trainables) for s in plan.between)
+        update = _visited(plan.update, trainables)
+        assert isinstance(update, cst.SimpleStatementLine)
+        small = update.body[0]
+        if isinstance(small, cst.Assign) and bound_names(plan.update) <= self._run_only():
+            update = update.with_changes(body=[cst.Expr(small.value)])  # the call runs the op
+        out.append(
+            cst.With(
+                items=[cst.WithItem(cst.parse_expression("update_state.scope()"))],
+                body=cst.IndentedBlock([update.with_changes(leading_lines=[])]),
+                leading_lines=[
+                    _comment("The program's own update: it all-reduces the replicas' gradients"),
+                    _comment("(Horovod's allreduce, now the replica context's); its variables"),
+                    _comment("are made once."),
+                ],
+            )
+        )
+        return out
+
+    def _run_only(self) -> set[str]:
+        """Names of the update that only the step's runs read (as the op they ran)."""
+        names = bound_names(self.plan.update)
+        read = set()
+        for node in _walk(self.plan.source.module):
+            if isinstance(node, cst.SimpleStatementLine) and node is not self.plan.update:
+                decision = self.plan.decision(node)
+                if decision is not None and decision.action is Action.STEP_RUN:
+                    continue
+                read |= free_names(node) & names
+        return names - read
 
     def _decorator(self) -> cst.BaseExpression:
         """``tf.function``, with the placeholders' dtypes and shapes as its input signature when
@@ -718,7 +820,7 @@ class _Writer(cst.CSTTransformer):
 
     def _replica_body(self) -> list[cst.BaseStatement]:
         plan = self.plan
-        trainables = _Trainables(self.source)
+        trainables = _Trainables(self.source, self.plan.hand_written)
         forward: list[cst.BaseStatement] = [_visited(s, trainables) for s in plan.step]
         if forward:
             forward[0] = forward[0].with_changes(leading_lines=[])
@@ -755,6 +857,8 @@ class _Writer(cst.CSTTransformer):
             else cst.parse_expression("tf1_variables.trainable_variables")
         )
         assert isinstance(variables, cst.BaseExpression)
+        if plan.hand_written:
+            return [tape, *self._hand_written_update(variables, loss)]
         if plan.gradient is not None:
             return [tape, *self._gradient_pairs(variables, loss)]
         call = plan.update_call

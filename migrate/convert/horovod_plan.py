@@ -17,7 +17,7 @@ writes.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import libcst as cst
@@ -108,6 +108,7 @@ class StepRun:
     single: bool  # the fetches were one expression, not a list or tuple
     arguments: tuple[tuple[str, cst.BaseExpression], ...]  # placeholder -> fed value
     target: cst.BaseAssignTargetExpression | None
+    returned: bool = False  # `return sess.run(...)[i]`: the call's value is returned
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ class HorovodPlan(Decisions[Decision]):
     averaged: bool
     strategy_at_module: bool  # the strategy is made at module level (Horovod is used outside)
     # `gv = opt.compute_gradients(loss)` when the update is an apply_gradients (else None)
-    gradient: cst.SimpleStatementLine | None = None
+    # (for a hand-written update: its `grads = tf.gradients(loss, params)`, or an if/else of it)
+    gradient: cst.SimpleStatementLine | cst.If | None = None
     between: list[Statement] = field(default_factory=list)  # from the gradients to the update
     inputs: list[str] = field(default_factory=list)  # train step parameters, in order
     # the placeholders' (dtype, shape) as written: the train step's input signature
@@ -158,6 +160,12 @@ class HorovodPlan(Decisions[Decision]):
     session_todo: Todo | None = None  # what the MonitoredTrainingSession did that is not converted
     decisions: dict[int, Decision] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The update is a function of the program's own (``optim.adam(params, grads, ...)``) that
+    # all-reduces the gradients itself: the replica calls it after the tape, with no loss scaling.
+    hand_written: bool = False
+    # hvd.init() is in another module (the entry), which makes the strategy: this module's step
+    # takes it from tf.distribute.get_strategy() where it is built.
+    strategy_from_entry: bool = False
 
     @property
     def global_step(self) -> cst.BaseExpression | None:
@@ -224,13 +232,21 @@ class _Planner:
         core = self.core
         if core.towers is not None or core.combination.kind is not ir.CombineKind.HOROVOD:
             raise NotPlanned("not a Horovod core")
-        if core.update.where.file != self.source.rel:
+        hand_written = core.update.kind is ir.UpdateKind.HAND_WRITTEN
+        if hand_written:
+            found = self._hand_written_call()
+            if found is None:
+                raise NotPlanned("the Horovod update is in another module")
+            update, call, gradient, gradient_call = found
+            kind = "hand_written"
+        elif core.update.where.file != self.source.rel:
             raise NotPlanned("the Horovod update is in another module")
-        if core.update.kind not in (ir.UpdateKind.MINIMIZE, ir.UpdateKind.APPLY_GRADIENTS):
+        elif core.update.kind not in (ir.UpdateKind.MINIMIZE, ir.UpdateKind.APPLY_GRADIENTS):
             raise NotPlanned(f"update by {core.update.kind.value} (minimize is converted)")
-        kind = "minimize" if core.update.kind is ir.UpdateKind.MINIMIZE else "apply_gradients"
-        update, call = self._update(core.update.where.line, kind)
-        gradient, gradient_call = update, call
+        else:
+            kind = "minimize" if core.update.kind is ir.UpdateKind.MINIMIZE else "apply_gradients"
+            update, call = self._update(core.update.where.line, kind)
+            gradient, gradient_call = update, call
         if kind == "apply_gradients":
             if core.loss is None:
                 raise NotPlanned("apply_gradients with no compute_gradients found")
@@ -240,7 +256,7 @@ class _Planner:
             raise NotPlanned("the Horovod step is built in a method")
         if (self.source.enclosing_def(gradient) or self.source.module) is not scope:
             raise NotPlanned("compute_gradients and apply_gradients are in different functions")
-        loss = get_arg(gradient_call, 0, "loss")
+        loss = get_arg(gradient_call, 0, "ys" if hand_written else "loss")
         if loss is None:
             raise NotPlanned(f"{method_name(gradient_call)} names no loss")
         self.scope = scope
@@ -253,13 +269,19 @@ class _Planner:
             update=update,
             update_call=call,
             loss=loss,
-            variables=get_arg(gradient_call, 1, "var_list"),
-            averaged=True,
+            variables=get_arg(gradient_call, 1, "xs" if hand_written else "var_list"),
+            averaged=not hand_written,  # the hand-written update all-reduces the gradients
             strategy_at_module=self._strategy_at_module(scope),
             gradient=gradient if gradient is not update else None,
+            hand_written=hand_written,
+            strategy_from_entry=not any(
+                isinstance(n, cst.Call) and self.hvd(n) == "init"
+                for n in tree.walk(self.source.module)
+            ),
         )
         self.plan_ = plan
         self.update_names = bound_names(update)
+        self.sessions |= self._session_parameters(scope)
         plan.decide(update, Decision(Action.TRAIN_STEP))
         if plan.gradient is not None:
             self._between(plan.gradient, update)
@@ -276,6 +298,99 @@ class _Planner:
         self._module_level_horovod()
         return plan
 
+    def _hand_written_call(
+        self,
+    ) -> (
+        tuple[cst.SimpleStatementLine, cst.Call, cst.SimpleStatementLine | cst.If, cst.Call] | None
+    ):
+        """The call of the program's hand-written update in this module (``train_op =
+        optim.adam(params, grads, ...)``, or through a dict of update functions chosen by a
+        flag) given the gradients of a ``grads = tf.gradients(loss, params)`` of its block."""
+        names = {
+            part.strip().rstrip("()").rsplit(".", 1)[-1]
+            for part in self.core.update.optimizer.split("|")
+        }
+        for node in tree.walk(self.source.module):
+            if not isinstance(node, cst.SimpleStatementLine):
+                continue
+            value = _value(node)
+            if not isinstance(value, cst.Call) or not isinstance(node.body[0], cst.Assign):
+                continue
+            block = list(getattr(self.source.parent(node), "body", ()))
+            if node not in block:
+                continue
+            gradients: dict[str, tuple[cst.BaseStatement, cst.Call]] = {}
+            for statement in block[: block.index(node)]:
+                found = self._gradients_statement(statement)
+                if found is not None:
+                    gradients[found[0]] = (statement, found[1])
+            given = [
+                gradients[a.value.value]
+                for a in value.args
+                if isinstance(a.value, cst.Name) and a.value.value in gradients
+            ]
+            if given and self._names_update(value.func, block[: block.index(node)], names):
+                gradient, gradient_call = given[0]
+                assert isinstance(gradient, cst.SimpleStatementLine | cst.If)
+                return node, value, gradient, gradient_call
+        return None
+
+    def _gradients_statement(self, statement: cst.BaseStatement) -> tuple[str, cst.Call] | None:
+        """``grads = tf.gradients(loss, params)`` -> ('grads', the call); an if/else binding the
+        same name with tf.gradients in one branch counts too (the other may use a drop-in)."""
+        if isinstance(statement, cst.SimpleStatementLine):
+            made = _value(statement)
+            name = _target_name(statement)
+            if isinstance(made, cst.Call) and self.call_q(made) == "tensorflow.gradients" and name:
+                return name, made
+            return None
+        if isinstance(statement, cst.If) and isinstance(statement.orelse, cst.Else):
+            for branch in (statement.body, statement.orelse.body):
+                for inner in getattr(branch, "body", ()):
+                    found = self._gradients_statement(inner)
+                    if found is not None:
+                        return found
+        return None
+
+    def _names_update(
+        self, func: cst.BaseExpression, before: list[cst.BaseStatement], names: set[str]
+    ) -> bool:
+        """``func`` spells one of the update functions, or is a name bound before to an
+        expression that does (``optimizer = {'adam': optim.adam, ...}[hps.optimizer]``)."""
+        spelled = {n.value for n in tree.walk(func) if isinstance(n, cst.Name)}
+        if spelled & names:
+            return True
+        if isinstance(func, cst.Name):
+            for statement in before:
+                if (
+                    isinstance(statement, cst.SimpleStatementLine)
+                    and _target_name(statement) == func.value
+                ):
+                    value = _value(statement)
+                    if (
+                        value is not None
+                        and {n.value for n in tree.walk(value) if isinstance(n, cst.Name)} & names
+                    ):
+                        return True
+        return False
+
+    def _session_parameters(self, scope: cst.CSTNode) -> set[str]:
+        """The scope's parameters whose ``.run(...)`` it calls: the session its caller made."""
+        if not isinstance(scope, cst.FunctionDef):
+            return set()
+        params = {p.name.value for p in scope.params.params}
+        found = set()
+        for node in tree.walk(scope):
+            if (
+                isinstance(node, cst.Call)
+                and method_name(node) == "run"
+                and isinstance(node.func, cst.Attribute)
+                and isinstance(node.func.value, cst.Name)
+                and node.func.value.value in params
+            ):
+                found.add(node.func.value.value)
+        return found
+
     def _update(self, line: int, method: str) -> tuple[cst.SimpleStatementLine, cst.Call]:
         for node in tree.walk(self.source.module):
             if isinstance(node, cst.SimpleStatementLine) and self.source.line(node) == line:
@@ -284,7 +399,9 @@ class _Planner:
                     return node, value
         raise NotPlanned(f"the update is not `x = opt.{method}(...)` on its own line")
 
-    def _between(self, gradient: cst.SimpleStatementLine, update: cst.SimpleStatementLine) -> None:
+    def _between(
+        self, gradient: cst.SimpleStatementLine | cst.If, update: cst.SimpleStatementLine
+    ) -> None:
         """Statements of the update's block between compute_gradients and apply_gradients whose
         values the update reads (clipping): they move into the replica function with it."""
         plan = self.plan_
@@ -293,6 +410,8 @@ class _Planner:
             raise NotPlanned("compute_gradients is not in the block of apply_gradients")
         between = block[block.index(gradient) + 1 : block.index(update)]
         needed = free_names(plan.update_call)
+        if plan.hand_written:  # the update's own set-up (`optimizer = {...}[flag]`) stays put
+            needed &= bound_names(gradient)
         for statement in reversed(between):
             if isinstance(statement, cst.SimpleStatementLine) and bound_names(statement) & needed:
                 plan.between.insert(0, statement)
@@ -837,6 +956,16 @@ class _Planner:
         names = free_names(fetches)
         if run in self.runs and _value(statement) is run:
             return self._step_run(statement, run, fetches)
+        picked = _picked_fetch(statement, run)
+        if run in self.runs and picked is not None and isinstance(fetches, cst.List | cst.Tuple):
+            # `return sess.run([train_op, loss], feed)[1]`: the train step returns that fetch
+            if not 0 <= picked < len(fetches.elements):
+                raise NotPlanned("the training step's run picks a fetch it does not make")
+            element = fetches.elements[picked].value
+            decision = self._step_run(statement, run, element)
+            assert decision.run is not None
+            returned = isinstance(statement.body[0], cst.Return)
+            return replace(decision, run=replace(decision.run, returned=returned))
         if (
             (names and names <= self.dropped)
             or any(
@@ -868,7 +997,9 @@ class _Planner:
             kept.append(element)
         arguments = self._arguments(run)
         if arguments is None:
-            raise NotPlanned("the training step's feed is not a dict of its placeholders")
+            raise NotPlanned(
+                "the training step's feed is not a dict of its placeholders" + self._foreign(run)
+            )
         targets = _targets(statement)
         todo = None
         if gone:
@@ -883,6 +1014,23 @@ class _Planner:
             run=StepRun(
                 tuple(kept), single, tuple(arguments), targets[0] if len(targets) == 1 else None
             ),
+        )
+
+    def _foreign(self, run: cst.Call) -> str:
+        """The fed keys that are no placeholder made where the step is built, named."""
+        feed = get_arg(run, 1, "feed_dict")
+        items = feed_items(feed) if isinstance(feed, cst.Dict) else None
+        if isinstance(feed, cst.Dict) and items is None:
+            keys = [
+                self.source.src(e.key, 30) for e in feed.elements if isinstance(e, cst.DictElement)
+            ]
+        else:
+            keys = [key for key, _ in items or [] if key not in self.plan_.inputs]
+        if not keys:
+            return ""
+        return (
+            f" ({', '.join(f'`{k}`' for k in keys)}: made by the caller of the function that "
+            "builds the step, not converted yet)"
         )
 
     def _arguments(self, run: cst.Call) -> list[tuple[str, cst.BaseExpression]] | None:
@@ -919,3 +1067,15 @@ def _loop_targets(statement: cst.BaseStatement) -> set[str]:
             for n in free_names(item.asname.name)
         }
     return set()
+
+
+def _picked_fetch(statement: cst.SimpleStatementLine, run: cst.Call) -> int | None:
+    """``i`` when the statement is ``return run[i]`` / ``x = run[i]`` (one constant index)."""
+    small = statement.body[0]
+    value = small.value if isinstance(small, cst.Return | cst.Assign | cst.Expr) else None
+    if not (isinstance(value, cst.Subscript) and value.value is run and len(value.slice) == 1):
+        return None
+    index = value.slice[0].slice
+    if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer):
+        return int(index.value.value)
+    return None

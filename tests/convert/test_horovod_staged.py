@@ -383,3 +383,120 @@ def _run(script: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str
         env=env,
         timeout=600,
     )
+
+
+def test_main_block_that_parses_the_flags_into_a_name_first_is_converted(tmp_path):
+    from tfmigrate.rules import _horovod_program_example as example
+
+    main = (
+        "if __name__ == '__main__':\n"
+        "    import signal\n"
+        "    signal.signal(signal.SIGINT, lambda x, y: sys.exit(0))\n"
+        "    parser = argparse.ArgumentParser()\n"
+        "    hps = parser.parse_args()  # so a typo is an error\n"
+        "    train(hps)\n"
+    )
+    legacy = (
+        example.LEGACY.split("if __name__")[0].replace(
+            "import argparse\n", "import argparse\nimport sys\n"
+        )
+        + main
+    )
+    repo = write_tree(tmp_path / "repo", {"train.py": legacy})
+    result = run_cli(
+        "rewrite", "--unsafe-fixes", "--format", "json", "--out", tmp_path / "out", repo
+    )
+    assert "converted the training function `train`" in _conversion(result.stdout)
+    source = (tmp_path / "out" / "train.py").read_text()
+    assert source.rstrip().endswith(main.rstrip())  # the main block is kept as written
+    assert "tf.distribute.MultiWorkerMirroredStrategy" in source
+
+
+# A glow-style program: hvd.init() in the entry, the step built by a repo module it imports
+# (placeholders fed per step, gradients with tf.gradients or a drop-in chosen by a flag, a
+# hand-written Adam chosen from a dict by a flag), the update's allreduce in a helper module.
+UPDATE_MODULE = REPO / "fixtures" / "towers" / "horovod_update_module"
+
+
+def test_step_built_in_another_module_converts_every_module_of_the_program():
+    out, result = rewritten(UPDATE_MODULE, "--unsafe-fixes", "--format", "json")
+    applied = {
+        f["path"].rsplit("/", 1)[-1]: f["message"]
+        for f in json.loads(result.stdout)["findings"]
+        if f["code"] == "TFM401" and f.get("applied")
+    }
+    assert set(applied) == {"train.py", "model.py", "tfops.py"}
+    assert (
+        "whose train step (a tf.function, GradientTape replica) is built in `model.py`"
+        in (applied["train.py"])
+    )
+    # the entry: the strategy made first and set as the program's; no session, no Horovod
+    entry = (out / "train.py").read_text()
+    assert (
+        "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+        "tf.distribute.experimental_set_strategy(strategy)\n" in entry
+    )
+    assert "m = model.model(None, hps, train_iterator)" in entry
+    assert "    tensorflow_session()\n" in entry  # its tf.config settings still run
+    assert "tf.config.experimental.set_memory_growth(gpu, True)" in entry
+    assert not _code_names(entry) & (BANNED | {"hvd", "ConfigProto"})
+    # the step module: one train step, the gradients from the tape, the program's own update
+    step_module = (out / "model.py").read_text()
+    train_step = _assert_tf2_program_of_another_entry(step_module)
+    step = ast.unparse(train_step)
+    assert "all_params = list(tf1_variables.trainable_variables)" in step
+    assert "gs = tape.gradient(loss, all_params)" in step
+    assert (
+        "with update_state.scope():\n            optimizer(all_params, gs, alpha=lr, hps=hps)"
+        in (step)
+    )
+    assert "num_replicas_in_sync" not in step  # the update averages the gradients itself
+    assert "gs = tape.gradient(loss, all_params)  # TODO(tfmigrate): TFM317" in step_module
+    assert "strategy = tf.distribute.get_strategy()" in step_module
+    assert "return train_step(x=_x, y=_y, lr=_lr).numpy()" in step_module
+    # the helpers: Horovod's private allreduce -> the replica context's, hvd.size() the strategy's
+    helpers = (out / "tfops.py").read_text()
+    assert (
+        "return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x)"
+        in helpers
+    )
+    assert "x = allreduce_sum(x) / tf.distribute.get_strategy().num_replicas_in_sync" in helpers
+    assert "hvd" not in _code_names(helpers) and "horovod" not in helpers
+    # the update module calls no Horovod: left as it was
+    assert (out / "optim.py").read_text() == (UPDATE_MODULE / "optim.py").read_text()
+
+
+def _assert_tf2_program_of_another_entry(source: str) -> ast.FunctionDef:
+    """As _assert_tf2_program, for a module whose entry makes the strategy: the train step
+    calls the program's own update (no apply_gradients)."""
+    compile(source, "converted.py", "exec")
+    (train_step,) = _functions(source, "tf.function")
+    calls = _calls(train_step)
+    assert "tf.GradientTape" in calls and "strategy.run" in calls
+    assert not _code_names(source) & (BANNED | {"hvd"})
+    return train_step
+
+
+def test_a_helper_module_other_scripts_import_names_them(tmp_path):
+    files = {p.name: p.read_text() for p in UPDATE_MODULE.glob("*.py")}
+    files["sample.py"] = "import tfops\n\nprint(tfops.allreduce_mean)\n"
+    repo = write_tree(tmp_path / "repo", files)
+    result = run_cli("rewrite", "--format", "json", repo)  # without --unsafe-fixes
+    (message,) = [
+        f["message"]
+        for f in json.loads(result.stdout)["findings"]
+        if f["path"].endswith("tfops.py") and "Horovod helpers" in f["message"]
+    ]
+    assert "other scripts import this module too (sample.py)" in message
+    result = run_cli("rewrite", "--format", "json", "--out", tmp_path / "out", repo)
+    assert (tmp_path / "out" / "tfops.py").read_text() == files["tfops.py"]  # unsafe: not applied
+
+
+@pytest.mark.slow
+def test_converted_program_with_the_step_in_another_module_trains(tmp_path):
+    out, _ = rewritten(UPDATE_MODULE, "--unsafe-fixes")
+    proc = _run(out / "train.py", tmp_path, "--epochs", "2", "--train_its", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if " loss " in line]
+    assert [line.split()[:2] for line in lines] == [["1", "48"], ["2", "96"]], proc.stdout
+    assert "Finished!" in proc.stdout
