@@ -714,7 +714,7 @@ def test_differently_written_mean_loss_keeps_its_legacy_name():
     assert 'for gpu in tf.config.list_physical_devices("GPU"):' in code
 
 
-def test_clipping_after_the_aggregation_is_refused_with_its_line():
+def test_clipping_after_the_aggregation_is_applied_to_the_replicas_sum():
     clipped = STACKED_MEAN.replace(
         "    train_op = opt.apply_gradients(averaged, global_step=global_step)\n",
         "    clipped, norm = tf.clip_by_global_norm([g for g, _ in averaged], 1.0)\n"
@@ -722,9 +722,12 @@ def test_clipping_after_the_aggregation_is_refused_with_its_line():
     )
     settings = Settings(rules=(TowerProgramToMirroredStrategy,), fix=True)
     result = process_source(clipped, "train.py", settings)
-    # The staged converter clips each replica's gradients, marked TFM316: an unsafe fix.
+    # The clip runs on the all-reduced sum in every replica; each replica applies its share.
     finding = _staged(result)
-    assert result.new_code is None and "TFM316" in finding.message  # type: ignore[attr-defined]
+    code = result.new_code
+    assert code is not None and "TFM316" not in finding.message  # type: ignore[attr-defined]
+    assert 'all_reduce("SUM", [g for g, _ in averaged])' in code
+    assert "g / strategy.num_replicas_in_sync for g in clipped" in code
 
 
 def _one_tower_logged(fetches: str, scalar: str = "losses[0]") -> str:
