@@ -787,6 +787,10 @@ class _Writer(cst.CSTTransformer):
             return self._fed_variable(updated_node)
         if action is Action.SAVER_CALL:
             return updated_node.visit(_SaverCall())
+        if action is Action.SUMMARY_WRITER:
+            return self._summary_writer(updated_node)
+        if action is Action.SUMMARY_WRITE:
+            return _summary_write(updated_node, decision)
         if action is Action.TRAIN_STEP:
             return cst.FlattenSentinel(self._train_step())
         return updated_node
@@ -830,6 +834,20 @@ class _Writer(cst.CSTTransformer):
                 "tf.train.Saver became tf.train.Checkpoint (object-based: a TF1 checkpoint is "
                 "read after `tfmigrate convert-checkpoint`)"
             )
+        return updated_node.with_changes(body=[small.with_changes(value=value)])
+
+    def _summary_writer(self, updated_node):
+        """``tf.summary.FileWriter(logdir, sess.graph)``: a TF2 file writer of the same folder
+        (TF2 writes no graph with it)."""
+        small = updated_node.body[0]
+        call = small.value
+        args = [
+            a.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            for k, a in enumerate(call.args)
+            if (k == 0 and a.keyword is None)
+            or (a.keyword is not None and a.keyword.value in ("logdir", "max_queue", "filename_suffix"))
+        ]
+        value = cst.Call(cst.parse_expression("tf.summary.create_file_writer"), args)
         return updated_node.with_changes(body=[small.with_changes(value=value)])
 
     def _fed_variable(self, updated_node):
@@ -908,6 +926,10 @@ class _Writer(cst.CSTTransformer):
         else:
             new_target = target
         small = updated_node.body[0]
+        if isinstance(small, cst.Expr):  # `sess.run(train_op)`: the step returns values now
+            return updated_node.with_changes(
+                body=[cst.Assign(targets=[cst.AssignTarget(new_target)], value=call)]
+            )
         return updated_node.with_changes(
             body=[small.with_changes(targets=[cst.AssignTarget(new_target)], value=call)]
         )
@@ -1067,6 +1089,28 @@ class _Writer(cst.CSTTransformer):
         if len(elements) == 1:
             return elements[0]
         return cst.Tuple([cst.Element(e) for e in elements])
+
+
+def _summary_write(updated_node: cst.SimpleStatementLine, decision) -> cst.With:
+    """``writer.add_summary(summary, step)``: the merged scalars, written under the writer
+    with their legacy tags."""
+    lines = []
+    for scalar in decision.scalars:
+        call = cst.Call(
+            cst.parse_expression("tf.summary.scalar"),
+            [
+                cst.Arg(scalar.tag),
+                cst.Arg(scalar.value),
+                cst.Arg(decision.step, keyword=cst.Name("step"), equal=_equal()),
+            ],
+        )
+        lines.append(cst.SimpleStatementLine([cst.Expr(call)]))
+    writer = parse_template_expression("{w}.as_default()", w=cst.parse_expression(decision.writer))
+    return cst.With(
+        items=[cst.WithItem(writer)],
+        body=cst.IndentedBlock(lines),
+        leading_lines=updated_node.leading_lines,
+    )
 
 
 def step_local(key: str) -> str:
