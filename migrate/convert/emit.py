@@ -968,6 +968,22 @@ class _Writer(cst.CSTTransformer):
             step.append(_statement(f"{outputs} = strategy.run(replica_step)"))
         for position, name in enumerate([*plan.outputs, *(n for n, _ in plan.sums)]):
             each = outputs if len(returned) == 1 else f"{outputs}[{position}]"
+            if position < len(plan.outputs) and name in plan.per_tower:
+                step.append(
+                    _statement(
+                        f"{plan.per_tower[name]} = strategy.experimental_local_results({each})"
+                    ).with_changes(
+                        leading_lines=[
+                            cst.EmptyLine(
+                                comment=cst.Comment(
+                                    "# Every tower's value: the towers wrote a summary of each."
+                                )
+                            )
+                        ]
+                    )
+                )
+                if name in plan.towers_only:
+                    continue
             if position < len(plan.outputs) and name in plan.first_tower:
                 tower = plan.first_tower[name]
                 line = f"{name} = strategy.experimental_local_results({each})[{tower}]"
@@ -1104,7 +1120,17 @@ def _summary_write(updated_node: cst.SimpleStatementLine, decision) -> cst.With:
                 cst.Arg(decision.step, keyword=cst.Name("step"), equal=_equal()),
             ],
         )
-        lines.append(cst.SimpleStatementLine([cst.Expr(call)]))
+        line: cst.BaseStatement = cst.SimpleStatementLine([cst.Expr(call)])
+        if scalar.towers is not None:
+            index, each, towers = scalar.towers
+            line = cst.For(
+                target=cst.Tuple(
+                    [cst.Element(cst.Name(index)), cst.Element(cst.Name(each))], lpar=[], rpar=[]
+                ),
+                iter=parse_template_expression("enumerate({t})", t=cst.Name(towers)),
+                body=cst.IndentedBlock([line]),
+            )
+        lines.append(line)
     writer = parse_template_expression("{w}.as_default()", w=cst.parse_expression(decision.writer))
     return cst.With(
         items=[cst.WithItem(writer)],
@@ -1559,6 +1585,8 @@ class _Replica:
         plan = self.plan
         if any(statement is holder for holder in plan.accumulating):
             return []
+        if id(statement) in plan.tower_summaries:
+            return []  # written after the step, of every replica's value
         if _is_reuse_flag(statement, plan):
             return []  # `reuse = True` after the first tower: the store shares the variables
         if plan.source.line(statement) in plan.input_lines:

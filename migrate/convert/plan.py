@@ -168,6 +168,9 @@ class Scalar:
 
     tag: cst.BaseExpression
     value: cst.BaseExpression
+    # a tower's summary: (index, value) names the write binds over every tower's value,
+    # and the name of those values at the call
+    towers: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,11 @@ class Plan(Decisions[Decision]):
     # every replica now (their ids), and tower K's value is read
     first_tower: dict[str, int] = field(default_factory=dict)
     hoisted: set[int] = field(default_factory=set)
+    # tower outputs the step returns for every tower (a summary per tower): output -> the
+    # step's name for its per-replica values; `towers_only`: outputs returned only for that
+    per_tower: dict[str, str] = field(default_factory=dict)
+    towers_only: set[str] = field(default_factory=set)
+    tower_summaries: set[int] = field(default_factory=set)  # the towers' scalars: they go
     # `total += tower_value` in the towers: (total, tower_value), summed over the replicas
     sums: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
     accumulating: list[cst.SimpleStatementLine] = field(default_factory=list)
@@ -1902,6 +1910,8 @@ class _Planner:
         self.summary_returns: dict[str, str] = {}  # such a value -> its name at the call
         self.summary_fetched: dict[str, str] = {}  # value fetched by the step -> its name
         self.summary_ok: set[int] = set()  # scalars whose value the write can read
+        self.tower_extras: list[str] = []  # tower values written for every tower
+        self.summary_towers: dict[str, str] = {}  # such a value -> its towers' name at the call
         self.writers_ok: set[str] = set()
         if len(self.step_runs) != 1:
             return
@@ -1916,8 +1926,14 @@ class _Planner:
         in_tower = {id(s) for s in statements_in(_body(self.loop))}
         lists: dict[str, list[int]] = {}
         bound: dict[str, int] = {}
+        self.tower_tags: dict[int, cst.BaseExpression] = {}
         for statement in self.body:
-            if id(statement) in in_tower or not isinstance(statement, cst.SimpleStatementLine):
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            if id(statement) in in_tower:
+                tagged = self._tower_scalar(statement)
+                if tagged is not None:
+                    self.scalar_defs[id(statement)] = tagged
                 continue
             small = _simple(statement)
             value = _value(statement)
@@ -2031,6 +2047,15 @@ class _Planner:
         written_ops = {op for _, op, _ in self.summary_writes.values()}
         written = {i for op in written_ops for i in self.merges[op]}
         self.scalar_defs = {i: d for i, d in self.scalar_defs.items() if i in written}
+        self.tower_extras = [
+            value for i, (_, value) in self.scalar_defs.items() if i in self.tower_tags
+        ]
+        self.plan_.tower_summaries = {i for i in self.scalar_defs if i in self.tower_tags}
+        if self.plan_.tower_summaries:
+            self.plan_.notes.append(
+                "the towers' summaries are written after the train step, of every replica's "
+                "value under its tower's legacy tag: TF2 records summaries in replica 0 only"
+            )
         self.merge_statements = {
             i: op for i, op in self.merge_statements.items() if op in written_ops
         }
@@ -2041,7 +2066,9 @@ class _Planner:
             p: op for p, op in self.summary_positions.items() if op in written_ops
         }
         setup = self._bound_before_loop_beside() - bound_names(self.loop)
-        for _, value_name in self.scalar_defs.values():
+        for key, (_, value_name) in self.scalar_defs.items():
+            if key in self.tower_tags:
+                continue
             if value_name in self.summary_fetched or value_name in setup:
                 continue
             if value_name not in self.summary_extras:
@@ -2104,6 +2131,45 @@ class _Planner:
             return None  # collections=, family= change where or under which tag it is kept
         return value, listed
 
+    def _tower_scalar(
+        self, statement: cst.SimpleStatementLine
+    ) -> tuple[cst.BaseExpression, str] | None:
+        """A tower's ``tf.summary.scalar(tag, value)`` under the tower's ``tf.name_scope``: its
+        TF1 tag (the scope's name, then the tag) and the value's name."""
+        scalar = self._scalar_call(statement, _simple(statement))
+        if scalar is None or scalar[1] is not None or _target_name(statement) is not None:
+            return None
+        call = scalar[0]
+        tag = get_arg(call, 0, "name")
+        tensor = get_arg(call, 1, "tensor")
+        index = self.loop.target
+        if tag is None or not isinstance(tensor, cst.Name) or not isinstance(index, cst.Name):
+            return None
+        if tensor.value not in bound_names(self.loop) or tensor.value == index.value:
+            return None
+        if index.value in bound_names(self.scope) - bound_names(self.loop):
+            return None  # the write binds the tower index: it must not hide another name
+        prefixes: list[cst.BaseExpression] = []
+        for ancestor in self.source.ancestors(statement):
+            if ancestor is self.loop:
+                break
+            if not isinstance(ancestor, cst.With):
+                continue
+            for item in ancestor.items:
+                called = self.call_q(item.item)
+                if called == "tensorflow.variable_scope":
+                    return None  # a reused variable scope's name scope is uniquified
+                if called == "tensorflow.name_scope":
+                    assert isinstance(item.item, cst.Call)
+                    scope = get_arg(item.item, 0, "name")
+                    if scope is None or free_names(scope) - {index.value}:
+                        return None
+                    prefixes.insert(0, scope)
+        if not prefixes or self._name_scoped(self.loop):
+            return None
+        self.tower_tags[id(statement)] = index
+        return _joined_tag([*prefixes, tag]), tensor.value
+
     def _name_scoped(self, statement: cst.CSTNode) -> bool:
         """Under a ``tf.name_scope``/``tf.variable_scope`` of its own: TF1 prefixed the tag."""
         for ancestor in self.source.ancestors(statement):
@@ -2148,9 +2214,17 @@ class _Planner:
             writer, op, step = self.summary_writes[key]
             scalars = []
             for member in self.merges[op]:
-                if member not in self.summary_ok:
+                if member not in self.summary_ok and member not in self.tower_tags:
                     continue
                 tag, read = self.scalar_defs[member]
+                if member in self.tower_tags:
+                    if read in self.summary_towers:
+                        index = self.tower_tags[member]
+                        assert isinstance(index, cst.Name)
+                        each = self._fresh(f"{read}_tower")
+                        towers = (index.value, each, self.summary_towers[read])
+                        scalars.append(Scalar(tag, cst.Name(each), towers))
+                    continue
                 if read in self.summary_fetched:
                     scalars.append(Scalar(tag, cst.Name(self.summary_fetched[read])))
                 elif read in self.summary_returns:
@@ -2571,7 +2645,16 @@ class _Planner:
                 ]
             )
         extras = [name for name in self.summary_extras if name not in self.gone]
-        if extras:
+        towers = [name for name in dict.fromkeys(self.tower_extras) if name not in self.gone]
+        tower_names = {name: self._fresh(f"{name}_towers") for name in towers}
+        if towers and (single or isinstance(target, cst.List | cst.Tuple)):
+            for name in towers:
+                if name not in plan.outputs:
+                    plan.outputs.append(name)
+                    plan.towers_only.add(name)
+                plan.per_tower[name] = tower_names[name]
+            self.summary_towers = tower_names
+        if extras or towers:
             # values a summary write reads that the step did not return: it returns them too
             if single:
                 first = target if target is not None else cst.Name("_")
@@ -2581,6 +2664,8 @@ class _Planner:
                 names = [self._fresh(f"{name}_value") for name in extras]
                 self.summary_returns = dict(zip(extras, names, strict=True))
                 elements += [cst.Name(name) for name in extras]
+                elements += [cst.Name(tower_names[name]) for name in towers]
+                names += [tower_names[name] for name in towers]
                 target = target.with_changes(
                     elements=[*target.elements, *(cst.Element(cst.Name(n)) for n in names)]
                 )
@@ -2701,6 +2786,34 @@ class _Planner:
         for statement in self.plan_.step_before:
             reads |= free_names(statement)
         return reads
+
+
+def _joined_tag(parts: list[cst.BaseExpression]) -> cst.BaseExpression:
+    """The TF1 tag of a summary under name scopes: ``'tower_%d' % i`` and ``'loss'`` ->
+    ``'tower_%d/loss' % i``; other spellings joined with ``+ '/' +``."""
+    head, *rest = parts
+    for part in rest:
+        literal = isinstance(part, cst.SimpleString) and "%" not in part.evaluated_value
+        if isinstance(head, cst.SimpleString) and isinstance(part, cst.SimpleString):
+            head = cst.SimpleString(repr(f"{head.evaluated_value}/{part.evaluated_value}"))
+        elif (
+            literal
+            and isinstance(head, cst.BinaryOperation)
+            and isinstance(head.operator, cst.Modulo)
+            and isinstance(head.left, cst.SimpleString)
+        ):
+            joined = f"{head.left.evaluated_value}/{part.evaluated_value}"  # type: ignore[attr-defined]  # checked: a string
+            head = head.with_changes(left=cst.SimpleString(repr(joined)))
+        else:
+            slash = cst.BinaryOperation(_parenthesized(head), cst.Add(), cst.SimpleString("'/'"))
+            head = cst.BinaryOperation(slash, cst.Add(), _parenthesized(part))
+    return head
+
+
+def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(node, cst.BinaryOperation | cst.BooleanOperation):
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
 
 
 def _keyed(statement: cst.CSTNode, feed: str) -> str | None:
