@@ -1974,9 +1974,15 @@ class _Planner:
                 lists.setdefault(listed, []).append(id(statement))
             if name is not None:
                 bound[name] = id(statement)
-        if not self.merges or not self.writers:
-            return
-        # where each merged op is fetched
+                self.merges[name] = [id(statement)]  # a scalar's op, run on its own
+        if self.writers:
+            self._summary_writes(run, run_statement, session_loop)
+        self._written_summaries()
+
+    def _summary_writes(
+        self, run: cst.Call, run_statement: cst.BaseStatement, session_loop: cst.CSTNode
+    ) -> None:
+        """Where the loop fetches each summary op and which ``add_summary`` writes it."""
         feed = get_arg(run, 1, "feed_dict")
         fetches = get_arg(run, 0, "fetches")
         targets = _targets(run_statement)
@@ -2044,6 +2050,12 @@ class _Planner:
             writer = _key(value.func.value)
             assert writer is not None
             self.summary_writes[id(statement)] = (writer, op, step)
+            if op not in self.summary_positions.values():
+                self._note_rerun(statement, fed=same_feed is not None)
+
+    def _written_summaries(self) -> None:
+        """Keep the summaries a write reads (the others stay as they were, under their TODO)
+        and find the values the train step must return for them."""
         written_ops = {op for _, op, _ in self.summary_writes.values()}
         written = {i for op in written_ops for i in self.merges[op]}
         self.scalar_defs = {i: d for i, d in self.scalar_defs.items() if i in written}
@@ -2076,6 +2088,16 @@ class _Planner:
                 self.fetched.add(value_name)
         if any(op in written_ops for op in self.merges if self._merges_all(op)):
             self._note_unseen_summaries()
+
+    def _note_rerun(self, statement: cst.CSTNode, fed: bool) -> None:
+        """A summary op the legacy ran on its own at the write: TF1 ran the towers again."""
+        again = (
+            "on the step's feed, after the update" if fed else "on the next batch of its input"
+        )
+        self.plan_.notes.append(
+            f"the summary written at line {self.line(statement)} was run on its own, which ran "
+            f"the towers again {again}: the write takes the values of the train step instead"
+        )
 
     def _merges_all(self, op: str) -> bool:
         return any(
@@ -2239,7 +2261,10 @@ class _Planner:
         if writer_call is not None:
             assert isinstance(writer_call.func, cst.Attribute)
             method = writer_call.func.attr.value
-            if method not in ("flush", "close", "as_default", "set_as_default"):
+            reads = free_names(statement) - {_key(writer_call.func.value)}
+            if method not in ("flush", "close", "as_default", "set_as_default") and not (
+                gone_reads(reads, self.sessions, self.gone)  # its own TODO says why
+            ):
                 return Decision(
                     Action.TODO,
                     todo=Todo(
