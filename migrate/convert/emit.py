@@ -845,7 +845,10 @@ class _Writer(cst.CSTTransformer):
             a.with_changes(comma=cst.MaybeSentinel.DEFAULT)
             for k, a in enumerate(call.args)
             if (k == 0 and a.keyword is None)
-            or (a.keyword is not None and a.keyword.value in ("logdir", "max_queue", "filename_suffix"))
+            or (
+                a.keyword is not None
+                and a.keyword.value in ("logdir", "max_queue", "filename_suffix")
+            )
         ]
         value = cst.Call(cst.parse_expression("tf.summary.create_file_writer"), args)
         return updated_node.with_changes(body=[small.with_changes(value=value)])

@@ -1921,6 +1921,7 @@ class _Planner:
             (a for a in self.source.ancestors(run_statement) if isinstance(a, cst.For | cst.While)),
             None,
         )
+        assert session_loop is None or isinstance(session_loop, cst.For | cst.While)
         if session_loop is None:
             return
         in_tower = {id(s) for s in statements_in(_body(self.loop))}
@@ -1980,7 +1981,7 @@ class _Planner:
         self._written_summaries()
 
     def _summary_writes(
-        self, run: cst.Call, run_statement: cst.BaseStatement, session_loop: cst.CSTNode
+        self, run: cst.Call, run_statement: cst.CSTNode, session_loop: cst.For | cst.While
     ) -> None:
         """Where the loop fetches each summary op and which ``add_summary`` writes it."""
         feed = get_arg(run, 1, "feed_dict")
@@ -2043,8 +2044,9 @@ class _Planner:
             written = get_arg(value, 0, "summary")
             step = get_arg(value, 1, "global_step")
             op = summary_run(written)
-            if op is None and _key(written) in self.summary_results:
-                op = self.summary_results[_key(written)]  # type: ignore[index]  # checked
+            held = _key(written) if written is not None else None
+            if op is None and held is not None:
+                op = self.summary_results.get(held)
             if op is None or step is None:
                 continue
             writer = _key(value.func.value)
@@ -2091,9 +2093,7 @@ class _Planner:
 
     def _note_rerun(self, statement: cst.CSTNode, fed: bool) -> None:
         """A summary op the legacy ran on its own at the write: TF1 ran the towers again."""
-        again = (
-            "on the step's feed, after the update" if fed else "on the next batch of its input"
-        )
+        again = "on the step's feed, after the update" if fed else "on the next batch of its input"
         self.plan_.notes.append(
             f"the summary written at line {self.line(statement)} was run on its own, which ran "
             f"the towers again {again}: the write takes the values of the train step instead"
@@ -2255,7 +2255,9 @@ class _Planner:
                     made = cst.Name(read)
                     scalars.append(Scalar(tag, cst.Call(made) if self._schedule(read) else made))
             if writer in self.writers_ok and scalars:
-                return Decision(Action.SUMMARY_WRITE, writer=writer, step=step, scalars=tuple(scalars))
+                return Decision(
+                    Action.SUMMARY_WRITE, writer=writer, step=step, scalars=tuple(scalars)
+                )
             return None
         writer_call = receiver_call(statement, self.writers_ok)
         if writer_call is not None:
@@ -2686,13 +2688,13 @@ class _Planner:
                 target = cst.Tuple([cst.Element(first)])
                 single = False
             if isinstance(target, cst.List | cst.Tuple):
-                names = [self._fresh(f"{name}_value") for name in extras]
-                self.summary_returns = dict(zip(extras, names, strict=True))
+                returned = [self._fresh(f"{name}_value") for name in extras]
+                self.summary_returns = dict(zip(extras, returned, strict=True))
                 elements += [cst.Name(name) for name in extras]
                 elements += [cst.Name(tower_names[name]) for name in towers]
-                names += [tower_names[name] for name in towers]
+                returned += [tower_names[name] for name in towers]
                 target = target.with_changes(
-                    elements=[*target.elements, *(cst.Element(cst.Name(n)) for n in names)]
+                    elements=[*target.elements, *(cst.Element(cst.Name(n)) for n in returned)]
                 )
         values: list[cst.BaseExpression] = []
         run_only: list[int] = []
@@ -2818,21 +2820,28 @@ def _joined_tag(parts: list[cst.BaseExpression]) -> cst.BaseExpression:
     ``'tower_%d/loss' % i``; other spellings joined with ``+ '/' +``."""
     head, *rest = parts
     for part in rest:
-        literal = isinstance(part, cst.SimpleString) and "%" not in part.evaluated_value
-        if isinstance(head, cst.SimpleString) and isinstance(part, cst.SimpleString):
-            head = cst.SimpleString(repr(f"{head.evaluated_value}/{part.evaluated_value}"))
+        text = _text(part)
+        if text is not None and _text(head) is not None:
+            head = cst.SimpleString(repr(f"{_text(head)}/{text}"))
         elif (
-            literal
+            text is not None
+            and "%" not in text
             and isinstance(head, cst.BinaryOperation)
             and isinstance(head.operator, cst.Modulo)
-            and isinstance(head.left, cst.SimpleString)
+            and (format_ := _text(head.left)) is not None
         ):
-            joined = f"{head.left.evaluated_value}/{part.evaluated_value}"  # type: ignore[attr-defined]  # checked: a string
-            head = head.with_changes(left=cst.SimpleString(repr(joined)))
+            head = head.with_changes(left=cst.SimpleString(repr(f"{format_}/{text}")))
         else:
             slash = cst.BinaryOperation(_parenthesized(head), cst.Add(), cst.SimpleString("'/'"))
             head = cst.BinaryOperation(slash, cst.Add(), _parenthesized(part))
     return head
+
+
+def _text(node: cst.BaseExpression) -> str | None:
+    """The text of a plain string literal (None for anything else)."""
+    if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+        return node.evaluated_value
+    return None
 
 
 def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
