@@ -2058,6 +2058,19 @@ class _Planner:
     def _written_summaries(self) -> None:
         """Keep the summaries a write reads (the others stay as they were, under their TODO)
         and find the values the train step must return for them."""
+        # a fetched summary read by anything but its writes (printed, kept) stays as it was
+        for held, op in list(self.summary_results.items()):
+            for statement in self.body:
+                if (
+                    isinstance(statement, cst.SimpleStatementLine)
+                    and id(statement) not in self.summary_writes
+                    and id(statement) not in self.summary_runs
+                    and held in free_names(statement) - bound_names(statement)
+                    and statement is not statement_of(self.source, self.step_runs[0])
+                ):
+                    self.summary_writes = {
+                        k: w for k, w in self.summary_writes.items() if w[1] != op
+                    }
         written_ops = {op for _, op, _ in self.summary_writes.values()}
         written = {i for op in written_ops for i in self.merges[op]}
         self.scalar_defs = {i: d for i, d in self.scalar_defs.items() if i in written}
@@ -2254,6 +2267,8 @@ class _Planner:
                 elif read not in self.summary_extras:
                     made = cst.Name(read)
                     scalars.append(Scalar(tag, cst.Call(made) if self._schedule(read) else made))
+            if gone_reads(free_names(step), self.sessions, self.gone) is not None:
+                return None  # the step written at has no TF2 form here: the write stays
             if writer in self.writers_ok and scalars:
                 return Decision(
                     Action.SUMMARY_WRITE, writer=writer, step=step, scalars=tuple(scalars)

@@ -127,3 +127,17 @@ def test_the_converted_program_writes_the_legacy_tags_to_an_event_file(tmp_path)
         towers = (values[(step, "tower_0/loss")] + values[(step, "tower_1/loss")]) / 2
         assert values[(step, "avg_loss")] == pytest.approx(towers, rel=1e-6)
         assert values[(step, "learning_rate")] == pytest.approx(0.1)
+
+
+def test_a_fetched_summary_read_by_more_than_its_write_stays_under_a_todo(tmp_path):
+    """The serialized summary is read by other code too: that code needs it, so it stays."""
+    legacy = (FIXTURE / "train.py").read_text()
+    write = "                summary_writer.add_summary(summary_str, step)\n"
+    assert write in legacy
+    kept = "                last_summary = summary_str\n"
+    (tmp_path / "train.py").write_text(legacy.replace(write, write + kept))
+    out = tmp_path / "out"
+    run_cli("rewrite", "--out", out, "--unsafe-fixes", tmp_path / "train.py")
+    source = (out / "train.py").read_text()
+    assert "# TODO(tfmigrate): TFM313" in source and "# summary_op = tf.summary.merge_all()" in source
+    assert "tf.summary.scalar(" not in source.replace("# tf.summary.scalar(", "")
