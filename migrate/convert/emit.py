@@ -1116,7 +1116,7 @@ def _summary_write(updated_node: cst.SimpleStatementLine, decision) -> cst.With:
     lines = []
     for scalar in decision.scalars:
         call = cst.Call(
-            cst.parse_expression("tf.summary.scalar"),
+            cst.parse_expression(f"tf.summary.{scalar.kind}"),
             [
                 cst.Arg(scalar.tag),
                 cst.Arg(scalar.value),
@@ -1124,7 +1124,20 @@ def _summary_write(updated_node: cst.SimpleStatementLine, decision) -> cst.With:
             ],
         )
         line: cst.BaseStatement = cst.SimpleStatementLine([cst.Expr(call)])
-        if scalar.towers is not None:
+        if scalar.kind == "histogram" and scalar.towers is not None:
+            # every trainable variable, by its legacy name (the TF2 variable's differs)
+            each, legacy, variables = scalar.towers
+            trainable = cst.If(
+                test=cst.parse_expression(f"{each}.trainable"), body=cst.IndentedBlock([line])
+            )
+            line = cst.For(
+                target=cst.Tuple(
+                    [cst.Element(cst.Name(legacy)), cst.Element(cst.Name(each))], lpar=[], rpar=[]
+                ),
+                iter=cst.parse_expression(variables),
+                body=cst.IndentedBlock([trainable]),
+            )
+        elif scalar.towers is not None:
             index, each, towers = scalar.towers
             line = cst.For(
                 target=cst.Tuple(

@@ -171,6 +171,7 @@ class Scalar:
     # a tower's summary: (index, value) names the write binds over every tower's value,
     # and the name of those values at the call
     towers: tuple[str, str, str] | None = None
+    kind: str = "scalar"  # the tf.summary function: `histogram` of each trainable variable
 
 
 @dataclass(frozen=True)
@@ -1680,6 +1681,9 @@ class _Planner:
         if isinstance(statement, cst.FunctionDef | cst.ClassDef):
             plan.decide(statement, Decision(Action.KEEP))
             return
+        if id(statement) in self.histogram_defs:
+            plan.decide(statement, Decision(Action.DROP, "written where add_summary wrote it"))
+            return
         line = simple_line(statement, self._with, self._compound)
         if line is None:
             return
@@ -1928,7 +1932,17 @@ class _Planner:
         lists: dict[str, list[int]] = {}
         bound: dict[str, int] = {}
         self.tower_tags: dict[int, cst.BaseExpression] = {}
+        # `for v in tf.trainable_variables(): [l.append(]tf.summary.histogram(tag, v)[)]`:
+        # id -> (the tag, now reading the TF2 variable's name, the loop's name for it)
+        self.histogram_defs: dict[int, tuple[cst.BaseExpression, str]] = {}
         for statement in self.body:
+            if isinstance(statement, cst.For) and id(statement) not in in_tower:
+                histogram = self._variable_histograms(statement)
+                if histogram is not None:
+                    self.histogram_defs[id(statement)] = histogram[:2]
+                    if histogram[2] is not None:
+                        lists.setdefault(histogram[2], []).append(id(statement))
+                continue
             if not isinstance(statement, cst.SimpleStatementLine):
                 continue
             if id(statement) in in_tower:
@@ -1943,7 +1957,7 @@ class _Planner:
             if called == "tensorflow.summary.FileWriter" and name is not None:
                 self.writers.add(name)
             elif called == "tensorflow.summary.merge_all" and name is not None:
-                self.merges[name] = list(self.scalar_defs)
+                self.merges[name] = [*self.scalar_defs, *self.histogram_defs]
                 self.merge_statements[id(statement)] = name
             elif called == "tensorflow.summary.merge" and name is not None:
                 assert isinstance(value, cst.Call)
@@ -2074,6 +2088,12 @@ class _Planner:
         written_ops = {op for _, op, _ in self.summary_writes.values()}
         written = {i for op in written_ops for i in self.merges[op]}
         self.scalar_defs = {i: d for i, d in self.scalar_defs.items() if i in written}
+        self.histogram_defs = {i: d for i, d in self.histogram_defs.items() if i in written}
+        if self.histogram_defs:
+            self.plan_.notes.append(
+                "the histograms of the trainable variables are written after the train step, of "
+                "the updated variables, under their legacy names"
+            )
         self.tower_extras = [
             value for i, (_, value) in self.scalar_defs.items() if i in self.tower_tags
         ]
@@ -2123,6 +2143,10 @@ class _Planner:
         """``merge_all`` also took the summaries the towers and the model code made: say that
         only the scalars around the towers are written."""
         seen = set(self.scalar_defs)
+        for key in self.histogram_defs:
+            loop = next(s for s in self.body if id(s) == key)
+            assert isinstance(loop, cst.For)
+            seen |= {id(s) for s in statements_in(_body(loop))}
         for node in tree.walk(self.source.module):
             if not isinstance(node, cst.Call):
                 continue
@@ -2205,6 +2229,42 @@ class _Planner:
         self.tower_tags[id(statement)] = index
         return _joined_tag([*prefixes, tag]), tensor.value
 
+    def _variable_histograms(
+        self, statement: cst.For
+    ) -> tuple[cst.BaseExpression, str, str | None] | None:
+        """``for v in tf.trainable_variables():`` whose one statement is
+        ``[l.append(]tf.summary.histogram(tag, v)[)]``: the tag (``v.op.name`` read as the
+        TF2 variable's name), the loop's name and the list's name."""
+        body = _body(statement)
+        each = statement.target
+        if (
+            self.call_q(statement.iter) != "tensorflow.trainable_variables"
+            or statement.orelse is not None
+            or len(body) != 1
+            or not isinstance(body[0], cst.SimpleStatementLine)
+            or not isinstance(each, cst.Name)
+            or self._name_scoped(statement)
+        ):
+            return None
+        small = _simple(body[0])
+        call = small.value if isinstance(small, cst.Expr) else None
+        listed = None
+        if isinstance(call, cst.Call) and method_name(call) == "append" and len(call.args) == 1:
+            assert isinstance(call.func, cst.Attribute)
+            listed = _key(call.func.value)
+            call = call.args[0].value
+        if not isinstance(call, cst.Call) or self.call_q(call) != "tensorflow.summary.histogram":
+            return None
+        tag = get_arg(call, 0, "name")
+        values = get_arg(call, 1, "values")
+        if len(call.args) != 2 or tag is None or not _is_name(values, each.value):
+            return None
+        legacy = self._fresh(f"{each.value}_name")
+        tag = cast_expression(tag.visit(_OpName(each.value, legacy)))
+        if free_names(tag) - {legacy}:
+            return None  # the tag reads the TF2 variable, whose name is not the legacy one
+        return tag, each.value, listed
+
     def _name_scoped(self, statement: cst.CSTNode) -> bool:
         """Under a ``tf.name_scope``/``tf.variable_scope`` of its own: TF1 prefixed the tag."""
         for ancestor in self.source.ancestors(statement):
@@ -2249,6 +2309,12 @@ class _Planner:
             writer, op, step = self.summary_writes[key]
             scalars = []
             for member in self.merges[op]:
+                if member in self.histogram_defs:
+                    tag, each = self.histogram_defs[member]
+                    (legacy,) = free_names(tag)
+                    loop = (each, legacy, "tf1_variables.by_name.items()")
+                    scalars.append(Scalar(tag, cst.Name(each), loop, kind="histogram"))
+                    continue
                 if member not in self.summary_ok and member not in self.tower_tags:
                     continue
                 tag, read = self.scalar_defs[member]
@@ -2850,6 +2916,37 @@ def _joined_tag(parts: list[cst.BaseExpression]) -> cst.BaseExpression:
             slash = cst.BinaryOperation(_parenthesized(head), cst.Add(), cst.SimpleString("'/'"))
             head = cst.BinaryOperation(slash, cst.Add(), _parenthesized(part))
     return head
+
+
+def _is_name(node: cst.CSTNode | None, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
+
+
+def cast_expression(
+    node: cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel,
+) -> cst.BaseExpression:
+    assert isinstance(node, cst.BaseExpression)
+    return node
+
+
+class _OpName(cst.CSTTransformer):
+    """``v.op.name`` (a graph op's name, which an eager variable has not): the variable's
+    legacy name, which the write reads from the variables' store."""
+
+    def __init__(self, variable: str, legacy: str) -> None:
+        self.variable = variable
+        self.legacy = legacy
+
+    def leave_Attribute(self, original_node, updated_node):
+        value = original_node.value
+        if (
+            original_node.attr.value == "name"
+            and isinstance(value, cst.Attribute)
+            and value.attr.value == "op"
+            and _is_name(value.value, self.variable)
+        ):
+            return cst.Name(self.legacy)
+        return updated_node
 
 
 def _text(node: cst.BaseExpression) -> str | None:

@@ -62,6 +62,9 @@ def test_the_writer_and_the_writes_are_tf2_summaries_of_the_step_values():
                     tf.summary.scalar('tower_%d/loss' % i, loss_tower, step=step)
                 tf.summary.scalar('avg_loss', loss_value, step=step)
                 tf.summary.scalar('learning_rate', lr(), step=step)
+                for var_name, var in tf1_variables.by_name.items():
+                    if var.trainable:
+                        tf.summary.histogram(var_name, var, step=step)
             print('step %d loss %.4f' % (step, loss_value))
         """
     )
@@ -118,11 +121,18 @@ def test_the_converted_program_writes_the_legacy_tags_to_an_event_file(tmp_path)
 
     (events,) = logs.glob("events.out.tfevents.*")
     values: dict[tuple[int, str], float] = {}
+    histograms: set[tuple[int, str]] = set()
     for event in tf.compat.v1.train.summary_iterator(str(events)):
         for value in event.summary.value:
-            values[(event.step, value.tag)] = float(tf.make_ndarray(value.tensor))
+            written = tf.make_ndarray(value.tensor)
+            if written.ndim:  # a histogram: (left edge, right edge, count) per bucket
+                histograms.add((event.step, value.tag))
+            else:
+                values[(event.step, value.tag)] = float(written)
     tags = {"tower_0/loss", "tower_1/loss", "avg_loss", "learning_rate"}
     assert set(values) == {(step, tag) for step in (0, 10) for tag in tags}
+    variables = {"hidden/kernel", "hidden/bias", "logits/kernel", "logits/bias"}  # op names
+    assert histograms == {(step, tag) for step in (0, 10) for tag in variables}
     for step in (0, 10):
         towers = (values[(step, "tower_0/loss")] + values[(step, "tower_1/loss")]) / 2
         assert values[(step, "avg_loss")] == pytest.approx(towers, rel=1e-6)
@@ -139,5 +149,6 @@ def test_a_fetched_summary_read_by_more_than_its_write_stays_under_a_todo(tmp_pa
     out = tmp_path / "out"
     run_cli("rewrite", "--out", out, "--unsafe-fixes", tmp_path / "train.py")
     source = (out / "train.py").read_text()
-    assert "# TODO(tfmigrate): TFM313" in source and "# summary_op = tf.summary.merge_all()" in source
+    assert "# TODO(tfmigrate): TFM313" in source
+    assert "# summary_op = tf.summary.merge_all()" in source
     assert "tf.summary.scalar(" not in source.replace("# tf.summary.scalar(", "")
