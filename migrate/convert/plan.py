@@ -1917,6 +1917,10 @@ class _Planner:
         self.tower_extras: list[str] = []  # tower values written for every tower
         self.summary_towers: dict[str, str] = {}  # such a value -> its towers' name at the call
         self.writers_ok: set[str] = set()
+        self.tower_tags: dict[int, cst.BaseExpression] = {}  # a tower's scalar -> its index
+        # `for v in tf.trainable_variables(): [l.append(]tf.summary.histogram(tag, v)[)]`:
+        # id -> (the tag, reading the variable's legacy name, the loop's name for the variable)
+        self.histogram_defs: dict[int, tuple[cst.BaseExpression, str, str]] = {}
         if len(self.step_runs) != 1:
             return
         run = self.step_runs[0]
@@ -1931,17 +1935,13 @@ class _Planner:
         in_tower = {id(s) for s in statements_in(_body(self.loop))}
         lists: dict[str, list[int]] = {}
         bound: dict[str, int] = {}
-        self.tower_tags: dict[int, cst.BaseExpression] = {}
-        # `for v in tf.trainable_variables(): [l.append(]tf.summary.histogram(tag, v)[)]`:
-        # id -> (the tag, now reading the TF2 variable's name, the loop's name for it)
-        self.histogram_defs: dict[int, tuple[cst.BaseExpression, str]] = {}
         for statement in self.body:
             if isinstance(statement, cst.For) and id(statement) not in in_tower:
                 histogram = self._variable_histograms(statement)
                 if histogram is not None:
-                    self.histogram_defs[id(statement)] = histogram[:2]
-                    if histogram[2] is not None:
-                        lists.setdefault(histogram[2], []).append(id(statement))
+                    self.histogram_defs[id(statement)] = histogram[:3]
+                    if histogram[3] is not None:
+                        lists.setdefault(histogram[3], []).append(id(statement))
                 continue
             if not isinstance(statement, cst.SimpleStatementLine):
                 continue
@@ -2231,10 +2231,11 @@ class _Planner:
 
     def _variable_histograms(
         self, statement: cst.For
-    ) -> tuple[cst.BaseExpression, str, str | None] | None:
+    ) -> tuple[cst.BaseExpression, str, str, str | None] | None:
         """``for v in tf.trainable_variables():`` whose one statement is
         ``[l.append(]tf.summary.histogram(tag, v)[)]``: the tag (``v.op.name`` read as the
-        TF2 variable's name), the loop's name and the list's name."""
+        variable's legacy name), the loop's names for the variable and that name, and the
+        list's name."""
         body = _body(statement)
         each = statement.target
         if (
@@ -2263,7 +2264,7 @@ class _Planner:
         tag = cast_expression(tag.visit(_OpName(each.value, legacy)))
         if free_names(tag) - {legacy}:
             return None  # the tag reads the TF2 variable, whose name is not the legacy one
-        return tag, each.value, listed
+        return tag, each.value, legacy, listed
 
     def _name_scoped(self, statement: cst.CSTNode) -> bool:
         """Under a ``tf.name_scope``/``tf.variable_scope`` of its own: TF1 prefixed the tag."""
@@ -2310,8 +2311,7 @@ class _Planner:
             scalars = []
             for member in self.merges[op]:
                 if member in self.histogram_defs:
-                    tag, each = self.histogram_defs[member]
-                    (legacy,) = free_names(tag)
+                    tag, each, legacy = self.histogram_defs[member]
                     loop = (each, legacy, "tf1_variables.by_name.items()")
                     scalars.append(Scalar(tag, cst.Name(each), loop, kind="histogram"))
                     continue

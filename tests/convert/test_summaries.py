@@ -152,3 +152,18 @@ def test_a_fetched_summary_read_by_more_than_its_write_stays_under_a_todo(tmp_pa
     assert "# TODO(tfmigrate): TFM313" in source
     assert "# summary_op = tf.summary.merge_all()" in source
     assert "tf.summary.scalar(" not in source.replace("# tf.summary.scalar(", "")
+
+
+def test_summaries_of_a_loop_running_the_update_twice_stay_as_they_were(tmp_path):
+    """With two Session.runs of the update there is no one step the write follows: the
+    program converts and its summaries stay under their TODO."""
+    legacy = (FIXTURE / "train.py").read_text()
+    run = "            if step % args.summary_every == 0:\n"
+    again = "            sess.run(train_op, feed_dict=feed)\n"
+    (tmp_path / "train.py").write_text(legacy.replace(run, again + run))
+    out = tmp_path / "out"
+    result = run_cli("rewrite", "--out", out, "--unsafe-fixes", tmp_path / "train.py")
+    assert result.returncode == 1, result
+    source = (out / "train.py").read_text()
+    assert "# summary_writer = tf.summary.FileWriter(args.logdir, sess.graph)" in source
+    assert "as_default()" not in source
