@@ -31,7 +31,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
             "gradient_helper", "hand_written_adam",
             "horovod_average", "keras2_fit",
             "layers_adam", "model_object", "monitored_session", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
-            "summed_reuse_flag", "trainer_class", "tutorial_flags",
+            "summed_reuse_flag", "tower_summaries", "trainer_class", "tutorial_flags",
         )
     },
     # the staged conversion comments out the session's summary writes: unsafe

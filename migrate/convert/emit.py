@@ -798,6 +798,10 @@ class _Writer(cst.CSTTransformer):
             return self._fed_variable(updated_node)
         if action is Action.SAVER_CALL:
             return updated_node.visit(_SaverCall())
+        if action is Action.SUMMARY_WRITER:
+            return self._summary_writer(updated_node)
+        if action is Action.SUMMARY_WRITE:
+            return _summary_write(updated_node, decision)
         if action is Action.TRAIN_STEP:
             return cst.FlattenSentinel(self._train_step())
         return updated_node
@@ -841,6 +845,23 @@ class _Writer(cst.CSTTransformer):
                 "tf.train.Saver became tf.train.Checkpoint (object-based: a TF1 checkpoint is "
                 "read after `tfmigrate convert-checkpoint`)"
             )
+        return updated_node.with_changes(body=[small.with_changes(value=value)])
+
+    def _summary_writer(self, updated_node):
+        """``tf.summary.FileWriter(logdir, sess.graph)``: a TF2 file writer of the same folder
+        (TF2 writes no graph with it)."""
+        small = updated_node.body[0]
+        call = small.value
+        args = [
+            a.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            for k, a in enumerate(call.args)
+            if (k == 0 and a.keyword is None)
+            or (
+                a.keyword is not None
+                and a.keyword.value in ("logdir", "max_queue", "filename_suffix")
+            )
+        ]
+        value = cst.Call(cst.parse_expression("tf.summary.create_file_writer"), args)
         return updated_node.with_changes(body=[small.with_changes(value=value)])
 
     def _fed_variable(self, updated_node):
@@ -931,6 +952,10 @@ class _Writer(cst.CSTTransformer):
         else:
             new_target = target
         small = updated_node.body[0]
+        if isinstance(small, cst.Expr):  # `sess.run(train_op)`: the step returns values now
+            return updated_node.with_changes(
+                body=[cst.Assign(targets=[cst.AssignTarget(new_target)], value=call)]
+            )
         return updated_node.with_changes(
             body=[small.with_changes(targets=[cst.AssignTarget(new_target)], value=call)]
         )
@@ -972,6 +997,22 @@ class _Writer(cst.CSTTransformer):
         )
         for position, name in enumerate([*plan.outputs, *(n for n, _ in plan.sums)]):
             each = outputs if len(returned) == 1 else f"{outputs}[{position}]"
+            if position < len(plan.outputs) and name in plan.per_tower:
+                step.append(
+                    _statement(
+                        f"{plan.per_tower[name]} = strategy.experimental_local_results({each})"
+                    ).with_changes(
+                        leading_lines=[
+                            cst.EmptyLine(
+                                comment=cst.Comment(
+                                    "# Every tower's value: the towers wrote a summary of each."
+                                )
+                            )
+                        ]
+                    )
+                )
+                if name in plan.towers_only:
+                    continue
             if position < len(plan.outputs) and name in plan.first_tower:
                 tower = plan.first_tower[name]
                 line = f"{name} = strategy.experimental_local_results({each})[{tower}]"
@@ -1096,6 +1137,51 @@ class _Writer(cst.CSTTransformer):
         if len(elements) == 1:
             return elements[0]
         return cst.Tuple([cst.Element(e) for e in elements])
+
+
+def _summary_write(updated_node: cst.SimpleStatementLine, decision) -> cst.With:
+    """``writer.add_summary(summary, step)``: the merged scalars, written under the writer
+    with their legacy tags."""
+    lines = []
+    for scalar in decision.scalars:
+        call = cst.Call(
+            cst.parse_expression(f"tf.summary.{scalar.kind}"),
+            [
+                cst.Arg(scalar.tag),
+                cst.Arg(scalar.value),
+                cst.Arg(decision.step, keyword=cst.Name("step"), equal=_equal()),
+            ],
+        )
+        line: cst.BaseStatement = cst.SimpleStatementLine([cst.Expr(call)])
+        if scalar.kind == "histogram" and scalar.towers is not None:
+            # every trainable variable, by its legacy name (the TF2 variable's differs)
+            each, legacy, variables = scalar.towers
+            trainable = cst.If(
+                test=cst.parse_expression(f"{each}.trainable"), body=cst.IndentedBlock([line])
+            )
+            line = cst.For(
+                target=cst.Tuple(
+                    [cst.Element(cst.Name(legacy)), cst.Element(cst.Name(each))], lpar=[], rpar=[]
+                ),
+                iter=cst.parse_expression(variables),
+                body=cst.IndentedBlock([trainable]),
+            )
+        elif scalar.towers is not None:
+            index, each, towers = scalar.towers
+            line = cst.For(
+                target=cst.Tuple(
+                    [cst.Element(cst.Name(index)), cst.Element(cst.Name(each))], lpar=[], rpar=[]
+                ),
+                iter=parse_template_expression("enumerate({t})", t=cst.Name(towers)),
+                body=cst.IndentedBlock([line]),
+            )
+        lines.append(line)
+    writer = parse_template_expression("{w}.as_default()", w=cst.parse_expression(decision.writer))
+    return cst.With(
+        items=[cst.WithItem(writer)],
+        body=cst.IndentedBlock(lines),
+        leading_lines=updated_node.leading_lines,
+    )
 
 
 def step_local(key: str) -> str:
@@ -1602,6 +1688,8 @@ class _Replica:
         plan = self.plan
         if any(statement is holder for holder in plan.accumulating):
             return []
+        if id(statement) in plan.tower_summaries:
+            return []  # written after the step, of every replica's value
         if _is_reuse_flag(statement, plan):
             return []  # `reuse = True` after the first tower: the store shares the variables
         if plan.source.line(statement) in plan.input_lines:

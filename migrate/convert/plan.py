@@ -82,6 +82,8 @@ _VARIABLE_MAKERS = frozenset(
         "tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step",
     }
 )  # fmt: skip
+# the FileWriter arguments tf.summary.create_file_writer keeps (the graph goes)
+_WRITER_KEYWORDS = frozenset({"logdir", "max_queue", "filename_suffix"})
 _WRAPPERS = frozenset({"tensorflow.Graph", "tensorflow.device", "tensorflow.variable_scope"})
 _TF1_ONLY = (
     ("tensorflow.train.Saver", Leftover.CHECKPOINT, "tf.train.Saver needs a session: save and "
@@ -172,6 +174,21 @@ class Action(Enum):
     SAVER_CALL = "saver.save/restore -> checkpoint.write/restore"
     READ = "a variable fetched by the session: its value, read eagerly"
     STOP_LOOP = "while not sess.should_stop(): the StopAtStepHook's bound"
+    SUMMARY_WRITER = "tf.summary.FileWriter -> tf.summary.create_file_writer"
+    SUMMARY_WRITE = "writer.add_summary -> tf.summary.scalar under the writer"
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A TF1 scalar summary the converted loop writes: its tag as written and its value as
+    the write site reads it (a value the train step returned, or one made once)."""
+
+    tag: cst.BaseExpression
+    value: cst.BaseExpression
+    # a tower's summary: (index, value) names the write binds over every tower's value,
+    # and the name of those values at the call
+    towers: tuple[str, str, str] | None = None
+    kind: str = "scalar"  # the tf.summary function: `histogram` of each trainable variable
 
 
 @dataclass(frozen=True)
@@ -194,6 +211,10 @@ class Decision:
     dataset: cst.BaseExpression | None = None  # ITERATOR: what iter() takes
     iterator: str | None = None  # NEXT: the iterator
     variable: str | None = None  # READ: the variable read
+    # SUMMARY_WRITE: the writer, the step written at and the scalars of the merged summary
+    writer: str | None = None
+    step: cst.BaseExpression | None = None
+    scalars: tuple[Scalar, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -310,6 +331,11 @@ class Plan(Decisions[Decision]):
     # every replica now (their ids), and tower K's value is read
     first_tower: dict[str, int] = field(default_factory=dict)
     hoisted: set[int] = field(default_factory=set)
+    # tower outputs the step returns for every tower (a summary per tower): output -> the
+    # step's name for its per-replica values; `towers_only`: outputs returned only for that
+    per_tower: dict[str, str] = field(default_factory=dict)
+    towers_only: set[str] = field(default_factory=set)
+    tower_summaries: set[int] = field(default_factory=set)  # the towers' scalars: they go
     # `total += tower_value` in the towers: (total, tower_value), summed over the replicas
     sums: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
     accumulating: list[cst.SimpleStatementLine] = field(default_factory=list)
@@ -1405,6 +1431,7 @@ class _Planner:
         if not step_runs:
             raise NotPlanned("no Session.run of the update in the tower function")
         self.step_runs = step_runs
+        self._summaries()
         for statement in self.body:
             if statement is self.loop:
                 self.after_loop = True
@@ -1700,6 +1727,9 @@ class _Planner:
         if isinstance(statement, cst.FunctionDef | cst.ClassDef):
             plan.decide(statement, Decision(Action.KEEP))
             return
+        if id(statement) in self.histogram_defs:
+            plan.decide(statement, Decision(Action.DROP, "written where add_summary wrote it"))
+            return
         line = simple_line(statement, self._with, self._compound)
         if line is None:
             return
@@ -1849,6 +1879,9 @@ class _Planner:
         )
         if isinstance(_simple(statement), cst.Assign):
             reads = free_names(_value(statement) or statement) | _subscript_reads(statement)
+        summary = self._summary_statement(statement)
+        if summary is not None:
+            return summary
         # inputs
         made = self._placeholders_made_by(value)
         if made is not None:
@@ -1978,6 +2011,486 @@ class _Planner:
         if tower:
             return self._reads(tower, "a value of the tower loop: it now lives in a replica")
         return Decision(Action.KEEP)
+
+    # -- TF1 summaries -> tf.summary under a file writer -----------------------------------------
+    def _summaries(self) -> None:
+        """Find the TF1 summaries the training loop writes: scalar summaries made around the
+        towers (``tf.summary.scalar(tag, value)``), merged (``merge_all``/``merge``), fetched
+        with the update (or run alone at the write, on the step's feed) and written by a
+        ``FileWriter``'s ``add_summary``. Each write becomes ``tf.summary.scalar(tag, value,
+        step=step)`` under the writer, of the values the train step returns (it returns those
+        it did not already)."""
+        self.writers: set[str] = set()  # FileWriters made in this function
+        self.scalar_defs: dict[int, tuple[cst.BaseExpression, str]] = {}  # id -> (tag, value)
+        self.merges: dict[str, list[int]] = {}  # merged summary op -> its scalars' ids
+        self.merge_statements: dict[int, str] = {}
+        self.summary_results: dict[str, str] = {}  # fetched summary -> its op
+        self.summary_runs: set[int] = set()  # `s = sess.run(op)` beside the write: they go
+        self.summary_positions: dict[int, str] = {}  # the step run's fetches of a summary op
+        self.summary_writes: dict[int, tuple[str, str, cst.BaseExpression]] = {}
+        self.summary_extras: list[str] = []  # values the train step returns for a write
+        self.summary_returns: dict[str, str] = {}  # such a value -> its name at the call
+        self.summary_fetched: dict[str, str] = {}  # value fetched by the step -> its name
+        self.summary_ok: set[int] = set()  # scalars whose value the write can read
+        self.tower_extras: list[str] = []  # tower values written for every tower
+        self.summary_towers: dict[str, str] = {}  # such a value -> its towers' name at the call
+        self.writers_ok: set[str] = set()
+        self.tower_tags: dict[int, cst.BaseExpression] = {}  # a tower's scalar -> its index
+        # `for v in tf.trainable_variables(): [l.append(]tf.summary.histogram(tag, v)[)]`:
+        # id -> (the tag, reading the variable's legacy name, the loop's name for the variable)
+        self.histogram_defs: dict[int, tuple[cst.BaseExpression, str, str]] = {}
+        if len(self.step_runs) != 1:
+            return
+        run = self.step_runs[0]
+        run_statement = statement_of(self.source, run)
+        session_loop = next(
+            (a for a in self.source.ancestors(run_statement) if isinstance(a, cst.For | cst.While)),
+            None,
+        )
+        assert session_loop is None or isinstance(session_loop, cst.For | cst.While)
+        if session_loop is None:
+            return
+        in_tower = {id(s) for s in statements_in(_body(self.loop))}
+        lists: dict[str, list[int]] = {}
+        bound: dict[str, int] = {}
+        for statement in self.body:
+            if isinstance(statement, cst.For) and id(statement) not in in_tower:
+                histogram = self._variable_histograms(statement)
+                if histogram is not None:
+                    self.histogram_defs[id(statement)] = histogram[:3]
+                    if histogram[3] is not None:
+                        lists.setdefault(histogram[3], []).append(id(statement))
+                continue
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            if id(statement) in in_tower:
+                tagged = self._tower_scalar(statement)
+                if tagged is not None:
+                    self.scalar_defs[id(statement)] = tagged
+                continue
+            small = _simple(statement)
+            value = _value(statement)
+            name = _target_name(statement)
+            called = self.call_q(value)
+            if called == "tensorflow.summary.FileWriter" and name is not None:
+                self.writers.add(name)
+            elif called == "tensorflow.summary.merge_all" and name is not None:
+                self.merges[name] = [*self.scalar_defs, *self.histogram_defs]
+                self.merge_statements[id(statement)] = name
+            elif called == "tensorflow.summary.merge" and name is not None:
+                assert isinstance(value, cst.Call)
+                merged = get_arg(value, 0, "inputs")
+                if isinstance(merged, cst.Name) and merged.value in lists:
+                    members = lists[merged.value]
+                elif isinstance(merged, cst.List | cst.Tuple) and all(
+                    isinstance(e.value, cst.Name) for e in merged.elements
+                ):
+                    members = [
+                        bound[e.value.value]  # type: ignore[attr-defined]  # checked: names
+                        for e in merged.elements
+                        if e.value.value in bound  # type: ignore[attr-defined]
+                    ]
+                else:
+                    continue
+                self.merges[name] = members
+                self.merge_statements[id(statement)] = name
+            scalar = self._scalar_call(statement, small)
+            if scalar is None:
+                continue
+            call, listed = scalar
+            tag = get_arg(call, 0, "name")
+            tensor = get_arg(call, 1, "tensor")
+            if tag is None or not isinstance(tensor, cst.Name) or self._name_scoped(statement):
+                continue
+            self.scalar_defs[id(statement)] = (tag, tensor.value)
+            if listed is not None:
+                lists.setdefault(listed, []).append(id(statement))
+            if name is not None:
+                bound[name] = id(statement)
+                self.merges[name] = [id(statement)]  # a scalar's op, run on its own
+        if self.writers:
+            self._summary_writes(run, run_statement, session_loop)
+        self._written_summaries()
+
+    def _summary_writes(
+        self, run: cst.Call, run_statement: cst.CSTNode, session_loop: cst.For | cst.While
+    ) -> None:
+        """Where the loop fetches each summary op and which ``add_summary`` writes it."""
+        feed = get_arg(run, 1, "feed_dict")
+        fetches = get_arg(run, 0, "fetches")
+        targets = _targets(run_statement)
+        target = targets[0] if len(targets) == 1 else None
+        if isinstance(fetches, cst.List | cst.Tuple):
+            names = (
+                [e.value for e in target.elements]
+                if isinstance(target, cst.List | cst.Tuple)
+                and len(target.elements) == len(fetches.elements)
+                else None
+            )
+            for position, element in enumerate(fetches.elements):
+                key = _key(element.value)
+                if names is not None and (held := _key(names[position])) is not None:
+                    if key in self.merges:
+                        self.summary_results[held] = key
+                        self.summary_positions[position] = key
+                    elif isinstance(element.value, cst.Name):
+                        self.summary_fetched[element.value.value] = held
+        elif isinstance(target, cst.Name) and isinstance(fetches, cst.Name):
+            self.summary_fetched[fetches.value] = target.value
+        inside = {id(s) for s in statements_in(_body(session_loop))}
+        code = self.source.module.code_for_node
+        same_feed = code(feed) if feed is not None else None
+
+        def summary_run(node: cst.CSTNode | None) -> str | None:
+            """The op of ``sess.run(op)`` on the step's feed (or none)."""
+            if not isinstance(node, cst.Call) or method_name(node) != "run" or node is run:
+                return None
+            op = _key(get_arg(node, 0, "fetches") or node)
+            fed = get_arg(node, 1, "feed_dict")
+            if len(node.args) > 2 or op not in self.merges:
+                return None
+            if fed is not None and code(fed) != same_feed:
+                return None
+            return op
+
+        for statement in self.body:
+            if id(statement) not in inside or not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            value = _value(statement)
+            name = _target_name(statement)
+            op = summary_run(value)
+            if op is not None and name is not None and isinstance(_simple(statement), cst.Assign):
+                self.summary_results[name] = op
+                self.summary_runs.add(id(statement))
+                continue
+            if not (
+                isinstance(value, cst.Call)
+                and method_name(value) == "add_summary"
+                and isinstance(value.func, cst.Attribute)
+                and _key(value.func.value) in self.writers
+                and isinstance(_simple(statement), cst.Expr)
+                and isinstance(self.source.parent(statement), cst.IndentedBlock)
+                and self.line(statement) > self.line(run_statement)
+            ):
+                continue
+            written = get_arg(value, 0, "summary")
+            step = get_arg(value, 1, "global_step")
+            op = summary_run(written)
+            held = _key(written) if written is not None else None
+            if op is None and held is not None:
+                op = self.summary_results.get(held)
+            if op is None or step is None:
+                continue
+            writer = _key(value.func.value)
+            assert writer is not None
+            self.summary_writes[id(statement)] = (writer, op, step)
+            if op not in self.summary_positions.values():
+                self._note_rerun(statement, fed=same_feed is not None)
+
+    def _written_summaries(self) -> None:
+        """Keep the summaries a write reads (the others stay as they were, under their TODO)
+        and find the values the train step must return for them."""
+        # a fetched summary read by anything but its writes (printed, kept) stays as it was
+        for held, op in list(self.summary_results.items()):
+            for statement in self.body:
+                if (
+                    isinstance(statement, cst.SimpleStatementLine)
+                    and id(statement) not in self.summary_writes
+                    and id(statement) not in self.summary_runs
+                    and held in free_names(statement) - bound_names(statement)
+                    and statement is not statement_of(self.source, self.step_runs[0])
+                ):
+                    self.summary_writes = {
+                        k: w for k, w in self.summary_writes.items() if w[1] != op
+                    }
+        written_ops = {op for _, op, _ in self.summary_writes.values()}
+        written = {i for op in written_ops for i in self.merges[op]}
+        self.scalar_defs = {i: d for i, d in self.scalar_defs.items() if i in written}
+        self.histogram_defs = {i: d for i, d in self.histogram_defs.items() if i in written}
+        if self.histogram_defs:
+            self.plan_.notes.append(
+                "the histograms of the trainable variables are written after the train step, of "
+                "the updated variables, under their legacy names"
+            )
+        self.tower_extras = [
+            value for i, (_, value) in self.scalar_defs.items() if i in self.tower_tags
+        ]
+        self.plan_.tower_summaries = {i for i in self.scalar_defs if i in self.tower_tags}
+        if self.plan_.tower_summaries:
+            self.plan_.notes.append(
+                "the towers' summaries are written after the train step, of every replica's "
+                "value under its tower's legacy tag: TF2 records summaries in replica 0 only"
+            )
+        self.merge_statements = {
+            i: op for i, op in self.merge_statements.items() if op in written_ops
+        }
+        self.summary_results = {
+            s: op for s, op in self.summary_results.items() if op in written_ops
+        }
+        self.summary_positions = {
+            p: op for p, op in self.summary_positions.items() if op in written_ops
+        }
+        setup = self._bound_before_loop_beside() - bound_names(self.loop)
+        for key, (_, value_name) in self.scalar_defs.items():
+            if key in self.tower_tags:
+                continue
+            if value_name in self.summary_fetched or value_name in setup:
+                continue
+            if value_name not in self.summary_extras:
+                self.summary_extras.append(value_name)
+                self.fetched.add(value_name)
+        if any(op in written_ops for op in self.merges if self._merges_all(op)):
+            self._note_unseen_summaries()
+
+    def _note_rerun(self, statement: cst.CSTNode, fed: bool) -> None:
+        """A summary op the legacy ran on its own at the write: TF1 ran the towers again."""
+        again = "on the step's feed, after the update" if fed else "on the next batch of its input"
+        self.plan_.notes.append(
+            f"the summary written at line {self.line(statement)} was run on its own, which ran "
+            f"the towers again {again}: the write takes the values of the train step instead"
+        )
+
+    def _merges_all(self, op: str) -> bool:
+        return any(
+            self.merge_statements.get(id(s)) == op
+            and self.call_q(_value(s)) == "tensorflow.summary.merge_all"
+            for s in self.body
+        )
+
+    def _note_unseen_summaries(self) -> None:
+        """``merge_all`` also took the summaries the towers and the model code made: say that
+        only the scalars around the towers are written."""
+        seen = set(self.scalar_defs)
+        for key in self.histogram_defs:
+            loop = next(s for s in self.body if id(s) == key)
+            assert isinstance(loop, cst.For)
+            seen |= {id(s) for s in statements_in(_body(loop))}
+        for node in tree.walk(self.source.module):
+            if not isinstance(node, cst.Call):
+                continue
+            called = self.call_q(node)
+            if called is None or not called.startswith("tensorflow.summary."):
+                continue
+            if called.rsplit(".", 1)[1] in ("FileWriter", "merge_all", "merge"):
+                continue
+            statement = statement_of(self.source, node)
+            if id(statement) not in seen:
+                self.plan_.notes.append(
+                    "`tf.summary.merge_all()` also collected the summaries made in the towers "
+                    "and the model code (e.g. line "
+                    f"{self.line(node)}): the converted loop writes the scalar summaries made "
+                    "around the towers; write the others with tf.summary where they are computed"
+                )
+                return
+
+    def _scalar_call(
+        self, statement: cst.SimpleStatementLine, small: cst.BaseSmallStatement | None
+    ) -> tuple[cst.Call, str | None] | None:
+        """``tf.summary.scalar(tag, value)`` as a statement, bound to a name, or appended to a
+        list: (the call, the list's name)."""
+        value = small.value if isinstance(small, cst.Expr | cst.Assign) else None
+        listed = None
+        if (
+            isinstance(small, cst.Expr)
+            and isinstance(value, cst.Call)
+            and method_name(value) == "append"
+            and isinstance(value.func, cst.Attribute)
+            and isinstance(value.func.value, cst.Name)
+            and len(value.args) == 1
+        ):
+            listed = value.func.value.value
+            value = value.args[0].value
+        if not isinstance(value, cst.Call) or self.call_q(value) != "tensorflow.summary.scalar":
+            return None
+        if len(value.args) != 2 or any(
+            a.keyword is not None and a.keyword.value not in ("name", "tensor") for a in value.args
+        ):
+            return None  # collections=, family= change where or under which tag it is kept
+        return value, listed
+
+    def _tower_scalar(
+        self, statement: cst.SimpleStatementLine
+    ) -> tuple[cst.BaseExpression, str] | None:
+        """A tower's ``tf.summary.scalar(tag, value)`` under the tower's ``tf.name_scope``: its
+        TF1 tag (the scope's name, then the tag) and the value's name."""
+        scalar = self._scalar_call(statement, _simple(statement))
+        if scalar is None or scalar[1] is not None or _target_name(statement) is not None:
+            return None
+        call = scalar[0]
+        tag = get_arg(call, 0, "name")
+        tensor = get_arg(call, 1, "tensor")
+        index = self.loop.target
+        if tag is None or not isinstance(tensor, cst.Name) or not isinstance(index, cst.Name):
+            return None
+        if tensor.value not in bound_names(self.loop) or tensor.value == index.value:
+            return None
+        if index.value in bound_names(self.scope) - bound_names(self.loop):
+            return None  # the write binds the tower index: it must not hide another name
+        prefixes: list[cst.BaseExpression] = []
+        for ancestor in self.source.ancestors(statement):
+            if ancestor is self.loop:
+                break
+            if not isinstance(ancestor, cst.With):
+                continue
+            for item in ancestor.items:
+                called = self.call_q(item.item)
+                if called == "tensorflow.variable_scope":
+                    return None  # a reused variable scope's name scope is uniquified
+                if called == "tensorflow.name_scope":
+                    assert isinstance(item.item, cst.Call)
+                    scope = get_arg(item.item, 0, "name")
+                    if scope is None or free_names(scope) - {index.value}:
+                        return None
+                    prefixes.insert(0, scope)
+        if not prefixes or self._name_scoped(self.loop):
+            return None
+        self.tower_tags[id(statement)] = index
+        return _joined_tag([*prefixes, tag]), tensor.value
+
+    def _variable_histograms(
+        self, statement: cst.For
+    ) -> tuple[cst.BaseExpression, str, str, str | None] | None:
+        """``for v in tf.trainable_variables():`` whose one statement is
+        ``[l.append(]tf.summary.histogram(tag, v)[)]``: the tag (``v.op.name`` read as the
+        variable's legacy name), the loop's names for the variable and that name, and the
+        list's name."""
+        body = _body(statement)
+        each = statement.target
+        if (
+            self.call_q(statement.iter) != "tensorflow.trainable_variables"
+            or statement.orelse is not None
+            or len(body) != 1
+            or not isinstance(body[0], cst.SimpleStatementLine)
+            or not isinstance(each, cst.Name)
+            or self._name_scoped(statement)
+        ):
+            return None
+        small = _simple(body[0])
+        call = small.value if isinstance(small, cst.Expr) else None
+        listed = None
+        if isinstance(call, cst.Call) and method_name(call) == "append" and len(call.args) == 1:
+            assert isinstance(call.func, cst.Attribute)
+            listed = _key(call.func.value)
+            call = call.args[0].value
+        if not isinstance(call, cst.Call) or self.call_q(call) != "tensorflow.summary.histogram":
+            return None
+        tag = get_arg(call, 0, "name")
+        values = get_arg(call, 1, "values")
+        if len(call.args) != 2 or tag is None or not _is_name(values, each.value):
+            return None
+        legacy = self._fresh(f"{each.value}_name")
+        tag = cast_expression(tag.visit(_OpName(each.value, legacy)))
+        if free_names(tag) - {legacy}:
+            return None  # the tag reads the TF2 variable, whose name is not the legacy one
+        return tag, each.value, legacy, listed
+
+    def _name_scoped(self, statement: cst.CSTNode) -> bool:
+        """Under a ``tf.name_scope``/``tf.variable_scope`` of its own: TF1 prefixed the tag."""
+        for ancestor in self.source.ancestors(statement):
+            if ancestor is self.scope:
+                return False
+            if isinstance(ancestor, cst.With) and not self._is_wrapper(ancestor):
+                for item in ancestor.items:
+                    called = self.call_q(item.item)
+                    if called in ("tensorflow.name_scope", "tensorflow.variable_scope"):
+                        return True
+        return False
+
+    def _summary_statement(self, statement: cst.SimpleStatementLine) -> Decision | None:
+        """The decision for a statement of the summaries the loop writes (None: another)."""
+        key = id(statement)
+        value = _value(statement)
+        if key in self.scalar_defs:
+            read = self.scalar_defs[key][1]
+            gone = gone_reads({read}, self.sessions, self.gone)
+            if gone is not None:
+                return Decision(Action.TODO, todo=gone)
+            self.summary_ok.add(key)
+            return Decision(Action.DROP, "written where the writer's add_summary wrote it")
+        if key in self.merge_statements or key in self.summary_runs:
+            return Decision(Action.DROP, "the write reads the train step's values")
+        name = _target_name(statement)
+        if self.call_q(value) == "tensorflow.summary.FileWriter" and name in self.writers:
+            assert isinstance(value, cst.Call)
+            reads = set().union(
+                *(
+                    free_names(a.value)
+                    for k, a in enumerate(value.args)
+                    if k != 1 and (a.keyword is None or a.keyword.value in _WRITER_KEYWORDS)
+                )
+            )
+            gone = gone_reads(reads, self.sessions, self.gone)
+            if gone is not None:
+                return Decision(Action.TODO, todo=gone)
+            self.writers_ok.add(name)
+            return Decision(Action.SUMMARY_WRITER)
+        if key in self.summary_writes:
+            writer, op, step = self.summary_writes[key]
+            scalars = []
+            for member in self.merges[op]:
+                if member in self.histogram_defs:
+                    tag, each, legacy = self.histogram_defs[member]
+                    loop = (each, legacy, "tf1_variables.by_name.items()")
+                    scalars.append(Scalar(tag, cst.Name(each), loop, kind="histogram"))
+                    continue
+                if member not in self.summary_ok and member not in self.tower_tags:
+                    continue
+                tag, read = self.scalar_defs[member]
+                if member in self.tower_tags:
+                    if read in self.summary_towers:
+                        index = self.tower_tags[member]
+                        assert isinstance(index, cst.Name)
+                        each = self._fresh(f"{read}_tower")
+                        towers = (index.value, each, self.summary_towers[read])
+                        scalars.append(Scalar(tag, cst.Name(each), towers))
+                    continue
+                if read in self.summary_fetched:
+                    scalars.append(Scalar(tag, cst.Name(self.summary_fetched[read])))
+                elif read in self.summary_returns:
+                    scalars.append(Scalar(tag, cst.Name(self.summary_returns[read])))
+                elif read not in self.summary_extras:
+                    made = cst.Name(read)
+                    scalars.append(Scalar(tag, cst.Call(made) if self._schedule(read) else made))
+            if gone_reads(free_names(step), self.sessions, self.gone) is not None:
+                return None  # the step written at has no TF2 form here: the write stays
+            if writer in self.writers_ok and scalars:
+                return Decision(
+                    Action.SUMMARY_WRITE, writer=writer, step=step, scalars=tuple(scalars)
+                )
+            return None
+        writer_call = receiver_call(statement, self.writers_ok)
+        if writer_call is not None:
+            assert isinstance(writer_call.func, cst.Attribute)
+            method = writer_call.func.attr.value
+            reads = free_names(statement) - {_key(writer_call.func.value)}
+            if method not in ("flush", "close", "as_default", "set_as_default") and not (
+                gone_reads(reads, self.sessions, self.gone)  # its own TODO says why
+            ):
+                return Decision(
+                    Action.TODO,
+                    todo=Todo(
+                        Leftover.SUMMARY,
+                        f"`{method}` of a TF1 FileWriter: a tf.summary writer writes with "
+                        "tf.summary calls under `writer.as_default()`",
+                    ),
+                )
+        return None
+
+    def _schedule(self, name: str) -> bool:
+        """``name`` is a TF1 learning-rate schedule made once: in TF2 a callable."""
+        for statement in self.body:
+            if _target_name(statement) == name and self.call_q(_value(statement)) in _SCHEDULES:
+                self._note_schedule(name)
+                return True
+        return False
+
+    def _note_schedule(self, name: str) -> None:
+        note = (
+            f"the summary of the schedule `{name}` reads it after the train step (`{name}()`), "
+            "once the global step moved: TF1 read it in the step, before the update"
+        )
+        if note not in self.plan_.notes:
+            self.plan_.notes.append(note)
 
     def _makes_containers(self, statement: cst.SimpleStatementLine) -> bool:
         """``grads, losses = [], []`` where the towers fill one of them: the step makes all."""
@@ -2347,6 +2860,41 @@ class _Planner:
             if isinstance(fetches, cst.List | cst.Tuple)
             else [fetches]
         )
+        targets = _targets(statement)
+        target = targets[0] if len(targets) == 1 else None
+        if self.summary_positions and isinstance(target, cst.List | cst.Tuple):
+            # a merged summary fetched with the update: the write reads the values instead
+            elements = [e for k, e in enumerate(elements) if k not in self.summary_positions]
+            target = target.with_changes(
+                elements=[
+                    e for k, e in enumerate(target.elements) if k not in self.summary_positions
+                ]
+            )
+        extras = [name for name in self.summary_extras if name not in self.gone]
+        towers = [name for name in dict.fromkeys(self.tower_extras) if name not in self.gone]
+        tower_names = {name: self._fresh(f"{name}_towers") for name in towers}
+        if towers and (single or isinstance(target, cst.List | cst.Tuple)):
+            for name in towers:
+                if name not in plan.outputs:
+                    plan.outputs.append(name)
+                    plan.towers_only.add(name)
+                plan.per_tower[name] = tower_names[name]
+            self.summary_towers = tower_names
+        if extras or towers:
+            # values a summary write reads that the step did not return: it returns them too
+            if single:
+                first = target if target is not None else cst.Name("_")
+                target = cst.Tuple([cst.Element(first)])
+                single = False
+            if isinstance(target, cst.List | cst.Tuple):
+                returned = [self._fresh(f"{name}_value") for name in extras]
+                self.summary_returns = dict(zip(extras, returned, strict=True))
+                elements += [cst.Name(name) for name in extras]
+                elements += [cst.Name(tower_names[name]) for name in towers]
+                returned += [tower_names[name] for name in towers]
+                target = target.with_changes(
+                    elements=[*target.elements, *(cst.Element(cst.Name(n)) for n in returned)]
+                )
         values: list[cst.BaseExpression] = []
         run_only: list[int] = []
         missing: list[str] = []
@@ -2388,8 +2936,6 @@ class _Planner:
         arguments = self._arguments(run)
         if arguments is None:
             raise NotPlanned("the training step's feed is not a dict of its placeholders")
-        targets = _targets(statement)
-        target = targets[0] if len(targets) == 1 else None
         todo = None
         if missing:
             todo = Todo(
@@ -2469,6 +3015,72 @@ class _Planner:
         for statement in self.plan_.step_before:
             reads |= free_names(statement)
         return reads
+
+
+def _joined_tag(parts: list[cst.BaseExpression]) -> cst.BaseExpression:
+    """The TF1 tag of a summary under name scopes: ``'tower_%d' % i`` and ``'loss'`` ->
+    ``'tower_%d/loss' % i``; other spellings joined with ``+ '/' +``."""
+    head, *rest = parts
+    for part in rest:
+        text = _text(part)
+        if text is not None and _text(head) is not None:
+            head = cst.SimpleString(repr(f"{_text(head)}/{text}"))
+        elif (
+            text is not None
+            and "%" not in text
+            and isinstance(head, cst.BinaryOperation)
+            and isinstance(head.operator, cst.Modulo)
+            and (format_ := _text(head.left)) is not None
+        ):
+            head = head.with_changes(left=cst.SimpleString(repr(f"{format_}/{text}")))
+        else:
+            slash = cst.BinaryOperation(_parenthesized(head), cst.Add(), cst.SimpleString("'/'"))
+            head = cst.BinaryOperation(slash, cst.Add(), _parenthesized(part))
+    return head
+
+
+def _is_name(node: cst.CSTNode | None, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
+
+
+def cast_expression(
+    node: cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel,
+) -> cst.BaseExpression:
+    assert isinstance(node, cst.BaseExpression)
+    return node
+
+
+class _OpName(cst.CSTTransformer):
+    """``v.op.name`` (a graph op's name, which an eager variable has not): the variable's
+    legacy name, which the write reads from the variables' store."""
+
+    def __init__(self, variable: str, legacy: str) -> None:
+        self.variable = variable
+        self.legacy = legacy
+
+    def leave_Attribute(self, original_node, updated_node):
+        value = original_node.value
+        if (
+            original_node.attr.value == "name"
+            and isinstance(value, cst.Attribute)
+            and value.attr.value == "op"
+            and _is_name(value.value, self.variable)
+        ):
+            return cst.Name(self.legacy)
+        return updated_node
+
+
+def _text(node: cst.BaseExpression) -> str | None:
+    """The text of a plain string literal (None for anything else)."""
+    if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+        return node.evaluated_value
+    return None
+
+
+def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(node, cst.BinaryOperation | cst.BooleanOperation):
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
 
 
 def _keyed(statement: cst.CSTNode, feed: str) -> str | None:
