@@ -1539,6 +1539,17 @@ class _Replica:
             grads = cst.Name(chain.combined)
         call = chain.update_call
         args = list(call.args)
+        if chain.update_function is not None:
+            # a function making the update: it takes the replica's gradients where it took the
+            # combined ones, and its results keep their names
+            at = chain.update_function
+            args[at] = args[at].with_changes(value=grads)
+            update = cast(cst.SimpleStatementLine, chain.update).visit(
+                _ReplaceNode(call, call.with_changes(args=args))
+            )
+            out.append(cast(cst.SimpleStatementLine, update).with_changes(leading_lines=[]))
+            self.deferred.extend(out)
+            return []
         args[0] = args[0].with_changes(value=_paired(args[0].value, grads, chain))
         update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])
         out.append(update)

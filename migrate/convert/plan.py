@@ -23,9 +23,10 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import ir
-from tfmigrate.convert.project import SourceFile, method_of
+from tfmigrate.convert.project import Project, SourceFile, method_of
 from tfmigrate.convert.recognize._code import statement_of
 from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.names import dotted
 from tfmigrate.rules._towers import bound_names as _bound_plain
 from tfmigrate.rules._towers import free_names as _free_plain
 from tfmigrate.rules._towers import get_arg, method_name
@@ -207,6 +208,9 @@ class GradientHelper:
     call: cst.Call
     statement: cst.BaseStatement  # the helper body's top-level statement holding the call
     grads: str  # the tower's name for the helper's gradients
+    # the helper's file when it is not the loop's (``function_builder.single_core_graph``
+    # calling the module's own ``loss_and_gradients``): that module gets the tape
+    source: SourceFile | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +250,9 @@ class Chain:
     # clipping by their global norm): each replica all-reduces its gradients to the towers'
     # combination and runs ``between`` on it before the update.
     all_reduced: bool = False
+    # the update is a repo function taking the gradients (``get_train_op(FLAGS, grads)``):
+    # which of its arguments they are; the call keeps what it binds
+    update_function: int | None = None
 
 
 @dataclass(frozen=True)
@@ -715,6 +722,7 @@ class _Planner:
                     averaged,
                     self._rebound(update, between, gradient, combined) if hand_written else (),
                     all_reduced,
+                    self._update_function(update_call, {combined}) if combined else None,
                 )  # fmt: skip
             )
             drops.append((combination if inline is None else None, tower_list))
@@ -1079,9 +1087,11 @@ class _Planner:
         return gradients
 
     def _helper_gradient(self, loop: cst.For) -> Gradient:
-        """The gradients of a tower taken in a function of this file (or a method of the
-        loop's class) that the tower calls and that returns them: the helper's one gradient
-        call, with the name the tower binds its result to."""
+        """The gradients of a tower taken in a function that the tower calls and that returns
+        them: a function of this file, a method of the loop's class, or a function of an
+        imported repo module (which may hand the call on to another function of its module
+        and return what it returns): the helper's one gradient call, with the name the tower
+        binds its result to."""
         found: list[Gradient] = []
         for statement in statements_in(_body(loop)):
             if not isinstance(statement, cst.SimpleStatementLine):
@@ -1089,10 +1099,10 @@ class _Planner:
             value = _value(statement)
             if not isinstance(value, cst.Call):
                 continue
-            function = self._called_function(value, loop)
-            if function is None:
+            called = self._called_function(value, loop)
+            if called is None:
                 continue
-            gradient = self._gradient_in(function, statement)
+            gradient = self._gradient_in(*called, statement)
             if gradient is not None:
                 found.append(gradient)
         if len(found) != 1:
@@ -1102,10 +1112,14 @@ class _Planner:
             )
         return found[0]
 
-    def _called_function(self, call: cst.Call, loop: cst.For) -> cst.FunctionDef | None:
-        """``helper(...)`` of this file or ``self.helper(...)`` of the loop's class, called
-        from nowhere else in the file (its new tape is the towers')."""
+    def _called_function(
+        self, call: cst.Call, loop: cst.For
+    ) -> tuple[SourceFile, cst.FunctionDef] | None:
+        """``helper(...)`` of this file, ``self.helper(...)`` of the loop's class or
+        ``module.helper(...)`` of a repo module, called from nowhere else in this file (its
+        new tape is the towers')."""
         func = call.func
+        source = self.source
         if isinstance(func, cst.Name):
             name = func.value
             found = self.source.top_level(name)
@@ -1114,6 +1128,15 @@ class _Planner:
             name = func.attr.value
             cls = self.source.enclosing_class(loop)
             found = method_of(cls, name) if cls is not None else None
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            name = func.attr.value
+            found = None
+            project = self.source.shared.get("project")
+            target = self.source.imports.get(func.value.value)
+            if isinstance(project, Project) and target is not None and target.attr is None:
+                defined = project.definition(self.source, f"{func.value.value}.{name}")
+                if defined is not None and defined[0] is not self.source:
+                    source, found = defined
         else:
             return None
         if not isinstance(found, cst.FunctionDef):
@@ -1124,28 +1147,46 @@ class _Planner:
             for n in tree.walk(self.source.module)
             if isinstance(n, cst.Name) and n.value == name and id(n) not in own
         ]
-        return None if elsewhere else found
+        return None if elsewhere else (source, found)
 
     def _gradient_in(
-        self, function: cst.FunctionDef, statement: cst.SimpleStatementLine
+        self,
+        source: SourceFile,
+        function: cst.FunctionDef,
+        statement: cst.SimpleStatementLine,
+        depth: int = 0,
     ) -> Gradient | None:
-        """The helper's one gradient call whose result it returns, read as the tower's."""
+        """The helper's one gradient call whose result it returns (or a value made from it,
+        ``list(zip(grads, params))``), read as the tower's. A function of another module
+        without one that returns what a function of its module returns: that function's."""
         calls = [
             (call, inner)
             for inner in statements_in(_body(function))
             if isinstance(inner, cst.SimpleStatementLine)
             for call in _calls(inner)
-            if self.call_q(call) == "tensorflow.gradients"
-            or (self.call_q(call) is None and method_name(call) == "compute_gradients")
+            if qualify(source, call.func) == "tensorflow.gradients"
+            or (qualify(source, call.func) is None and method_name(call) == "compute_gradients")
         ]
+        if not calls and source is not self.source and depth < 2:
+            handed = _handed_on(source, function)
+            if handed is None:
+                return None
+            return self._gradient_in(source, handed, statement, depth + 1)
         if len(calls) != 1:
             return None
         call, inner = calls[0]
         grads = _target_name(inner)
         returned = _returned(function)
-        if grads is None or returned is None or grads not in returned:
+        if grads is None or returned is None:
             return None
-        position = returned.index(grads)
+        made = {grads}
+        for later in statements_in(_body(function)):
+            if source.line(later) > source.line(inner) and free_names(later) & made:
+                made |= bound_names(later)
+        positions = [i for i, name in enumerate(returned) if name in made]
+        if len(positions) != 1:
+            return None
+        position = positions[0]
         targets = _targets(statement)
         if len(targets) != 1:
             return None
@@ -1159,18 +1200,20 @@ class _Planner:
         if bound is None:
             return None
         top: cst.BaseStatement = inner
-        for ancestor in self.source.ancestors(inner):
+        for ancestor in source.ancestors(inner):
             if ancestor is function:
                 break
             if isinstance(ancestor, cst.BaseStatement):
                 top = ancestor
-        pairs = self.call_q(call) != "tensorflow.gradients"
+        pairs = qualify(source, call.func) != "tensorflow.gradients"
         loss = get_arg(call, 0, "loss" if pairs else "ys")
         if loss is None or (top is not inner and free_names(loss) & bound_names(top)):
             # the tape covers the statements before `top`: the loss must be made there
             return None
         variables = get_arg(call, 1, "var_list" if pairs else "xs")
-        helper = GradientHelper(function, call, top, bound)
+        helper = GradientHelper(
+            function, call, top, bound, source if source is not self.source else None
+        )
         # the tower's statement is the gradient statement; the helper's locals stay its own
         return Gradient(call, statement, loss, variables, pairs, helper)
 
@@ -1213,6 +1256,9 @@ class _Planner:
                 continue
             value = _value(statement)
             reads = free_names(value) if value is not None else set()
+            if isinstance(value, cst.Call) and self._update_function(value, derived) is not None:
+                # `train_op, lr, gnorm = model_utils.get_train_op(FLAGS, grads_and_vars)`
+                return self._holder(statement), value
             if not (
                 isinstance(value, cst.Call)
                 and method_name(value) == "apply_gradients"
@@ -1228,6 +1274,33 @@ class _Planner:
                 continue
             return self._holder(statement), value
         raise NotPlanned(f"no apply_gradients after the loop reads `{combined}`")
+
+    def _update_function(self, call: cst.Call, derived: set[str]) -> int | None:
+        """A repo function the combined gradients are passed to that applies them (the core's
+        update is in its body, ``optimizer.apply_gradients(...)``): the position of the
+        gradients among the call's arguments. The call moves into the replica function."""
+        update = self.core.update
+        project = self.source.shared.get("project")
+        name = dotted(call.func)
+        if not isinstance(project, Project) or name is None or update.kind is not (
+            ir.UpdateKind.APPLY_GRADIENTS
+        ):
+            return None
+        defined = project.definition(self.source, name)
+        if defined is None or not isinstance(defined[1], cst.FunctionDef):
+            return None
+        holder, function = defined
+        if holder.rel != update.where.file or not any(
+            method_name(c) == "apply_gradients" and holder.line(c) == update.where.line
+            for c in _calls(function)
+        ):
+            return None
+        positions = [
+            i
+            for i, arg in enumerate(call.args)
+            if arg.keyword is None and free_names(arg.value) & derived
+        ]
+        return positions[0] if len(positions) == 1 else None
 
     def _hand_written(self, call: cst.Call) -> bool:
         """Whether ``call`` is the core's hand-written update (the IR found it on its line)."""
@@ -1376,7 +1449,9 @@ class _Planner:
         # running its initializer, which becomes the `iter(dataset)`, so the first goes
         self.initializable: dict[str, cst.BaseStatement] = {}
         self.batches: dict[str, str] = {}  # get_next result name -> iterator
-        self.updates: set[str] = set().union(*(_targets_names(c.update) for c in plan.chains))
+        self.updates: set[str] = set().union(
+            *(_targets_names(c.update) or _update_op_name(c) for c in plan.chains)
+        )
         self.schedules: set[str] = set()
         self.feeds: dict[str, cst.Dict] = {}
         loop_bound = bound_names(self.loop) - {plan.index}
@@ -1431,6 +1506,8 @@ class _Planner:
             # the optimizer, the global step, the variables differentiated -- not the gradients
             call = chain.update_call
             taken = _gradients_argument(call, {chain.combined}) if chain.hand_written else 0
+            if chain.update_function is not None:
+                taken = chain.update_function
             needed = free_names(call.func).union(
                 *(free_names(a.value) for k, a in enumerate(call.args) if k != taken)
             )
@@ -2534,6 +2611,38 @@ def _returned(function: cst.FunctionDef) -> list[str] | None:
     parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
     names = [p.value for p in parts if isinstance(p, cst.Name)]
     return names if len(names) == len(parts) else None
+
+
+def _handed_on(source: SourceFile, function: cst.FunctionDef) -> cst.FunctionDef | None:
+    """The function of ``source`` whose result ``function`` returns as it is
+    (``return loss_and_gradients(FLAGS, features)``), if that is all it does."""
+    body = [s for s in _body(function) if not _is_docstring_line(s)]
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine):
+        return None
+    returned = body[0].body[0]
+    if not isinstance(returned, cst.Return) or not isinstance(returned.value, cst.Call):
+        return None
+    func = returned.value.func
+    found = source.top_level(func.value) if isinstance(func, cst.Name) else None
+    return found if isinstance(found, cst.FunctionDef) and found is not function else None
+
+
+def _is_docstring_line(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+    )
+
+
+def _update_op_name(chain: Chain) -> set[str]:
+    """What an update function returns the op under (``train_op, lr, gnorm = f(...)``): the
+    name that says so, else the first; the others are values the step computes."""
+    names = _target_tuple(chain.update) if chain.update_function is not None else None
+    if not names:
+        return set()
+    named = [n for n in names if n.endswith("_op") or n in ("op", "update", "train")]
+    return {named[0] if named else names[0]}
 
 
 def _targets_names(statement: cst.CSTNode) -> set[str]:

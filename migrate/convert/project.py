@@ -263,6 +263,7 @@ class Project:
         small = small_statements(module)
         source = SourceFile(path, self.rel(path), module, context, module.code.encode())
         source.shared["statements"] = small
+        source.shared["project"] = self  # the planner follows calls into the repo's modules
         self._files[path] = source
         self._read_imports(source)
         return source
