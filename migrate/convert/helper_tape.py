@@ -5,13 +5,17 @@ returns what it returned, so the tower calls it as before."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate.convert.plan import GradientHelper, Plan, bound_names, free_names
-from tfmigrate.convert.project import SourceFile
+from tfmigrate.convert.project import Project, SourceFile
+from tfmigrate.names import dotted
 
 _TRAINABLES = frozenset(
     {"tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables"}
@@ -19,13 +23,122 @@ _TRAINABLES = frozenset(
 
 
 def taped_helpers(module: cst.Module, plan: Plan) -> cst.Module:
-    """``module`` with each gradient helper of ``plan`` replaced by its taped version."""
+    """``module`` with each gradient helper of ``plan`` in it replaced by its taped version
+    (a helper of another module is taped there: ``module_helpers``)."""
     for chain in plan.chains:
         helper = chain.gradient.helper
-        if helper is None:
+        if helper is None or helper.source is not None:
             continue
         taped = _taped(plan.source, helper, chain.averaged)
         module = module.visit(_ReplaceDef(_path(plan.source, helper.function), taped))
+    return module
+
+
+@dataclass(frozen=True)
+class ModuleHelpers:
+    """The gradient helpers a converted tower program ``program`` calls in another module,
+    each taped there; ``others`` are the module's other importers (they see the change)."""
+
+    program: str
+    taped: tuple[tuple[tuple[str, ...], cst.FunctionDef], ...]
+    others: tuple[str, ...]
+
+
+def module_helpers(path: Path, module: cst.Module) -> ModuleHelpers | None:
+    """``module`` (the file at ``path``) as a tower program that imports it needs it: the
+    gradient helpers the program's towers call in it, taped. None when no converted program of
+    the repo calls a helper here."""
+    path = path.resolve()
+    for program, plan, importers in converted_programs(path):
+        taped = [
+            (
+                _path(helper.source, helper.function),
+                _taped(helper.source, helper, chain.averaged),
+            )
+            for chain in plan.chains
+            if (helper := chain.gradient.helper) is not None
+            and helper.source is not None
+            and helper.source.path == path
+        ]
+        if taped:
+            others = tuple(i for i in importers if i != program)
+            return ModuleHelpers(program, tuple(taped), others)
+    return None
+
+
+def converted_programs(path: Path) -> Iterator[tuple[str, Plan, list[str]]]:
+    """The tower programs of the repo that run code of the module at ``path`` (it is in the
+    modules they import, directly or not) and that the staged converter converts: each
+    program's name relative to the module's folder, its plan, and the module's direct
+    importers (likewise named)."""
+    from tfmigrate.convert.emit import emit
+    from tfmigrate.convert.plan import NotPlanned, plan_core
+    from tfmigrate.convert.recognize import read_program
+
+    path = path.resolve()
+    project = Project.for_path(path)
+
+    def named(other: Path) -> str:
+        return Path(os.path.relpath(other.resolve(), path.parent)).as_posix()
+
+    loaded = [
+        source
+        for candidate in project.python_files()
+        if candidate.resolve() != path
+        and b"import" in (raw := candidate.read_bytes())
+        and (b"device" in raw or path.stem.encode() in raw)
+        and (source := project.load(candidate)) is not None
+    ]
+    importers = [
+        named(s.path) for s in loaded if any(t.file == path for t in s.imports.values())
+    ]
+    for source in loaded:
+        if b"device" not in source.raw or not source.is_entry():
+            continue
+        if not any(s.path == path for s in project.closure(source)):
+            continue
+        reading = read_program(project, source)
+        if reading.program is None:
+            continue
+        for core in reading.program.cores:
+            if core.towers is None or core.towers.where.file != source.rel:
+                continue
+            try:
+                plan = plan_core(source, reading.program, core)
+                emit(plan)
+            except NotPlanned:
+                continue
+            yield named(source.path), plan, importers
+            break
+
+
+def program_running(path: Path) -> str | None:
+    """The converted tower program whose towers or update run this module's TF1 code: the
+    module holds (or is imported, directly or not, by the module holding) the towers'
+    gradient helper or the update function the program calls in another module."""
+    path = path.resolve()
+    for program, plan, _importers in converted_programs(path):
+        project = plan.source.shared.get("project")
+        if not isinstance(project, Project):
+            continue
+        holders: list[SourceFile] = []
+        for chain in plan.chains:
+            helper = chain.gradient.helper
+            if helper is not None and helper.source is not None:
+                holders.append(helper.source)
+            name = dotted(chain.update_call.func)
+            if chain.update_function is not None and name is not None:
+                defined = project.definition(plan.source, name)
+                if defined is not None and defined[0] is not plan.source:
+                    holders.append(defined[0])
+        if any(s.path == path for holder in holders for s in project.closure(holder)):
+            return program
+    return None
+
+
+def with_helpers(module: cst.Module, helpers: ModuleHelpers) -> cst.Module:
+    for where, taped in helpers.taped:
+        module = module.visit(_ReplaceDef(where, taped))
     return module
 
 

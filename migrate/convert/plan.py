@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import libcst as cst
 
@@ -1167,7 +1167,7 @@ class _Planner:
             if qualify(source, call.func) == "tensorflow.gradients"
             or (qualify(source, call.func) is None and method_name(call) == "compute_gradients")
         ]
-        if not calls and source is not self.source and depth < 2:
+        if not calls and depth < 2:
             handed = _handed_on(source, function)
             if handed is None:
                 return None
@@ -1298,7 +1298,7 @@ class _Planner:
         positions = [
             i
             for i, arg in enumerate(call.args)
-            if arg.keyword is None and free_names(arg.value) & derived
+            if free_names(arg.value) & derived
         ]
         return positions[0] if len(positions) == 1 else None
 
@@ -1449,6 +1449,7 @@ class _Planner:
         # running its initializer, which becomes the `iter(dataset)`, so the first goes
         self.initializable: dict[str, cst.BaseStatement] = {}
         self.batches: dict[str, str] = {}  # get_next result name -> iterator
+        self.fetch_lists: dict[str, cst.BaseStatement] = {}
         self.updates: set[str] = set().union(
             *(_targets_names(c.update) or _update_op_name(c) for c in plan.chains)
         )
@@ -1766,8 +1767,28 @@ class _Planner:
         return built
 
     def _runs_update(self, call: cst.Call) -> bool:
-        fetches = get_arg(call, 0, "fetches")
+        fetches = self._fetch_list(get_arg(call, 0, "fetches"))
         return fetches is not None and bool(free_names(fetches) & self.updates)
+
+    def _fetch_list(self, fetches: cst.BaseExpression | None) -> cst.BaseExpression | None:
+        """The fetches, or the list literal a name bound once in this function holds
+        (``fetches = [loss, train_op]`` then ``sess.run(fetches)``)."""
+        if not isinstance(fetches, cst.Name):
+            return fetches
+        bindings = [
+            s
+            for s in self.body
+            if isinstance(s, cst.SimpleStatementLine) and fetches.value in bound_names(s)
+        ]
+        value = _value(bindings[0]) if len(bindings) == 1 else None
+        if (
+            isinstance(value, cst.List | cst.Tuple)
+            and _target_name(bindings[0]) == fetches.value
+            and self.source.enclosing_def(bindings[0]) is self.source.enclosing_def(fetches)
+        ):
+            self.fetch_lists[fetches.value] = bindings[0]
+            return value
+        return fetches
 
     # -- one statement -----------------------------------------------------------------------------
     def _decide(self, statement: cst.BaseStatement) -> None:
@@ -1888,6 +1909,15 @@ class _Planner:
         if self._should_stop(statement):
             plan.decide(statement, Decision(Action.STOP_LOOP))
             return
+        if self._combining_branch(statement):
+            assert isinstance(statement, cst.If)
+            plan.decide(statement, Decision(Action.UNWRAP, "the towers' combination"))
+            if statement.orelse is not None:
+                plan.decide(
+                    statement.orelse,
+                    Decision(Action.DROP, "one tower: the combination over one replica"),
+                )
+            return
         header = _header(statement)
         reads = set().union(*(free_names(node) for node in header)) if header else set()
         gone = gone_reads(reads, self.sessions, self.gone)
@@ -1899,7 +1929,73 @@ class _Planner:
             for name in bound_names(statement):
                 self.gone.setdefault(name, gone)
             return
+        if self._splits_batch(statement):
+            # `if n > 1: ... examples[d][key] = tf.split(example[key], n)[d]`, `else: examples
+            # = [example]`: the towers' shares of the batch, made in the step from its input
+            plan.decide(statement, Decision(Action.STEP, "the towers' shares of the batch"))
+            plan.step_before.append(statement)
+            self.step_names |= bound_names(statement)
+            return
         plan.decide(statement, Decision(Action.KEEP))
+
+    def _combining_branch(self, statement: cst.BaseStatement) -> bool:
+        """``if len(tower_losses) > 1:`` (or ``num_gpus > 1``) after the loop around the
+        combination, whose ``else`` takes the one tower's values (``grads = tower_grads[0]``):
+        the first branch is the combination over any number of replicas, one included."""
+        if not (self.after_loop and isinstance(statement, cst.If)):
+            return False
+        body = _body(statement)
+        if not any(
+            (d := self.plan_.decision(s)) is not None
+            and d.action is Action.DROP
+            and d.why == "the strategy combines the replicas"
+            for s in body
+        ):
+            return False
+        test = statement.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.GreaterThan)
+            and isinstance(test.comparisons[0].comparator, cst.Integer)
+            and test.comparisons[0].comparator.value == "1"
+        ):
+            return False
+        orelse = statement.orelse
+        if orelse is None:
+            return True
+        if not isinstance(orelse, cst.Else):
+            return False
+        made = set().union(*(bound_names(s) for s in body))
+        return all(
+            isinstance(s, cst.SimpleStatementLine)
+            and bound_names(s) <= made
+            and isinstance(_value(s), cst.Subscript)
+            for s in _body(orelse)
+        )
+
+    def _splits_batch(self, statement: cst.BaseStatement) -> bool:
+        """A for/if beside the tower loop, before it, that makes what the towers read from the
+        batch the step takes (and nothing the session or a TF1-only call needs)."""
+        if self.after_loop or not isinstance(statement, cst.If | cst.For):
+            return False
+        if id(self.source.parent(statement)) not in self.loop_blocks:
+            return False
+        batches = set(self.batches)
+        inner = list(statements_in(_body(statement)))
+        if isinstance(statement, cst.If) and statement.orelse is not None:
+            inner += statements_in(_body(statement.orelse))
+        reads = set().union(*(free_names(s) for s in inner)) if inner else set()
+        made = bound_names(statement)
+        return bool(
+            reads & batches
+            and made & free_names(self.loop)
+            and not any(
+                self._tf1_only(s) is not None
+                for s in inner
+                if isinstance(s, cst.SimpleStatementLine)
+            )
+        )
 
     def _simple_statement(self, statement: cst.SimpleStatementLine) -> Decision:
         value = _value(statement)
@@ -2366,7 +2462,11 @@ class _Planner:
             return Decision(Action.TODO, todo=session_run_todo(run=True))
         names = free_names(fetches)
         if run in self.step_runs and _value(statement) is run:
-            return self._step_run(statement, run, fetches)
+            listed = self._fetch_list(fetches)
+            if listed is not fetches and isinstance(fetches, cst.Name):
+                made = self.fetch_lists[fetches.value]
+                self.plan_.decide(made, Decision(Action.DROP, "the train step returns them"))
+            return self._step_run(statement, run, listed or fetches)
         if names and names <= self.initializers or self.call_q(fetches) in _INITIALIZERS:
             return Decision(Action.DROP, "variables are initialized when made")
         if (
@@ -2433,6 +2533,15 @@ class _Planner:
         for chain in plan.chains:
             if chain.all_reduced:
                 tower_only |= set().union(*(bound_names(s) for s in chain.between))
+        # what an update function returns besides the op (the learning rate, the gradients'
+        # norm): each replica computes it now
+        tower_only |= set().union(
+            *(
+                set(_target_tuple(c.update) or ()) - self.updates
+                for c in plan.chains
+                if c.update_function is not None
+            )
+        )
         for position, element in enumerate(elements):
             names = free_names(element)
             if _key(element) in self.updates:
@@ -2614,17 +2723,41 @@ def _returned(function: cst.FunctionDef) -> list[str] | None:
 
 
 def _handed_on(source: SourceFile, function: cst.FunctionDef) -> cst.FunctionDef | None:
-    """The function of ``source`` whose result ``function`` returns as it is
-    (``return loss_and_gradients(FLAGS, features)``), if that is all it does."""
+    """The function of ``source`` whose result ``function`` returns as it is, if that is all
+    it does: ``return loss_and_gradients(FLAGS, x)``, ``ret = f(x)`` then ``return ret``, or a
+    function a factory of the module returns (``model_fn = get_model_fn()``, then
+    ``ret = model_fn(x)`` and ``return ret``)."""
     body = [s for s in _body(function) if not _is_docstring_line(s)]
-    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine):
+    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
         return None
-    returned = body[0].body[0]
-    if not isinstance(returned, cst.Return) or not isinstance(returned.value, cst.Call):
+    last = cast(cst.SimpleStatementLine, body[-1]).body[0]
+    if not isinstance(last, cst.Return) or last.value is None:
         return None
-    func = returned.value.func
-    found = source.top_level(func.value) if isinstance(func, cst.Name) else None
-    return found if isinstance(found, cst.FunctionDef) and found is not function else None
+    returned = last.value
+    if isinstance(returned, cst.Name) and len(body) >= 2:
+        if _target_name(body[-2]) != returned.value:
+            return None
+        returned = _value(body[-2])
+        rest = body[:-2]
+    else:
+        rest = body[:-1]
+    if not isinstance(returned, cst.Call) or not isinstance(returned.func, cst.Name):
+        return None
+    name = returned.func.value
+    if not rest:
+        found = source.top_level(name)
+        return found if isinstance(found, cst.FunctionDef) and found is not function else None
+    made = _value(rest[0])
+    if len(rest) != 1 or _target_name(rest[0]) != name or not isinstance(made, cst.Call):
+        return None
+    factory = source.top_level(made.func.value) if isinstance(made.func, cst.Name) else None
+    if not isinstance(factory, cst.FunctionDef):
+        return None
+    inner = [s for s in _body(factory) if isinstance(s, cst.FunctionDef)]
+    made_name = _returned(factory)
+    if len(inner) != 1 or made_name != [inner[0].name.value]:
+        return None
+    return inner[0]
 
 
 def _is_docstring_line(statement: cst.BaseStatement) -> bool:
