@@ -353,7 +353,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             f"compute_gradients{others}",
             replacement=module,
             target=self.context.module,
-            safety=FixSafety.UNSAFE if helpers.others else FixSafety.SAFE,
+            safety=FixSafety.UNSAFE if helpers.others or helpers.unsafe else FixSafety.SAFE,
         )
         return True
 
@@ -366,10 +366,12 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             if first is not None
             else None
         )
+        unsafe = False
         if importer is None:
             # the towers' helper or the update function of a converted program runs this
-            # module's code (its model, its optimizer and schedule)
-            importer = program_running(Path(str(self.context.path)))
+            # module's code (its model, its optimizer and schedule): changed with the program
+            running = program_running(Path(str(self.context.path)))
+            importer, unsafe = running if running is not None else (None, False)
             first = first or _first_tf1_name(self)
         if first is None or importer is None:
             return
@@ -409,6 +411,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             ),
             replacement=module,
             target=self.context.module,
+            safety=FixSafety.UNSAFE if unsafe else FixSafety.SAFE,
             manifest={
                 "notes": [
                     keras_module[1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import libcst as cst
@@ -15,6 +16,7 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate.convert.plan import GradientHelper, Plan, bound_names, free_names
 from tfmigrate.convert.project import Project, SourceFile
+from tfmigrate.convert.todo import Leftover
 from tfmigrate.names import dotted
 
 _TRAINABLES = frozenset(
@@ -42,6 +44,7 @@ class ModuleHelpers:
     program: str
     taped: tuple[tuple[tuple[str, ...], cst.FunctionDef], ...]
     others: tuple[str, ...]
+    unsafe: bool  # the program's conversion is an unsafe fix
 
 
 def module_helpers(path: Path, module: cst.Module) -> ModuleHelpers | None:
@@ -49,7 +52,7 @@ def module_helpers(path: Path, module: cst.Module) -> ModuleHelpers | None:
     gradient helpers the program's towers call in it, taped. None when no converted program of
     the repo calls a helper here."""
     path = path.resolve()
-    for program, plan, importers in converted_programs(path):
+    for program, plan, importers, unsafe in converted_programs(path):
         taped = [
             (
                 _path(helper.source, helper.function),
@@ -62,40 +65,58 @@ def module_helpers(path: Path, module: cst.Module) -> ModuleHelpers | None:
         ]
         if taped:
             others = tuple(i for i in importers if i != program)
-            return ModuleHelpers(program, tuple(taped), others)
+            return ModuleHelpers(program, tuple(taped), others, unsafe)
     return None
 
 
-def converted_programs(path: Path) -> Iterator[tuple[str, Plan, list[str]]]:
+def converted_programs(path: Path) -> Iterator[tuple[str, Plan, list[str], bool]]:
     """The tower programs of the repo that run code of the module at ``path`` (it is in the
     modules they import, directly or not) and that the staged converter converts: each
-    program's name relative to the module's folder, its plan, and the module's direct
-    importers (likewise named)."""
-    from tfmigrate.convert.emit import emit
-    from tfmigrate.convert.plan import NotPlanned, plan_core
-    from tfmigrate.convert.recognize import read_program
-
+    program's name relative to the module's folder, its plan, the module's direct importers
+    (likewise named), and whether the program's conversion is an unsafe fix (its modules'
+    changes are then unsafe too: they apply with it or not at all)."""
     path = path.resolve()
-    project = Project.for_path(path)
+    project, programs = _converted(Project.for_path(path).root, _signature(path))
 
     def named(other: Path) -> str:
         return Path(os.path.relpath(other.resolve(), path.parent)).as_posix()
 
-    loaded = [
-        source
-        for candidate in project.python_files()
-        if candidate.resolve() != path
-        and b"import" in (raw := candidate.read_bytes())
-        and (b"device" in raw or path.stem.encode() in raw)
-        and (source := project.load(candidate)) is not None
-    ]
     importers = [
-        named(s.path) for s in loaded if any(t.file == path for t in s.imports.values())
+        named(s.path)
+        for s in project.loaded()
+        if s.path != path and any(t.file == path for t in s.imports.values())
     ]
-    for source in loaded:
-        if b"device" not in source.raw or not source.is_entry():
+    for source, plan, unsafe in programs:
+        if any(s.path == path for s in project.closure(source)):
+            yield named(source.path), plan, importers, unsafe
+
+
+def _signature(path: Path) -> tuple[tuple[str, int], ...]:
+    """The project's Python files with their modification times: a cached reading holds
+    while they are unchanged."""
+    project = Project.for_path(path)
+    return tuple(
+        (str(f), f.stat().st_mtime_ns) for f in sorted(project.python_files()) if f.exists()
+    )
+
+
+@lru_cache(maxsize=8)
+def _converted(
+    root: Path, _files: tuple[tuple[str, int], ...]
+) -> tuple[Project, list[tuple[SourceFile, Plan, bool]]]:
+    """Every entry program of the project at ``root`` that the staged converter converts, with
+    its plan (read once per process while the files are unchanged: each of its modules asks)."""
+    from tfmigrate.convert.emit import emit
+    from tfmigrate.convert.plan import NotPlanned, plan_core
+    from tfmigrate.convert.recognize import read_program
+
+    project = Project(root)
+    programs: list[tuple[SourceFile, Plan, bool]] = []
+    for candidate in project.python_files():
+        if b"device" not in candidate.read_bytes():
             continue
-        if not any(s.path == path for s in project.closure(source)):
+        source = project.load(candidate)
+        if source is None or not source.is_entry():
             continue
         reading = read_program(project, source)
         if reading.program is None:
@@ -105,19 +126,28 @@ def converted_programs(path: Path) -> Iterator[tuple[str, Plan, list[str]]]:
                 continue
             try:
                 plan = plan_core(source, reading.program, core)
-                emit(plan)
+                emitted = emit(plan)
             except NotPlanned:
                 continue
-            yield named(source.path), plan, importers
+            # as TFM303 judges the program's fix: code commented out or changed to per replica
+            unsafe = any(
+                t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
+                for t in emitted.todos
+            )
+            programs.append((source, plan, unsafe))
             break
+    for candidate in project.python_files():
+        project.load(candidate)  # the importers of every module
+    return project, programs
 
 
-def program_running(path: Path) -> str | None:
-    """The converted tower program whose towers or update run this module's TF1 code: the
-    module holds (or is imported, directly or not, by the module holding) the towers'
-    gradient helper or the update function the program calls in another module."""
+def program_running(path: Path) -> tuple[str, bool] | None:
+    """The converted tower program whose towers or update run this module's TF1 code (the
+    module holds, or is imported directly or not by the module holding, the towers' gradient
+    helper or the update function the program calls in another module), and whether the
+    program's conversion is an unsafe fix."""
     path = path.resolve()
-    for program, plan, _importers in converted_programs(path):
+    for program, plan, _importers, unsafe in converted_programs(path):
         project = plan.source.shared.get("project")
         if not isinstance(project, Project):
             continue
@@ -132,7 +162,7 @@ def program_running(path: Path) -> str | None:
                 if defined is not None and defined[0] is not plan.source:
                     holders.append(defined[0])
         if any(s.path == path for holder in holders for s in project.closure(holder)):
-            return program
+            return program, unsafe
     return None
 
 

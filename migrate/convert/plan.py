@@ -334,6 +334,8 @@ class Plan(Decisions[Decision]):
     # the train step assigns from its parameter -> that parameter's name
     fed_variables: dict[str, str] = field(default_factory=dict)
     combination_helpers: set[str] = field(default_factory=set)  # average_gradients & co.
+    # what an update function returns besides the op (``lr, gnorm``), now made per replica
+    update_values: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     colocated: Colocated | None = None  # one loss over the towers, differentiated once
     # a class-based trainer: the method that runs the step (``scope`` is the building one)
@@ -1713,7 +1715,7 @@ class _Planner:
         self.built_feeds = self._built_feeds(runs)
         literals.update(self.built_feeds)
         for run in runs:
-            self.fetched |= free_names(get_arg(run, 0, "fetches") or run)
+            self.fetched |= free_names(self._fetch_list(get_arg(run, 0, "fetches")) or run)
             feed = get_arg(run, 1, "feed_dict")
             if isinstance(feed, cst.Name):
                 feed = literals.get(feed.value)
@@ -2535,13 +2537,14 @@ class _Planner:
                 tower_only |= set().union(*(bound_names(s) for s in chain.between))
         # what an update function returns besides the op (the learning rate, the gradients'
         # norm): each replica computes it now
-        tower_only |= set().union(
+        plan.update_values = set().union(
             *(
                 set(_target_tuple(c.update) or ()) - self.updates
                 for c in plan.chains
                 if c.update_function is not None
             )
         )
+        tower_only |= plan.update_values
         for position, element in enumerate(elements):
             names = free_names(element)
             if _key(element) in self.updates:
