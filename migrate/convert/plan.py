@@ -1934,6 +1934,7 @@ class _Planner:
         if self._splits_batch(statement):
             # `if n > 1: ... examples[d][key] = tf.split(example[key], n)[d]`, `else: examples
             # = [example]`: the towers' shares of the batch, made in the step from its input
+            assert isinstance(statement, cst.If | cst.For)
             plan.decide(statement, Decision(Action.STEP, "the towers' shares of the batch"))
             plan.step_before.append(statement)
             self.step_names |= bound_names(statement)
@@ -1973,7 +1974,7 @@ class _Planner:
             isinstance(s, cst.SimpleStatementLine)
             and bound_names(s) <= made
             and isinstance(_value(s), cst.Subscript)
-            for s in _body(orelse)
+            for s in _else_body(orelse)
         )
 
     def _splits_batch(self, statement: cst.BaseStatement) -> bool:
@@ -1985,8 +1986,8 @@ class _Planner:
             return False
         batches = set(self.batches)
         inner = list(statements_in(_body(statement)))
-        if isinstance(statement, cst.If) and statement.orelse is not None:
-            inner += statements_in(_body(statement.orelse))
+        if isinstance(statement, cst.If) and isinstance(statement.orelse, cst.Else):
+            inner += statements_in(_else_body(statement.orelse))
         reads = set().union(*(free_names(s) for s in inner)) if inner else set()
         made = bound_names(statement)
         return bool(
@@ -2466,8 +2467,8 @@ class _Planner:
         if run in self.step_runs and _value(statement) is run:
             listed = self._fetch_list(fetches)
             if listed is not fetches and isinstance(fetches, cst.Name):
-                made = self.fetch_lists[fetches.value]
-                self.plan_.decide(made, Decision(Action.DROP, "the train step returns them"))
+                fetch_list = self.fetch_lists[fetches.value]
+                self.plan_.decide(fetch_list, Decision(Action.DROP, "the train step returns them"))
             return self._step_run(statement, run, listed or fetches)
         if names and names <= self.initializers or self.call_q(fetches) in _INITIALIZERS:
             return Decision(Action.DROP, "variables are initialized when made")
@@ -2736,7 +2737,7 @@ def _handed_on(source: SourceFile, function: cst.FunctionDef) -> cst.FunctionDef
     last = cast(cst.SimpleStatementLine, body[-1]).body[0]
     if not isinstance(last, cst.Return) or last.value is None:
         return None
-    returned = last.value
+    returned: cst.BaseExpression | None = last.value
     if isinstance(returned, cst.Name) and len(body) >= 2:
         if _target_name(body[-2]) != returned.value:
             return None
@@ -2761,6 +2762,10 @@ def _handed_on(source: SourceFile, function: cst.FunctionDef) -> cst.FunctionDef
     if len(inner) != 1 or made_name != [inner[0].name.value]:
         return None
     return inner[0]
+
+
+def _else_body(orelse: cst.Else) -> Sequence[cst.BaseStatement]:
+    return orelse.body.body if isinstance(orelse.body, cst.IndentedBlock) else []
 
 
 def _is_docstring_line(statement: cst.BaseStatement) -> bool:

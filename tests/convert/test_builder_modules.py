@@ -51,7 +51,7 @@ def test_the_towers_core_is_found_across_modules_and_converted():
     )
     # the update function takes the replica's gradients, its results keep their names
     assert (
-        "(train_op, learning_rate, gnorm) = model_utils.get_train_op(FLAGS, grads_and_vars_i)"
+        "train_op, learning_rate, gnorm = model_utils.get_train_op(FLAGS, grads_and_vars_i)"
         in ast.unparse(replica)
     )
     assert ast.unparse(replica.body[-1]) == "return (gnorm, learning_rate)"
