@@ -50,9 +50,10 @@ def _import_patterns(path: Path) -> list[tuple[Path, re.Pattern[str]]]:
     ]
 
 
-def _importers(module: Path) -> Iterator[tuple[Path, str]]:
-    """(path, text) of each neighbour that may import ``module``: it spells a tf.device call's
-    last word and an import of the module (the text test; only a convertible one counts)."""
+def _importers(module: Path, word: str = "device") -> Iterator[tuple[Path, str]]:
+    """(path, text) of each neighbour that may import ``module``: it spells ``word`` (a
+    tf.device call's last word) and an import of the module (the text test; only a
+    convertible one counts)."""
     if module.stem == "__init__" or not module.is_file():
         return
     itself = module.resolve()
@@ -61,7 +62,7 @@ def _importers(module: Path) -> Iterator[tuple[Path, str]]:
             if candidate.resolve() == itself:
                 continue
             text = _text(candidate)
-            if text is None or "device" not in text or not pattern.search(text):
+            if text is None or word not in text or not pattern.search(text):
                 continue
             yield candidate, text
 
@@ -95,6 +96,12 @@ def may_have_importing_program(path: PurePosixPath, triggers: tuple[str, ...]) -
         if facts is None or any(facts.matches(t) for t in triggers):
             return True
     return False
+
+
+def may_have_importing_helper(path: PurePosixPath) -> bool:
+    """Whether a neighbour importing the module at ``path`` may take a tower's gradients (a
+    converted program's helper module, whose model and update code the program runs)."""
+    return any(True for _ in _importers(Path(path), "gradients"))
 
 
 def importing_program(path: PurePosixPath, rule: type) -> str | None:

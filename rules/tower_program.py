@@ -4,7 +4,7 @@ import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import cast
 
 import libcst as cst
@@ -12,6 +12,7 @@ import libcst as cst
 from tfmigrate import tfapi, tree
 from tfmigrate.convert import convert_module
 from tfmigrate.convert.emit import mark_leftovers
+from tfmigrate.convert.helper_tape import module_helpers, program_running, with_helpers
 from tfmigrate.convert.todo import Leftover
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.prefilter import CodeFacts
@@ -191,7 +192,13 @@ class TowerProgramToMirroredStrategy(TowerRule):
     code = "TFM303"
     # The conversion starts from a tower loop's tf.device; the model modules it imports use TF1
     # layers.
-    triggers = ("tensorflow.device", *MODEL_TRIGGERS, *_UPDATE_ASSIGNS)
+    # tf.gradients / compute_gradients: a module holding the towers' gradient helper
+    triggers = (
+        "tensorflow.device", *MODEL_TRIGGERS, *_UPDATE_ASSIGNS, "tensorflow.gradients",
+        "compute_gradients",
+        # the model (tf.get_variable) and update (tf.train) code such a helper's program runs
+        "tensorflow.get_variable", "tensorflow.train*",
+    )  # fmt: skip
     option_choices = {
         "strategy": ("mirrored", "multi-worker"),
         "batch-norm": ("faithful", "sync"),
@@ -230,12 +237,14 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         # neighbour that may be a tower program imports it.
         if facts.matches("tensorflow.device"):
             return True
-        return model_code.may_have_importing_program(path, cls.triggers)
+        return model_code.may_have_importing_program(
+            path, cls.triggers
+        ) or model_code.may_have_importing_helper(path)
 
     def leave_Module(self, original_node: cst.Module) -> None:
         towers = self.tower_loops()
         if not towers:
-            if not self.context.options.get("_tfm303_inner"):
+            if not self.context.options.get("_tfm303_inner") and not self._helper_module():
                 self._model_module(original_node)
             return
         if self.context.options.get("_tfm303_inner"):
@@ -306,14 +315,65 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             manifest={"notes": notes} if notes else None,
         )
 
+    def _helper_module(self) -> bool:
+        """A module holding the function a converted tower program's towers call to take
+        their gradients (``function_builder.loss_and_gradients``): that function takes them
+        with the program's GradientTape. Other importers of the module see the change, so the
+        fix is unsafe when there are any (the finding names them)."""
+        helpers = module_helpers(Path(str(self.context.path)), self.context.module)
+        if helpers is None:
+            return False
+        names = ", ".join(f"`{where[-1]}`" for where, _ in helpers.taped)
+        first = next(
+            n
+            for n in walk(self.context.module)
+            if isinstance(n, cst.FunctionDef) and n.name.value == helpers.taped[0][0][0]
+        )
+        if not self.context.fixing:
+            self.report(
+                first,
+                f"convertible: `rewrite` gives {names} the GradientTape of the tower program "
+                f"`{helpers.program}` (its towers take their gradients there)",
+                replacement=self.context.module,
+                target=self.context.module,
+            )
+            return True
+        module = _tf2_spellings(with_helpers(self.context.module, helpers), self.context)
+        others = (
+            "; the module is imported by "
+            + ", ".join(f"`{o}`" for o in helpers.others)
+            + " as well, which call it as changed"
+            if helpers.others
+            else ""
+        )
+        self.report(
+            first,
+            f"converted with the tower program `{helpers.program}`: {names} takes the tower's "
+            f"gradients with a GradientTape (tape.gradient) where it called tf.gradients / "
+            f"compute_gradients{others}",
+            replacement=module,
+            target=self.context.module,
+            safety=FixSafety.UNSAFE if helpers.others or helpers.unsafe else FixSafety.SAFE,
+        )
+        return True
+
     def _model_module(self, original_node: cst.Module) -> None:
         """A module of TF1 model code that a convertible tower program imports: its layers
         need tf_keras / tf_slim under TF2, converted with the program (or not at all)."""
         first = model_code.first_tf1_layer(self) or _first_tf1_model_state(self)
-        if first is None:
-            return
-        importer = model_code.importing_program(PurePosixPath(self.context.path), type(self))
+        importer = (
+            model_code.importing_program(PurePosixPath(self.context.path), type(self))
+            if first is not None
+            else None
+        )
+        unsafe = False
         if importer is None:
+            # the towers' helper or the update function of a converted program runs this
+            # module's code (its model, its optimizer and schedule): changed with the program
+            running = program_running(Path(str(self.context.path)))
+            importer, unsafe = running if running is not None else (None, False)
+            first = first or _first_tf1_name(self)
+        if first is None or importer is None:
             return
         if not self.context.fixing:
             self.report(
@@ -351,6 +411,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             ),
             replacement=module,
             target=self.context.module,
+            safety=FixSafety.UNSAFE if unsafe else FixSafety.SAFE,
             manifest={
                 "notes": [
                     keras_module[1]
@@ -362,6 +423,17 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
                 ]
             },
         )
+
+
+def _first_tf1_name(rule: TowerRule) -> cst.CSTNode | None:
+    """The first TF1 symbol of the module that TF 2 spells otherwise (``tf.train.AdamOptimizer``
+    -> ``tf.compat.v1.train.AdamOptimizer``)."""
+    for node in walk(rule.context.module):
+        if isinstance(node, cst.Attribute) and not isinstance(rule.parent(node), cst.Attribute):
+            name = rule.qualify(node)
+            if name is not None and name.startswith("tensorflow.") and tfapi.tf2_rename(tfapi.tf_spelling(name)):
+                return node
+    return None
 
 
 def _first_tf1_model_state(rule: TowerRule) -> cst.CSTNode | None:

@@ -822,6 +822,8 @@ class _Writer(cst.CSTTransformer):
         parts = ["model=tf1_variables"]
         values: dict[str, cst.CSTNode] = {}
         for index, chain in enumerate(plan.chains):
+            if chain.update_function is not None:
+                continue  # its optimizer is made inside the update function (TFM316 there)
             optimizer = chain.update_call.func
             assert isinstance(optimizer, cst.Attribute)
             key = "optimizer" if not index else f"optimizer_{index + 1}"
@@ -1020,6 +1022,9 @@ class _Writer(cst.CSTTransformer):
             elif position < len(plan.outputs) and name in summed_once:
                 line = f"{name} = strategy.experimental_local_results({each})[0]"
                 comment = "# Every replica computed it from the gradients' sum."
+            elif position < len(plan.outputs) and name in plan.update_values:
+                line = f"{name} = strategy.experimental_local_results({each})[-1]"
+                comment = "# The update made it once; each replica makes its own now: the last's."
             elif position < len(plan.outputs):
                 line = f"{name} = strategy.experimental_local_results({each})[-1]"
                 comment = "# The loop read the last tower's value."
@@ -1625,6 +1630,24 @@ class _Replica:
             grads = cst.Name(chain.combined)
         call = chain.update_call
         args = list(call.args)
+        if chain.update_function is not None:
+            # a function making the update: it takes the replica's gradients where it took the
+            # combined ones, and its results keep their names
+            at = chain.update_function
+            args[at] = args[at].with_changes(value=grads)
+            update = cast(cst.SimpleStatementLine, chain.update).visit(
+                _ReplaceNode(call, call.with_changes(args=args))
+            )
+            why = (
+                f"`{plan.source.src(call.func, 40)}` ran once on the combined gradients and "
+                "made its optimizer, global step and schedule there; it now runs in each "
+                "replica on the replica's own (clipping, norms), and a tf.function needs its "
+                "variables made once: build them in strategy.scope() before the train step"
+            )
+            line = cast(cst.SimpleStatementLine, update).with_changes(leading_lines=[])
+            out.append(_marked(line, Leftover.PER_REPLICA, why, self.writer.todos))
+            self.deferred.extend(out)
+            return []
         args[0] = args[0].with_changes(value=_paired(args[0].value, grads, chain))
         update = cst.SimpleStatementLine([cst.Expr(call.with_changes(args=args))])
         out.append(update)

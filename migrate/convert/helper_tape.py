@@ -5,13 +5,19 @@ returns what it returned, so the tower calls it as before."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate.convert.plan import GradientHelper, Plan, bound_names, free_names
-from tfmigrate.convert.project import SourceFile
+from tfmigrate.convert.project import Project, SourceFile
+from tfmigrate.convert.todo import Leftover
+from tfmigrate.names import dotted
 
 _TRAINABLES = frozenset(
     {"tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables"}
@@ -19,13 +25,150 @@ _TRAINABLES = frozenset(
 
 
 def taped_helpers(module: cst.Module, plan: Plan) -> cst.Module:
-    """``module`` with each gradient helper of ``plan`` replaced by its taped version."""
+    """``module`` with each gradient helper of ``plan`` in it replaced by its taped version
+    (a helper of another module is taped there: ``module_helpers``)."""
     for chain in plan.chains:
         helper = chain.gradient.helper
-        if helper is None:
+        if helper is None or helper.source is not None:
             continue
         taped = _taped(plan.source, helper, chain.averaged)
         module = module.visit(_ReplaceDef(_path(plan.source, helper.function), taped))
+    return module
+
+
+@dataclass(frozen=True)
+class ModuleHelpers:
+    """The gradient helpers a converted tower program ``program`` calls in another module,
+    each taped there; ``others`` are the module's other importers (they see the change)."""
+
+    program: str
+    taped: tuple[tuple[tuple[str, ...], cst.FunctionDef], ...]
+    others: tuple[str, ...]
+    unsafe: bool  # the program's conversion is an unsafe fix
+
+
+def module_helpers(path: Path, module: cst.Module) -> ModuleHelpers | None:
+    """``module`` (the file at ``path``) as a tower program that imports it needs it: the
+    gradient helpers the program's towers call in it, taped. None when no converted program of
+    the repo calls a helper here."""
+    path = path.resolve()
+    for program, plan, importers, unsafe in converted_programs(path):
+        taped = [
+            (
+                _path(helper.source, helper.function),
+                _taped(helper.source, helper, chain.averaged),
+            )
+            for chain in plan.chains
+            if (helper := chain.gradient.helper) is not None
+            and helper.source is not None
+            and helper.source.path == path
+        ]
+        if taped:
+            others = tuple(i for i in importers if i != program)
+            return ModuleHelpers(program, tuple(taped), others, unsafe)
+    return None
+
+
+def converted_programs(path: Path) -> Iterator[tuple[str, Plan, list[str], bool]]:
+    """The tower programs of the repo that run code of the module at ``path`` (it is in the
+    modules they import, directly or not) and that the staged converter converts: each
+    program's name relative to the module's folder, its plan, the module's direct importers
+    (likewise named), and whether the program's conversion is an unsafe fix (its modules'
+    changes are then unsafe too: they apply with it or not at all)."""
+    path = path.resolve()
+    project, programs = _converted(Project.for_path(path).root, _signature(path))
+
+    def named(other: Path) -> str:
+        return Path(os.path.relpath(other.resolve(), path.parent)).as_posix()
+
+    importers = [
+        named(s.path)
+        for s in project.loaded()
+        if s.path != path and any(t.file == path for t in s.imports.values())
+    ]
+    for source, plan, unsafe in programs:
+        if any(s.path == path for s in project.closure(source)):
+            yield named(source.path), plan, importers, unsafe
+
+
+def _signature(path: Path) -> tuple[tuple[str, int], ...]:
+    """The project's Python files with their modification times: a cached reading holds
+    while they are unchanged."""
+    project = Project.for_path(path)
+    return tuple(
+        (str(f), f.stat().st_mtime_ns) for f in sorted(project.python_files()) if f.exists()
+    )
+
+
+@lru_cache(maxsize=8)
+def _converted(
+    root: Path, _files: tuple[tuple[str, int], ...]
+) -> tuple[Project, list[tuple[SourceFile, Plan, bool]]]:
+    """Every entry program of the project at ``root`` that the staged converter converts, with
+    its plan (read once per process while the files are unchanged: each of its modules asks)."""
+    from tfmigrate.convert.emit import emit
+    from tfmigrate.convert.plan import NotPlanned, plan_core
+    from tfmigrate.convert.recognize import read_program
+
+    project = Project(root)
+    programs: list[tuple[SourceFile, Plan, bool]] = []
+    for candidate in project.python_files():
+        if b"device" not in candidate.read_bytes():
+            continue
+        source = project.load(candidate)
+        if source is None or not source.is_entry():
+            continue
+        reading = read_program(project, source)
+        if reading.program is None:
+            continue
+        for core in reading.program.cores:
+            if core.towers is None or core.towers.where.file != source.rel:
+                continue
+            try:
+                plan = plan_core(source, reading.program, core)
+                emitted = emit(plan)
+            except NotPlanned:
+                continue
+            # as TFM303 judges the program's fix: code commented out or changed to per replica
+            unsafe = any(
+                t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
+                for t in emitted.todos
+            )
+            programs.append((source, plan, unsafe))
+            break
+    for candidate in project.python_files():
+        project.load(candidate)  # the importers of every module
+    return project, programs
+
+
+def program_running(path: Path) -> tuple[str, bool] | None:
+    """The converted tower program whose towers or update run this module's TF1 code (the
+    module holds, or is imported directly or not by the module holding, the towers' gradient
+    helper or the update function the program calls in another module), and whether the
+    program's conversion is an unsafe fix."""
+    path = path.resolve()
+    for program, plan, _importers, unsafe in converted_programs(path):
+        project = plan.source.shared.get("project")
+        if not isinstance(project, Project):
+            continue
+        holders: list[SourceFile] = []
+        for chain in plan.chains:
+            helper = chain.gradient.helper
+            if helper is not None and helper.source is not None:
+                holders.append(helper.source)
+            name = dotted(chain.update_call.func)
+            if chain.update_function is not None and name is not None:
+                defined = project.definition(plan.source, name)
+                if defined is not None and defined[0] is not plan.source:
+                    holders.append(defined[0])
+        if any(s.path == path for holder in holders for s in project.closure(holder)):
+            return program, unsafe
+    return None
+
+
+def with_helpers(module: cst.Module, helpers: ModuleHelpers) -> cst.Module:
+    for where, taped in helpers.taped:
+        module = module.visit(_ReplaceDef(where, taped))
     return module
 
 

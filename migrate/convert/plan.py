@@ -17,15 +17,16 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import ir
-from tfmigrate.convert.project import SourceFile, method_of
+from tfmigrate.convert.project import Project, SourceFile, method_of
 from tfmigrate.convert.recognize._code import statement_of
 from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.names import dotted
 from tfmigrate.rules._towers import bound_names as _bound_plain
 from tfmigrate.rules._towers import free_names as _free_plain
 from tfmigrate.rules._towers import get_arg, method_name
@@ -228,6 +229,9 @@ class GradientHelper:
     call: cst.Call
     statement: cst.BaseStatement  # the helper body's top-level statement holding the call
     grads: str  # the tower's name for the helper's gradients
+    # the helper's file when it is not the loop's (``function_builder.single_core_graph``
+    # calling the module's own ``loss_and_gradients``): that module gets the tape
+    source: SourceFile | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +271,9 @@ class Chain:
     # clipping by their global norm): each replica all-reduces its gradients to the towers'
     # combination and runs ``between`` on it before the update.
     all_reduced: bool = False
+    # the update is a repo function taking the gradients (``get_train_op(FLAGS, grads)``):
+    # which of its arguments they are; the call keeps what it binds
+    update_function: int | None = None
 
 
 @dataclass(frozen=True)
@@ -353,6 +360,8 @@ class Plan(Decisions[Decision]):
     # the train step assigns from its parameter -> that parameter's name
     fed_variables: dict[str, str] = field(default_factory=dict)
     combination_helpers: set[str] = field(default_factory=set)  # average_gradients & co.
+    # what an update function returns besides the op (``lr, gnorm``), now made per replica
+    update_values: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     colocated: Colocated | None = None  # one loss over the towers, differentiated once
     # a class-based trainer: the method that runs the step (``scope`` is the building one)
@@ -741,6 +750,7 @@ class _Planner:
                     averaged,
                     self._rebound(update, between, gradient, combined) if hand_written else (),
                     all_reduced,
+                    self._update_function(update_call, {combined}) if combined else None,
                 )  # fmt: skip
             )
             drops.append((combination if inline is None else None, tower_list))
@@ -1105,9 +1115,11 @@ class _Planner:
         return gradients
 
     def _helper_gradient(self, loop: cst.For) -> Gradient:
-        """The gradients of a tower taken in a function of this file (or a method of the
-        loop's class) that the tower calls and that returns them: the helper's one gradient
-        call, with the name the tower binds its result to."""
+        """The gradients of a tower taken in a function that the tower calls and that returns
+        them: a function of this file, a method of the loop's class, or a function of an
+        imported repo module (which may hand the call on to another function of its module
+        and return what it returns): the helper's one gradient call, with the name the tower
+        binds its result to."""
         found: list[Gradient] = []
         for statement in statements_in(_body(loop)):
             if not isinstance(statement, cst.SimpleStatementLine):
@@ -1115,10 +1127,10 @@ class _Planner:
             value = _value(statement)
             if not isinstance(value, cst.Call):
                 continue
-            function = self._called_function(value, loop)
-            if function is None:
+            called = self._called_function(value, loop)
+            if called is None:
                 continue
-            gradient = self._gradient_in(function, statement)
+            gradient = self._gradient_in(*called, statement)
             if gradient is not None:
                 found.append(gradient)
         if len(found) != 1:
@@ -1128,10 +1140,14 @@ class _Planner:
             )
         return found[0]
 
-    def _called_function(self, call: cst.Call, loop: cst.For) -> cst.FunctionDef | None:
-        """``helper(...)`` of this file or ``self.helper(...)`` of the loop's class, called
-        from nowhere else in the file (its new tape is the towers')."""
+    def _called_function(
+        self, call: cst.Call, loop: cst.For
+    ) -> tuple[SourceFile, cst.FunctionDef] | None:
+        """``helper(...)`` of this file, ``self.helper(...)`` of the loop's class or
+        ``module.helper(...)`` of a repo module, called from nowhere else in this file (its
+        new tape is the towers')."""
         func = call.func
+        source = self.source
         if isinstance(func, cst.Name):
             name = func.value
             found = self.source.top_level(name)
@@ -1140,6 +1156,15 @@ class _Planner:
             name = func.attr.value
             cls = self.source.enclosing_class(loop)
             found = method_of(cls, name) if cls is not None else None
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            name = func.attr.value
+            found = None
+            project = self.source.shared.get("project")
+            target = self.source.imports.get(func.value.value)
+            if isinstance(project, Project) and target is not None and target.attr is None:
+                defined = project.definition(self.source, f"{func.value.value}.{name}")
+                if defined is not None and defined[0] is not self.source:
+                    source, found = defined
         else:
             return None
         if not isinstance(found, cst.FunctionDef):
@@ -1150,28 +1175,46 @@ class _Planner:
             for n in tree.walk(self.source.module)
             if isinstance(n, cst.Name) and n.value == name and id(n) not in own
         ]
-        return None if elsewhere else found
+        return None if elsewhere else (source, found)
 
     def _gradient_in(
-        self, function: cst.FunctionDef, statement: cst.SimpleStatementLine
+        self,
+        source: SourceFile,
+        function: cst.FunctionDef,
+        statement: cst.SimpleStatementLine,
+        depth: int = 0,
     ) -> Gradient | None:
-        """The helper's one gradient call whose result it returns, read as the tower's."""
+        """The helper's one gradient call whose result it returns (or a value made from it,
+        ``list(zip(grads, params))``), read as the tower's. A function of another module
+        without one that returns what a function of its module returns: that function's."""
         calls = [
             (call, inner)
             for inner in statements_in(_body(function))
             if isinstance(inner, cst.SimpleStatementLine)
             for call in _calls(inner)
-            if self.call_q(call) == "tensorflow.gradients"
-            or (self.call_q(call) is None and method_name(call) == "compute_gradients")
+            if qualify(source, call.func) == "tensorflow.gradients"
+            or (qualify(source, call.func) is None and method_name(call) == "compute_gradients")
         ]
+        if not calls and depth < 2:
+            handed = _handed_on(source, function)
+            if handed is None:
+                return None
+            return self._gradient_in(source, handed, statement, depth + 1)
         if len(calls) != 1:
             return None
         call, inner = calls[0]
         grads = _target_name(inner)
         returned = _returned(function)
-        if grads is None or returned is None or grads not in returned:
+        if grads is None or returned is None:
             return None
-        position = returned.index(grads)
+        made = {grads}
+        for later in statements_in(_body(function)):
+            if source.line(later) > source.line(inner) and free_names(later) & made:
+                made |= bound_names(later)
+        positions = [i for i, name in enumerate(returned) if name in made]
+        if len(positions) != 1:
+            return None
+        position = positions[0]
         targets = _targets(statement)
         if len(targets) != 1:
             return None
@@ -1185,18 +1228,20 @@ class _Planner:
         if bound is None:
             return None
         top: cst.BaseStatement = inner
-        for ancestor in self.source.ancestors(inner):
+        for ancestor in source.ancestors(inner):
             if ancestor is function:
                 break
             if isinstance(ancestor, cst.BaseStatement):
                 top = ancestor
-        pairs = self.call_q(call) != "tensorflow.gradients"
+        pairs = qualify(source, call.func) != "tensorflow.gradients"
         loss = get_arg(call, 0, "loss" if pairs else "ys")
         if loss is None or (top is not inner and free_names(loss) & bound_names(top)):
             # the tape covers the statements before `top`: the loss must be made there
             return None
         variables = get_arg(call, 1, "var_list" if pairs else "xs")
-        helper = GradientHelper(function, call, top, bound)
+        helper = GradientHelper(
+            function, call, top, bound, source if source is not self.source else None
+        )
         # the tower's statement is the gradient statement; the helper's locals stay its own
         return Gradient(call, statement, loss, variables, pairs, helper)
 
@@ -1239,6 +1284,9 @@ class _Planner:
                 continue
             value = _value(statement)
             reads = free_names(value) if value is not None else set()
+            if isinstance(value, cst.Call) and self._update_function(value, derived) is not None:
+                # `train_op, lr, gnorm = model_utils.get_train_op(FLAGS, grads_and_vars)`
+                return self._holder(statement), value
             if not (
                 isinstance(value, cst.Call)
                 and method_name(value) == "apply_gradients"
@@ -1254,6 +1302,33 @@ class _Planner:
                 continue
             return self._holder(statement), value
         raise NotPlanned(f"no apply_gradients after the loop reads `{combined}`")
+
+    def _update_function(self, call: cst.Call, derived: set[str]) -> int | None:
+        """A repo function the combined gradients are passed to that applies them (the core's
+        update is in its body, ``optimizer.apply_gradients(...)``): the position of the
+        gradients among the call's arguments. The call moves into the replica function."""
+        update = self.core.update
+        project = self.source.shared.get("project")
+        name = dotted(call.func)
+        if not isinstance(project, Project) or name is None or update.kind is not (
+            ir.UpdateKind.APPLY_GRADIENTS
+        ):
+            return None
+        defined = project.definition(self.source, name)
+        if defined is None or not isinstance(defined[1], cst.FunctionDef):
+            return None
+        holder, function = defined
+        if holder.rel != update.where.file or not any(
+            method_name(c) == "apply_gradients" and holder.line(c) == update.where.line
+            for c in _calls(function)
+        ):
+            return None
+        positions = [
+            i
+            for i, arg in enumerate(call.args)
+            if free_names(arg.value) & derived
+        ]
+        return positions[0] if len(positions) == 1 else None
 
     def _hand_written(self, call: cst.Call) -> bool:
         """Whether ``call`` is the core's hand-written update (the IR found it on its line)."""
@@ -1402,7 +1477,10 @@ class _Planner:
         # running its initializer, which becomes the `iter(dataset)`, so the first goes
         self.initializable: dict[str, cst.BaseStatement] = {}
         self.batches: dict[str, str] = {}  # get_next result name -> iterator
-        self.updates: set[str] = set().union(*(_targets_names(c.update) for c in plan.chains))
+        self.fetch_lists: dict[str, cst.BaseStatement] = {}
+        self.updates: set[str] = set().union(
+            *(_targets_names(c.update) or _update_op_name(c) for c in plan.chains)
+        )
         self.schedules: set[str] = set()
         self.feeds: dict[str, cst.Dict] = {}
         loop_bound = bound_names(self.loop) - {plan.index}
@@ -1458,6 +1536,8 @@ class _Planner:
             # the optimizer, the global step, the variables differentiated -- not the gradients
             call = chain.update_call
             taken = _gradients_argument(call, {chain.combined}) if chain.hand_written else 0
+            if chain.update_function is not None:
+                taken = chain.update_function
             needed = free_names(call.func).union(
                 *(free_names(a.value) for k, a in enumerate(call.args) if k != taken)
             )
@@ -1662,7 +1742,7 @@ class _Planner:
         self.built_feeds = self._built_feeds(runs)
         literals.update(self.built_feeds)
         for run in runs:
-            self.fetched |= free_names(get_arg(run, 0, "fetches") or run)
+            self.fetched |= free_names(self._fetch_list(get_arg(run, 0, "fetches")) or run)
             feed = get_arg(run, 1, "feed_dict")
             if isinstance(feed, cst.Name):
                 feed = literals.get(feed.value)
@@ -1716,8 +1796,28 @@ class _Planner:
         return built
 
     def _runs_update(self, call: cst.Call) -> bool:
-        fetches = get_arg(call, 0, "fetches")
+        fetches = self._fetch_list(get_arg(call, 0, "fetches"))
         return fetches is not None and bool(free_names(fetches) & self.updates)
+
+    def _fetch_list(self, fetches: cst.BaseExpression | None) -> cst.BaseExpression | None:
+        """The fetches, or the list literal a name bound once in this function holds
+        (``fetches = [loss, train_op]`` then ``sess.run(fetches)``)."""
+        if not isinstance(fetches, cst.Name):
+            return fetches
+        bindings = [
+            s
+            for s in self.body
+            if isinstance(s, cst.SimpleStatementLine) and fetches.value in bound_names(s)
+        ]
+        value = _value(bindings[0]) if len(bindings) == 1 else None
+        if (
+            isinstance(value, cst.List | cst.Tuple)
+            and _target_name(bindings[0]) == fetches.value
+            and self.source.enclosing_def(bindings[0]) is self.source.enclosing_def(fetches)
+        ):
+            self.fetch_lists[fetches.value] = bindings[0]
+            return value
+        return fetches
 
     # -- one statement -----------------------------------------------------------------------------
     def _decide(self, statement: cst.BaseStatement) -> None:
@@ -1841,6 +1941,15 @@ class _Planner:
         if self._should_stop(statement):
             plan.decide(statement, Decision(Action.STOP_LOOP))
             return
+        if self._combining_branch(statement):
+            assert isinstance(statement, cst.If)
+            plan.decide(statement, Decision(Action.UNWRAP, "the towers' combination"))
+            if statement.orelse is not None:
+                plan.decide(
+                    statement.orelse,
+                    Decision(Action.DROP, "one tower: the combination over one replica"),
+                )
+            return
         header = _header(statement)
         reads = set().union(*(free_names(node) for node in header)) if header else set()
         gone = gone_reads(reads, self.sessions, self.gone)
@@ -1852,7 +1961,74 @@ class _Planner:
             for name in bound_names(statement):
                 self.gone.setdefault(name, gone)
             return
+        if self._splits_batch(statement):
+            # `if n > 1: ... examples[d][key] = tf.split(example[key], n)[d]`, `else: examples
+            # = [example]`: the towers' shares of the batch, made in the step from its input
+            assert isinstance(statement, cst.If | cst.For)
+            plan.decide(statement, Decision(Action.STEP, "the towers' shares of the batch"))
+            plan.step_before.append(statement)
+            self.step_names |= bound_names(statement)
+            return
         plan.decide(statement, Decision(Action.KEEP))
+
+    def _combining_branch(self, statement: cst.BaseStatement) -> bool:
+        """``if len(tower_losses) > 1:`` (or ``num_gpus > 1``) after the loop around the
+        combination, whose ``else`` takes the one tower's values (``grads = tower_grads[0]``):
+        the first branch is the combination over any number of replicas, one included."""
+        if not (self.after_loop and isinstance(statement, cst.If)):
+            return False
+        body = _body(statement)
+        if not any(
+            (d := self.plan_.decision(s)) is not None
+            and d.action is Action.DROP
+            and d.why == "the strategy combines the replicas"
+            for s in body
+        ):
+            return False
+        test = statement.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.GreaterThan)
+            and isinstance(test.comparisons[0].comparator, cst.Integer)
+            and test.comparisons[0].comparator.value == "1"
+        ):
+            return False
+        orelse = statement.orelse
+        if orelse is None:
+            return True
+        if not isinstance(orelse, cst.Else):
+            return False
+        made = set().union(*(bound_names(s) for s in body))
+        return all(
+            isinstance(s, cst.SimpleStatementLine)
+            and bound_names(s) <= made
+            and isinstance(_value(s), cst.Subscript)
+            for s in _else_body(orelse)
+        )
+
+    def _splits_batch(self, statement: cst.BaseStatement) -> bool:
+        """A for/if beside the tower loop, before it, that makes what the towers read from the
+        batch the step takes (and nothing the session or a TF1-only call needs)."""
+        if self.after_loop or not isinstance(statement, cst.If | cst.For):
+            return False
+        if id(self.source.parent(statement)) not in self.loop_blocks:
+            return False
+        batches = set(self.batches)
+        inner = list(statements_in(_body(statement)))
+        if isinstance(statement, cst.If) and isinstance(statement.orelse, cst.Else):
+            inner += statements_in(_else_body(statement.orelse))
+        reads = set().union(*(free_names(s) for s in inner)) if inner else set()
+        made = bound_names(statement)
+        return bool(
+            reads & batches
+            and made & free_names(self.loop)
+            and not any(
+                self._tf1_only(s) is not None
+                for s in inner
+                if isinstance(s, cst.SimpleStatementLine)
+            )
+        )
 
     def _simple_statement(self, statement: cst.SimpleStatementLine) -> Decision:
         value = _value(statement)
@@ -2802,7 +2978,11 @@ class _Planner:
             return Decision(Action.TODO, todo=session_run_todo(run=True))
         names = free_names(fetches)
         if run in self.step_runs and _value(statement) is run:
-            return self._step_run(statement, run, fetches)
+            listed = self._fetch_list(fetches)
+            if listed is not fetches and isinstance(fetches, cst.Name):
+                fetch_list = self.fetch_lists[fetches.value]
+                self.plan_.decide(fetch_list, Decision(Action.DROP, "the train step returns them"))
+            return self._step_run(statement, run, listed or fetches)
         if names and names <= self.initializers or self.call_q(fetches) in _INITIALIZERS:
             return Decision(Action.DROP, "variables are initialized when made")
         if (
@@ -2904,6 +3084,16 @@ class _Planner:
         for chain in plan.chains:
             if chain.all_reduced:
                 tower_only |= set().union(*(bound_names(s) for s in chain.between))
+        # what an update function returns besides the op (the learning rate, the gradients'
+        # norm): each replica computes it now
+        plan.update_values = set().union(
+            *(
+                set(_target_tuple(c.update) or ()) - self.updates
+                for c in plan.chains
+                if c.update_function is not None
+            )
+        )
+        tower_only |= plan.update_values
         for position, element in enumerate(elements):
             names = free_names(element)
             if _key(element) in self.updates:
@@ -3146,6 +3336,66 @@ def _returned(function: cst.FunctionDef) -> list[str] | None:
     parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
     names = [p.value for p in parts if isinstance(p, cst.Name)]
     return names if len(names) == len(parts) else None
+
+
+def _handed_on(source: SourceFile, function: cst.FunctionDef) -> cst.FunctionDef | None:
+    """The function of ``source`` whose result ``function`` returns as it is, if that is all
+    it does: ``return loss_and_gradients(FLAGS, x)``, ``ret = f(x)`` then ``return ret``, or a
+    function a factory of the module returns (``model_fn = get_model_fn()``, then
+    ``ret = model_fn(x)`` and ``return ret``)."""
+    body = [s for s in _body(function) if not _is_docstring_line(s)]
+    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
+        return None
+    last = cast(cst.SimpleStatementLine, body[-1]).body[0]
+    if not isinstance(last, cst.Return) or last.value is None:
+        return None
+    returned: cst.BaseExpression | None = last.value
+    if isinstance(returned, cst.Name) and len(body) >= 2:
+        if _target_name(body[-2]) != returned.value:
+            return None
+        returned = _value(body[-2])
+        rest = body[:-2]
+    else:
+        rest = body[:-1]
+    if not isinstance(returned, cst.Call) or not isinstance(returned.func, cst.Name):
+        return None
+    name = returned.func.value
+    if not rest:
+        found = source.top_level(name)
+        return found if isinstance(found, cst.FunctionDef) and found is not function else None
+    made = _value(rest[0])
+    if len(rest) != 1 or _target_name(rest[0]) != name or not isinstance(made, cst.Call):
+        return None
+    factory = source.top_level(made.func.value) if isinstance(made.func, cst.Name) else None
+    if not isinstance(factory, cst.FunctionDef):
+        return None
+    inner = [s for s in _body(factory) if isinstance(s, cst.FunctionDef)]
+    made_name = _returned(factory)
+    if len(inner) != 1 or made_name != [inner[0].name.value]:
+        return None
+    return inner[0]
+
+
+def _else_body(orelse: cst.Else) -> Sequence[cst.BaseStatement]:
+    return orelse.body.body if isinstance(orelse.body, cst.IndentedBlock) else []
+
+
+def _is_docstring_line(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+    )
+
+
+def _update_op_name(chain: Chain) -> set[str]:
+    """What an update function returns the op under (``train_op, lr, gnorm = f(...)``): the
+    name that says so, else the first; the others are values the step computes."""
+    names = _target_tuple(chain.update) if chain.update_function is not None else None
+    if not names:
+        return set()
+    named = [n for n in names if n.endswith("_op") or n in ("op", "update", "train")]
+    return {named[0] if named else names[0]}
 
 
 def _targets_names(statement: cst.CSTNode) -> set[str]:

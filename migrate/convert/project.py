@@ -244,6 +244,7 @@ class Project:
         context = RuleContext(PurePosixPath(self.rel(path)), resolver, module, fixing=False)
         source = SourceFile(path, self.rel(path), module, context, text)
         source.shared["statements"] = small
+        source.shared["project"] = self
         self._files[path] = source
         self._read_imports(source)
         # `from helpers import *` brings the helper module's `tf` binding along.
@@ -263,6 +264,7 @@ class Project:
         small = small_statements(module)
         source = SourceFile(path, self.rel(path), module, context, module.code.encode())
         source.shared["statements"] = small
+        source.shared["project"] = self  # the planner follows calls into the repo's modules
         self._files[path] = source
         self._read_imports(source)
         return source
