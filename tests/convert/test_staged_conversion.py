@@ -30,6 +30,7 @@ PROTOCOL = {"tfmigrate_program", "build_program"}
 FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "colocated_loss": ((), [], 0),
     "fed_learning_rate": ((), [], 0),
+    "finetune_head": ((), [], 0),
     "gradient_helper": ((), [], 0),
     "hand_written_adam": ((), [], 0),
     "model_object": ((), [], 0),
@@ -156,6 +157,7 @@ def test_a_conversion_that_comments_nothing_out_is_a_safe_fix():
 COMPARED = {
     "colocated_loss": (1, 4),
     "fed_learning_rate": (1, 4),
+    "finetune_head": (1, 4),
     "gradient_helper": (1, 3),
     "hand_written_adam": (1, 3),
     "model_object": (1, 4),
@@ -193,6 +195,19 @@ def test_the_converted_program_verifies_equivalent(name):
     if name in REDUCED:
         reduced = re.findall(r"^PASS\W+\S+ \(reduced\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M)
         assert len(reduced) == REDUCED[name], result.stdout
+
+
+def test_variables_picked_with_set_algebra_are_keyed_on_their_refs():
+    """TF2 variables are unhashable: the two optimizers' variable lists are made from sets of
+    `v.ref()` (TFM116), in the replica, before the tape's gradients read them."""
+    out, _ = rewritten(TOWERS / "finetune_head", "--format", "json")
+    source = (out / "train.py").read_text()
+    assert "set(" not in source.split('"""', 2)[2]
+    assert (
+        "varlist1 = [ref.deref() for ref in {v.ref() for v in list(weights.values()) + "
+        "list(biases.values())} - {v.ref() for v in varlist2}]\n" in source
+    )
+    assert "grads1 = list(zip(tape.gradient(replica_loss, varlist1), varlist1))" in source
 
 
 @pytest.mark.slow
