@@ -40,6 +40,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "cifar_towers": (),
     "slim_towers": (),
     "horovod_tf1": ("--unsafe-fixes",),  # the conversion changes the launch: unsafe
+    "shapes/horovod_src_model": ("--unsafe-fixes",),
     "keras2_classifier": ("--unsafe-fixes",),
     "keras2_functional": ("--unsafe-fixes",),
     "keras2_multi_gpu": ("--unsafe-fixes",),
