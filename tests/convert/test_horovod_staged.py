@@ -415,9 +415,10 @@ def test_the_converted_program_trains_with_its_converted_model_module(tmp_path):
     env.pop("TF_CONFIG", None)
     env.update(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
-        [sys.executable, str(out / "train.py"), "3", "hparams.json"],
+        [sys.executable, str(out / "train.py"), "12", "hparams.json"],
         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [float(v) for v in re.findall(r"^\[\d\] loss=(\S+)$", proc.stdout, re.M)]
-    assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
+    # a counting sequence: twelve steps learn much of it
+    assert len(losses) == 12 and losses[-1] < losses[0] - 0.3, proc.stdout
