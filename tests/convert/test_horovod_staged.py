@@ -419,6 +419,6 @@ def test_the_converted_program_trains_with_its_converted_model_module(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    losses = [float(v) for v in re.findall(r"^\[\d\] loss=(\S+)$", proc.stdout, re.M)]
+    losses = [float(v) for v in re.findall(r"^\[\d+\] loss=(\S+)$", proc.stdout, re.M)]
     # a counting sequence: twelve steps learn much of it
     assert len(losses) == 12 and losses[-1] < losses[0] - 0.3, proc.stdout
