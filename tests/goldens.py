@@ -49,6 +49,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "keras2_make_parallel": ("--unsafe-fixes",),
     "keras2_session_unet": ("--unsafe-fixes",),
     "keras2_horovod": ("--unsafe-fixes",),
+    "keras2_augment": ("--unsafe-fixes",),
 }  # fmt: skip
 
 
