@@ -85,7 +85,8 @@ def _gpt2_model(tree: Path) -> Trial:
     pre-encoded token file; no pretrained checkpoint (`--restore_from fresh`)."""
     model = tree / "models" / "tiny"
     model.mkdir(parents=True)
-    hparams = {"n_vocab": 64, "n_ctx": 32, "n_embd": 16, "n_head": 2, "n_layer": 2}
+    # the program trains on windows of 1024 tokens: its position table must have 1024 rows
+    hparams = {"n_vocab": 64, "n_ctx": 1024, "n_embd": 16, "n_head": 2, "n_layer": 2}
     (model / "hparams.json").write_text(json.dumps(hparams))
     (model / "encoder.json").write_text(json.dumps({chr(97 + i): i for i in range(26)}))
     (model / "vocab.bpe").write_text("#version: 0.2\n")

@@ -2,8 +2,8 @@
 
 Not a rule module. A TF1 training script often imports its model from a module of its own
 (``import model``, ``from nets import small_net``). That module has no tower loop; it is converted
-when, and only when, a tower program next to it that imports it is convertible, so that the two
-stay consistent (a program left as it was keeps its model module as it was too).
+when, and only when, a tower (or Horovod) program next to it that imports it is convertible, so
+that the two stay consistent (a program left as it was keeps its model module as it was too).
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ def _import_patterns(path: Path) -> list[tuple[Path, re.Pattern[str]]]:
     """(folder, pattern): where an importer of ``path`` would sit, and how it imports it."""
     stem = re.escape(path.stem)
     package = re.escape(path.parent.name)
-    return [
-        (path.parent, re.compile(rf"^\s*(?:import\s+{stem}\b|from\s+{stem}\s+import\b)", re.M)),
+    plain = re.compile(rf"^\s*(?:import\s+{stem}\b|from\s+{stem}\s+import\b)", re.M)
+    patterns = [
+        (path.parent, plain),
         (
             path.parent.parent,
             re.compile(
@@ -48,6 +49,12 @@ def _import_patterns(path: Path) -> list[tuple[Path, re.Pattern[str]]]:
             ),
         ),
     ]
+    # A script one folder up importing the module by its own name runs with the module's
+    # folder on its path (`PYTHONPATH=src ./train.py`), when no such module sits next to it.
+    above = path.parent.parent
+    if not (above / path.name).exists() and not (above / path.stem).is_dir():
+        patterns.append((above, plain))
+    return patterns
 
 
 def _importers(module: Path, word: str = "device") -> Iterator[tuple[Path, str]]:
@@ -105,11 +112,14 @@ def may_have_importing_helper(path: PurePosixPath) -> bool:
 
 
 def importing_program(path: PurePosixPath, rule: type) -> str | None:
-    """The convertible tower program that imports the module at ``path`` (its path relative
-    to the module's folder), if there is one."""
+    """The convertible tower (or Horovod) program that imports the module at ``path`` (its
+    path relative to the module's folder), if there is one."""
+    from tfmigrate.rules.horovod_training import HorovodTraining
+
     module = Path(path)
     for candidate, text in _importers(module):
-        if _convertible(text, str(candidate), os.getcwd(), rule):
+        rules = (rule, HorovodTraining) if "horovod" in text else (rule,)
+        if any(_convertible(text, str(candidate), os.getcwd(), r) for r in rules):
             if candidate.parent == module.parent:
                 return candidate.name
             return f"../{candidate.name}"
@@ -129,5 +139,6 @@ def _convertible(text: str, name: str, _cwd: str, rule: type) -> bool:
     # the whole-program reader's "convertible", or the staged converter's conversion
     return any(
         f.message.startswith(("convertible:", "converted to MirroredStrategy"))
+        or (f.code == "TFM401" and "converted to a MultiWorkerMirroredStrategy program" in f.message)
         for f in result.findings
     )

@@ -31,6 +31,7 @@ from tfmigrate.rules._absl_flags import (
 from tfmigrate.rules._keras_model_emit import DROPOUT_NOTE
 from tfmigrate.rules._keras_model_plan import KerasPlan
 from tfmigrate.rules._keras_model_plan import plan as plan_keras_model
+from tfmigrate.rules._keras_weights_emit import _dimension_value
 from tfmigrate.rules._tower_emit import JIT_NOTE, Emitter, _indent, store_source
 from tfmigrate.rules._tower_model_module import MODEL_TRIGGERS
 from tfmigrate.rules._tower_program import (
@@ -191,7 +192,7 @@ class TowerProgramToMirroredStrategy(TowerRule):
 
     code = "TFM303"
     # The conversion starts from a tower loop's tf.device; the model modules it imports use TF1
-    # layers.
+    # layers (or make their variables with tf.get_variable, as a Horovod program's model does).
     # tf.gradients / compute_gradients: a module holding the towers' gradient helper
     triggers = (
         "tensorflow.device", *MODEL_TRIGGERS, *_UPDATE_ASSIGNS, "tensorflow.gradients",
@@ -238,7 +239,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         if facts.matches("tensorflow.device"):
             return True
         return model_code.may_have_importing_program(
-            path, cls.triggers
+            path, (*cls.triggers, "horovod")
         ) or model_code.may_have_importing_helper(path)
 
     def leave_Module(self, original_node: cst.Module) -> None:
@@ -389,9 +390,11 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         keras_module = imported_model.keras_model_module(self.context, importer, type(self))
         try:
             module = keras_module[0] if keras_module else _renamed(self.context)
+            module = _contrib_hparams(module)
             module = _contrib_to_tf_slim(module, original_node)
             module = _v1_layers_to_tf_keras(module)
             module = _model_module_flags(module)
+            module = _dimension_values(module)
         except Blocked as blocked:
             self.report(first, f"not converted: {blocked.reason}; the module is left as it was")
             return
@@ -1625,6 +1628,111 @@ class _V1Layers(cst.CSTTransformer):
                     return cst.parse_expression(f"{local}.{name}")
             raise Blocked(original, f"`{code}` has no tf_keras counterpart the conversion knows")
         return updated
+
+
+_HPARAMS = "tensorflow.contrib.training.HParams"
+# What tf.contrib.training.HParams did that model code relies on: named values read as
+# attributes, overridden from a dict (a JSON file) by name; unknown names refused.
+_HPARAMS_CLASS = '''
+class HParams:
+    """Named hyperparameters (tf.contrib.training.HParams is gone in TensorFlow 2)."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    def values(self):
+        return dict(self.__dict__)
+
+    def add_hparam(self, name, value):
+        if name in self.__dict__:
+            raise ValueError("Hyperparameter name is reserved: %s" % name)
+        setattr(self, name, value)
+
+    def set_hparam(self, name, value):
+        if name not in self.__dict__:
+            raise KeyError(name)
+        setattr(self, name, value)
+
+    def override_from_dict(self, values_dict):
+        for name, value in values_dict.items():
+            self.set_hparam(name, value)
+        return self
+'''
+
+
+class _HParamsUses(cst.CSTTransformer):
+    """``from tensorflow.contrib.training import HParams`` goes (the class is written in the
+    module instead); ``tf.contrib.training.HParams`` becomes ``HParams``."""
+
+    def __init__(self, resolver: NameResolver) -> None:
+        super().__init__()
+        self.resolver = resolver
+        self.changed = False
+
+    def leave_ImportFrom(self, original_node, updated_node):
+        if isinstance(updated_node.names, cst.ImportStar) or dotted(updated_node.module) != (
+            "tensorflow.contrib.training"
+        ):
+            return updated_node
+        kept = [a for a in updated_node.names if dotted(a.name) != "HParams" or a.asname]
+        if len(kept) == len(updated_node.names):
+            return updated_node
+        self.changed = True
+        if not kept:
+            return cst.RemoveFromParent()
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(names=kept)
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        # the import line lost its only statement
+        return cst.RemoveFromParent() if not updated_node.body else updated_node
+
+    def leave_Attribute(self, original_node, updated_node):
+        if self.resolver.qualify(original_node) == _HPARAMS:
+            self.changed = True
+            return cst.Name("HParams")
+        return updated_node
+
+
+def _contrib_hparams(module: cst.Module) -> cst.Module:
+    """tf.contrib.training.HParams has no TF2 form: a small class of the same behaviour is
+    written in the model module, after its imports."""
+    if "HParams" not in module.code:
+        return module
+    if "HParams" in bound_names(module) or any(
+        isinstance(s, cst.ClassDef) and s.name.value == "HParams" for s in module.body
+    ):
+        return module
+    renamer = _HParamsUses(NameResolver.for_module(module))
+    renamed = module.visit(renamer)
+    if not renamer.changed:
+        return module
+    body = list(renamed.body)
+    end = 0
+    for position, statement in enumerate(body):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Import | cst.ImportFrom) or (
+            position == 0 and isinstance(small, cst.Expr)
+        ):
+            end = position + 1
+        else:
+            break
+    [cls] = cst.parse_module(_indent(_HPARAMS_CLASS, module.default_indent)).body
+    body.insert(end, cls.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]))
+    return renamed.with_changes(body=body)
+
+
+class _DimensionValues(cst.CSTTransformer):
+    """TF1's ``x.shape[-1].value`` (a Dimension) -> ``x.shape[-1]``: TF2 shapes hold ints."""
+
+    def leave_Attribute(self, original_node, updated_node):
+        return _dimension_value(updated_node)
+
+
+def _dimension_values(module: cst.Module) -> cst.Module:
+    if ".value" not in module.code:
+        return module
+    return module.visit(_DimensionValues())
 
 
 def _v1_layers_to_tf_keras(module: cst.Module) -> cst.Module:

@@ -27,7 +27,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     **{
         f"towers/{name}": ()
         for name in (
-            "bn_rmsprop", "cifar_average", "clipped_average", "colocated_loss", "fed_learning_rate", "global_updates",
+            "bn_rmsprop", "cifar_average", "clipped_average", "colocated_loss", "fed_learning_rate", "finetune_head", "global_updates",
             "gradient_helper", "hand_written_adam",
             "horovod_average", "keras2_fit",
             "layers_adam", "model_object", "monitored_session", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
@@ -43,6 +43,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "slim_towers": (),
     "horovod_tf1": ("--unsafe-fixes",),  # the conversion changes the launch: unsafe
     "towers/horovod_update_module": ("--unsafe-fixes",),
+    "shapes/horovod_src_model": ("--unsafe-fixes",),
     "keras2_classifier": ("--unsafe-fixes",),
     "keras2_functional": ("--unsafe-fixes",),
     "keras2_multi_gpu": ("--unsafe-fixes",),
@@ -51,6 +52,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "keras2_make_parallel": ("--unsafe-fixes",),
     "keras2_session_unet": ("--unsafe-fixes",),
     "keras2_horovod": ("--unsafe-fixes",),
+    "keras2_augment": ("--unsafe-fixes",),
 }  # fmt: skip
 
 

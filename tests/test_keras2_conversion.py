@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "fixtures" / "keras2_multi_gpu"
@@ -361,3 +363,33 @@ def test_tabular_script_names_only_what_it_uses_and_saves_a_model_keras_3_can_lo
     assert "load_model('final_model.keras', custom_objects={'rmse': rmse})" in train
     assert "ModelCheckpoint('weights.{epoch:02d}.weights.h5', save_weights_only=True)" in train
     assert "with tf.device('/cpu:0')" not in train and "multi_gpu_model(" not in train
+
+
+@pytest.mark.slow
+def test_image_data_generator_becomes_preprocessing_layers_over_tf_data(tmp_path):
+    """Keras 3 has no ImageDataGenerator: its shifts and flips become preprocessing layers
+    mapped over a tf.data pipeline of the arrays flow() batched (TFM117), its import and its
+    no-op fit(x) go, and the converted program trains."""
+    out = tmp_path / "out"
+    result = run_cli("rewrite", "--unsafe-fixes", "--out", out, REPO / "fixtures" / "keras2_augment")
+    assert result.returncode == 1, result
+    train = (out / "train.py").read_text()
+    assert "ImageDataGenerator" not in train.split('"""', 2)[2] and "datagen.fit(" not in train
+    assert (
+        "datagen = keras.Sequential([\n"
+        "    keras.layers.RandomTranslation(0.1, 0.1, fill_mode='nearest'),\n"
+        "    keras.layers.RandomFlip('horizontal'),\n])\n"
+    ) in train
+    assert (
+        "    tf.data.Dataset.from_tensor_slices((x_train, y_train))\n"
+        "    .shuffle(len(x_train)).batch(batch_size).repeat()\n"
+        "    .map(lambda images, labels: (datagen(images, training=True), labels))\n"
+    ) in train
+    assert "history = model.fit(augmented_batches," in train
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(
+        [sys.executable, str(out / "train.py"), "--epochs", "2", "--samples", "64"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"^accuracy \['[\d.]+', '[\d.]+'\]$", done.stdout, re.M), done.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from conftest import rewritten, run_cli, write_tree
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_LEVEL = REPO / "fixtures" / "shapes" / "horovod_module_level"
+SRC_MODEL = REPO / "fixtures" / "shapes" / "horovod_src_model"
 # TF1 names a converted program keeps only under a TODO (the real-world counting rule).
 BANNED = {"Session", "MonitoredTrainingSession", "placeholder", "get_collection"}
 
@@ -500,3 +502,40 @@ def test_converted_program_with_the_step_in_another_module_trains(tmp_path):
     lines = [line for line in proc.stdout.splitlines() if " loss " in line]
     assert [line.split()[:2] for line in lines] == [["1", "48"], ["2", "96"]], proc.stdout
     assert "Finished!" in proc.stdout
+
+
+def test_the_model_module_under_src_is_converted_with_the_program():
+    """A Horovod script run with `PYTHONPATH=src` imports `model` from src/: the module is
+    converted with the program (its get_variable calls on tf.compat.v1 under the program's
+    variable scope, TF2 shapes' ints, and a class of its own for tf.contrib's HParams)."""
+    out, result = rewritten(SRC_MODEL, "--unsafe-fixes", "--format", "json")
+    assert "converted to a MultiWorkerMirroredStrategy program" in _conversion(result.stdout)
+    [module] = [
+        f["message"]
+        for f in json.loads(result.stdout)["findings"]
+        if f["code"] == "TFM303" and f["path"].endswith("src/model.py") and f["applied"]
+    ]
+    assert module.startswith("converted with the tower program `../train.py`"), module
+    source = (out / "src" / "model.py").read_text()
+    assert "contrib" not in source.split('"""', 2)[2].split("class HParams")[0]
+    assert "\nclass HParams:\n" in source and "def override_from_dict(self, values_dict):" in source
+    assert "n_in = x.shape[-1]\n" in source and ".value" not in source
+    assert "tf.compat.v1.get_variable('wte'" in source and "tf.get_variable(" not in source
+    _assert_tf2_program((out / "train.py").read_text())
+
+
+@pytest.mark.slow
+def test_the_converted_program_trains_with_its_converted_model_module(tmp_path):
+    out, _ = rewritten(SRC_MODEL, "--unsafe-fixes", "--format", "json")
+    (tmp_path / "hparams.json").write_text('{"n_vocab": 20}')
+    env = {**os.environ, "PYTHONPATH": str(out / "src")}
+    env.pop("TF_CONFIG", None)
+    env.update(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, str(out / "train.py"), "12", "hparams.json"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(v) for v in re.findall(r"^\[\d+\] loss=(\S+)$", proc.stdout, re.M)]
+    # a counting sequence: twelve steps learn much of it
+    assert len(losses) == 12 and losses[-1] < losses[0] - 0.3, proc.stdout

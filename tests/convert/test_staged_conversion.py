@@ -31,6 +31,7 @@ FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "clipped_average": ((), [], 0),
     "colocated_loss": ((), [], 0),
     "fed_learning_rate": ((), [], 0),
+    "finetune_head": ((), [], 0),
     "gradient_helper": ((), [], 0),
     "hand_written_adam": ((), [], 0),
     "model_object": ((), [], 0),
@@ -167,6 +168,7 @@ COMPARED = {
     "clipped_average": (1, 4),
     "colocated_loss": (1, 4),
     "fed_learning_rate": (1, 4),
+    "finetune_head": (1, 4),
     "gradient_helper": (1, 3),
     "hand_written_adam": (1, 3),
     "model_object": (1, 4),
@@ -272,6 +274,19 @@ def test_a_monitored_session_loop_runs_to_its_stop_hook_last_step(tmp_path):
         "# TODO(tfmigrate): TFM310 the monitored session's tf.train.StopAtStepHook(num_steps=50), "
         "checkpoint_dir='ckpt': no TF2 form here"
     ) in source
+
+
+def test_variables_picked_with_set_algebra_are_keyed_on_their_refs():
+    """TF2 variables are unhashable: the two optimizers' variable lists are made from sets of
+    `v.ref()` (TFM116), in the replica, before the tape's gradients read them."""
+    out, _ = rewritten(TOWERS / "finetune_head", "--format", "json")
+    source = (out / "train.py").read_text()
+    assert "set(" not in source.split('"""', 2)[2]
+    assert (
+        "varlist1 = [ref.deref() for ref in {v.ref() for v in list(weights.values()) + "
+        "list(biases.values())} - {v.ref() for v in varlist2}]\n" in source
+    )
+    assert "grads1 = list(zip(tape.gradient(replica_loss, varlist1), varlist1))" in source
 
 
 @pytest.mark.slow
