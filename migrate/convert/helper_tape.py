@@ -76,6 +76,8 @@ def converted_programs(path: Path) -> Iterator[tuple[str, Plan, list[str], bool]
     (likewise named), and whether the program's conversion is an unsafe fix (its modules'
     changes are then unsafe too: they apply with it or not at all)."""
     path = path.resolve()
+    if not path.is_file():  # source text with no file (a rule's example): no program imports it
+        return
     project, programs = _converted(Project.for_path(path).root, _signature(path))
 
     def named(other: Path) -> str:

@@ -54,6 +54,8 @@ def step_program(path: Path) -> StepProgram | str | None:
     """The program ``path`` belongs to when its step is built in a module other than the
     entry's, or why it does not plan (None: not such a program)."""
     path = path.resolve()
+    if not path.is_file():  # source text with no file (a rule's example): no program around it
+        return None
     project = Project.for_path(path)
     for entry_path in _entries(project, path):
         entry = project.load(entry_path)

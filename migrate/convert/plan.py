@@ -2264,7 +2264,7 @@ class _Planner:
                     members = [
                         bound[e.value.value]  # type: ignore[attr-defined]  # checked: names
                         for e in merged.elements
-                        if e.value.value in bound  # type: ignore[attr-defined]
+                        if e.value.value in bound  # type: ignore[attr-defined]  # checked: names
                     ]
                 else:
                     continue

@@ -10,6 +10,7 @@ model and helper modules.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +27,13 @@ from tfmigrate.rule import RuleContext
 # Folders that hold no project code.
 _SKIPPED_DIRS = frozenset({".git", ".venv", "venv", "site-packages", "__pycache__", "node_modules"})
 _ROOT_MARKERS = (".git", "setup.py", "pyproject.toml", "setup.cfg", "LICENSE")
+
+
+def _skipped(folder: Path) -> bool:
+    name = folder.name
+    return name in _SKIPPED_DIRS or name.startswith(".") or (folder / "pyvenv.cfg").exists()
+
+
 _ENTRY_BYTES = re.compile(rb"__main__|\bapp\.run\b")
 _APP_RUN = frozenset({"tensorflow.app.run", "absl.app.run", "tensorflow.compat.v1.app.run"})
 
@@ -202,11 +210,13 @@ class Project:
             return path.name
 
     def python_files(self) -> list[Path]:
+        """The project's ``.py`` files, sorted; virtual environments, hidden and tool folders
+        are pruned before they are entered (a repo's ``.venv`` alone holds ~10^5 files)."""
         found = []
-        for path in sorted(self.root.rglob("*.py")):
-            if not _SKIPPED_DIRS.intersection(path.relative_to(self.root).parts[:-1]):
-                found.append(path)
-        return found
+        for folder, subfolders, files in os.walk(self.root):
+            subfolders[:] = [d for d in subfolders if not _skipped(Path(folder) / d)]
+            found += [Path(folder) / f for f in files if f.endswith(".py")]
+        return sorted(found)
 
     def candidate_entries(self, path: Path) -> list[Path]:
         """Files with a main block or ``app.run`` (byte test first; parsed only if it hits)."""

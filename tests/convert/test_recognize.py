@@ -215,6 +215,19 @@ def test_a_file_without_towers_is_no_program(tmp_path: Path):
     assert read_project(tmp_path) == []
 
 
+def test_virtual_environments_and_hidden_folders_are_not_read(tmp_path: Path):
+    (tmp_path / "train.py").write_text("import tensorflow as tf\n")
+    for folder in (".venv/lib", "env/lib", ".tox/py", "node_modules/x", "src"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "m.py").write_text("x = 1\n")
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr\n")  # a venv of any name
+    project = project_module.Project(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in project.python_files()] == [
+        "src/m.py",
+        "train.py",
+    ]
+
+
 def test_a_tower_loop_with_no_combination_is_refused_naming_its_line(tmp_path: Path):
     _write(
         tmp_path,
