@@ -1067,7 +1067,7 @@ class _Writer(cst.CSTTransformer):
         params = cst.Parameters(
             params=[cst.Param(cst.Name(step_local(name))) for name in plan.inputs]
         )
-        decorator = cst.Decorator(cst.parse_expression("tf.function"))
+        decorator = cst.Decorator(cst.parse_expression(per_gpu_emit.decorator(plan)))
         train_step = cst.FunctionDef(
             name=cst.Name("train_step"),
             params=params,

@@ -36,8 +36,9 @@ _DTYPES = frozenset(
     }
 )  # fmt: skip
 Qualify = Callable[[cst.BaseExpression], str | None]
-# what a placeholder list holds: ``dense`` or ``sparse`` (a SparseTensor of three), with the
-# placeholders' dtypes as ``tf.x`` when all are written out (else none)
+# what a placeholder list holds: ``dense`` (``static`` when its shape is fully given) or
+# ``sparse`` (a SparseTensor of three), with the placeholders' dtypes as ``tf.x`` when all are
+# written out (else none)
 Made = tuple[str, tuple[str, ...]]
 
 
@@ -52,6 +53,9 @@ class PerGpuLists:
     makers: set[int] = field(default_factory=set)
     sparse: set[str] = field(default_factory=set)
     dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # list -> its dtypes
+    # the lists whose values change shape from step to step (a dimension None, no shape, or
+    # sparse): the train step generalizes its trace instead of tracing each new shape
+    dynamic: set[str] = field(default_factory=set)
 
 
 def written(node: cst.CSTNode) -> str | None:
@@ -81,12 +85,23 @@ def _dtype(call: cst.BaseExpression, qualify: Qualify) -> str | None:
     return f"tf.{last}" if last in _DTYPES else None
 
 
+def _static_shape(call: cst.BaseExpression) -> bool:
+    """A placeholder whose shape is written out with no ``None`` in it."""
+    if not isinstance(call, cst.Call):
+        return False
+    shape = get_arg(call, 1, "shape")
+    if not isinstance(shape, cst.List | cst.Tuple):
+        return False
+    return not any(isinstance(e.value, cst.Name) and e.value.value == "None" for e in shape.elements)
+
+
 def _made_input(node: cst.BaseExpression, qualify: Qualify) -> Made | None:
     """A placeholder (``dense``) or a ``tf.SparseTensor`` of (indices, values, shape)
     placeholders (``sparse``), with the dtypes when all are written out; else None."""
     if _is_placeholder(node, qualify):
         dtype = _dtype(node, qualify)
-        return "dense", (dtype,) if dtype is not None else ()
+        kind = "static" if _static_shape(node) else "dense"
+        return kind, (dtype,) if dtype is not None else ()
     if (
         isinstance(node, cst.Call)
         and qualify(node.func) in _SPARSE
@@ -182,6 +197,8 @@ def tower_lists(
             found.dtypes[made[0]] = made[1][1]
             if made[1][0] == "sparse":
                 found.sparse.add(made[0])
+            if made[1][0] != "static":
+                found.dynamic.add(made[0])
             continue
         call = _expression_call(statement)
         if (
@@ -201,6 +218,8 @@ def tower_lists(
                 found.dtypes[key] = dtypes
                 if kind == "sparse":
                     found.sparse.add(key)
+                if kind != "static":
+                    found.dynamic.add(key)
             found.makers.add(id(statement))
     return found
 

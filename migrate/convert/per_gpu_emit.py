@@ -119,3 +119,10 @@ def tower_read(
     if listed is None or listed not in plan.per_gpu:
         return updated
     return cst.Name(plan.per_gpu_locals[plan.per_gpu[listed]])
+
+
+def decorator(plan: Plan) -> str:
+    """``tf.function``; with ``reduce_retracing`` when a per-GPU input changes shape from step
+    to step (a placeholder with ``None`` in its shape, sparse values): TF1 fed any shape its
+    placeholder allowed into one graph, a tf.function would trace each new shape again."""
+    return "tf.function(reduce_retracing=True)" if plan.per_gpu_dynamic else "tf.function"

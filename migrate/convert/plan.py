@@ -394,6 +394,7 @@ class Plan(Decisions[Decision]):
     # and the function giving replica i the i-th of a list's values (a distributed value)
     per_gpu_locals: dict[str, str] = field(default_factory=dict)
     per_replica: str = "per_replica"
+    per_gpu_dynamic: bool = False  # one of them changes shape from step to step
 
 
 class NotPlanned(Exception):
@@ -1843,6 +1844,7 @@ class _Planner:
             plan.inputs.append(param)
             plan.per_gpu_dtypes[param] = found.dtypes.get(listed, ())
             plan.per_gpu_sparse |= {param} if listed in found.sparse else set()
+            plan.per_gpu_dynamic |= listed in found.dynamic
             local = per_gpu.singular(param)
             while local in taken or local in plan.per_gpu_locals.values():
                 local += "_"
