@@ -262,7 +262,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         try:
             analysed = _analyse(self, loop)
         except Blocked as blocked:
-            self._staged(blocked.node, blocked.reason)
+            self._staged(self._in_module(blocked.node, loop), blocked.reason)
             return
         if not self.context.fixing:
             # scan: building the whole new program costs most of a scan's time; say what
@@ -284,6 +284,15 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         self.report(
             loop, summary, replacement=module, target=self.context.module, manifest=manifest
         )
+
+    def _in_module(self, node: cst.CSTNode, fallback: cst.CSTNode) -> cst.CSTNode:
+        """``node`` when it is one of the module's own (the reader may block on a statement it
+        rewrote first: a copy), else ``fallback``."""
+        try:
+            self.context.position_of(node)
+        except KeyError:
+            return fallback
+        return node
 
     def _staged(self, node: cst.CSTNode, reason: str) -> None:
         """The staged converter (read -> plan -> emit) on a program the whole-program reader

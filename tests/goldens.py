@@ -38,6 +38,10 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "towers/module_script": ("--unsafe-fixes",),
     # the update function runs per replica now (TFM316): unsafe
     "towers/builder_modules": ("--unsafe-fixes",),
+    # the evaluation closure's session run is commented out: unsafe
+    "towers/per_gpu_closures": ("--unsafe-fixes",),
+    "towers/model_placeholder_lists": (),
+    "shapes/per_gpu_placeholders": (),
     "addn_towers": (),
     "cifar_towers": (),
     "slim_towers": (),

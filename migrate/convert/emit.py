@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate import tree
+from tfmigrate.convert import per_gpu_emit
 from tfmigrate.convert.helper_tape import taped_helpers
 from tfmigrate.convert.plan import (
     MONITORED_GOES,
@@ -802,6 +803,10 @@ class _Writer(cst.CSTTransformer):
             return self._summary_writer(updated_node)
         if action is Action.SUMMARY_WRITE:
             return _summary_write(updated_node, decision)
+        if action is Action.FEED_LISTS:
+            return per_gpu_emit.feed_lists(updated_node, decision.fed_lists)
+        if action is Action.FEED_APPEND:
+            return per_gpu_emit.feed_append(updated_node, decision.fed_lists[0])
         if action is Action.TRAIN_STEP:
             return cst.FlattenSentinel(self._train_step())
         return updated_node
@@ -925,6 +930,7 @@ class _Writer(cst.CSTTransformer):
                 value = parse_template_expression(
                     "tf.constant({value}, {variable}.dtype)", value=value, variable=cst.Name(fed[name])
                 )
+            value = per_gpu_emit.distributed(self.plan, name, value)
             args.append(cst.Arg(value, keyword=cst.Name(step_local(name)), equal=_equal()))
         call = cst.Call(step, args)
         target = run.target
@@ -980,7 +986,7 @@ class _Writer(cst.CSTTransformer):
             replica.append(cst.SimpleStatementLine([cst.Return(value)]))
         replica_def = cst.FunctionDef(
             name=cst.Name("replica_step"),
-            params=cst.Parameters(),
+            params=per_gpu_emit.replica_params(plan),
             body=cst.IndentedBlock(body=replica),
             leading_lines=[],
         )
@@ -991,9 +997,9 @@ class _Writer(cst.CSTTransformer):
         step += [s.visit(_Expressions(plan)) for s in plan.step_before]  # type: ignore[misc]  # visit() may return a sentinel; a statement stays a statement here
         step.append(replica_def)
         if not returned:
-            step.append(_statement("strategy.run(replica_step)"))
+            step.append(_statement(per_gpu_emit.run_replicas(plan)))
         else:
-            step.append(_statement(f"{outputs} = strategy.run(replica_step)"))
+            step.append(_statement(f"{outputs} = {per_gpu_emit.run_replicas(plan)}"))
         summed_once = set().union(
             *(bound_names(s) for c in plan.chains if c.all_reduced for s in c.between)
         )
@@ -1061,7 +1067,7 @@ class _Writer(cst.CSTTransformer):
         params = cst.Parameters(
             params=[cst.Param(cst.Name(step_local(name))) for name in plan.inputs]
         )
-        decorator = cst.Decorator(cst.parse_expression("tf.function"))
+        decorator = cst.Decorator(cst.parse_expression(per_gpu_emit.decorator(plan)))
         train_step = cst.FunctionDef(
             name=cst.Name("train_step"),
             params=params,
@@ -1070,7 +1076,7 @@ class _Writer(cst.CSTTransformer):
             leading_lines=plan.loop.leading_lines,
         )
         if plan.runner is None:
-            return [train_step]
+            return [train_step, *per_gpu_emit.per_replica_helper(plan)]
         # A class-based trainer: the step's inputs and the values it fills were attributes; in
         # the train step they are its parameters and locals, and the method that ran the step
         # calls it on the object.
@@ -1289,6 +1295,9 @@ class _Expressions(cst.CSTTransformer):
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
 
+    def leave_Subscript(self, original_node, updated_node):
+        return per_gpu_emit.tower_read(self.plan, original_node, updated_node)
+
     def leave_Call(self, original_node, updated_node):
         name = self.plan.source.qualify(original_node.func)
         if name in _TRAINABLES:
@@ -1340,6 +1349,7 @@ class _Replica:
                 ]
             )
         ]
+        statements += per_gpu_emit.replica_inputs(plan)
         if plan.enumerated is not None:
             name, items = plan.enumerated
             if name in free_names(plan.loop.body):
@@ -1711,6 +1721,8 @@ class _Replica:
         plan = self.plan
         if any(statement is holder for holder in plan.accumulating):
             return []
+        if id(statement) in plan.per_gpu_makers:
+            return []  # the placeholders of this tower: the step is given their values
         if id(statement) in plan.tower_summaries:
             return []  # written after the step, of every replica's value
         if _is_reuse_flag(statement, plan):

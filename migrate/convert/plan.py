@@ -22,7 +22,7 @@ from typing import Generic, TypeVar, cast
 import libcst as cst
 
 from tfmigrate import tree
-from tfmigrate.convert import ir
+from tfmigrate.convert import ir, per_gpu
 from tfmigrate.convert.project import Project, SourceFile, method_of
 from tfmigrate.convert.recognize._code import statement_of
 from tfmigrate.convert.todo import Leftover, Todo
@@ -177,6 +177,8 @@ class Action(Enum):
     STOP_LOOP = "while not sess.should_stop(): the StopAtStepHook's bound"
     SUMMARY_WRITER = "tf.summary.FileWriter -> tf.summary.create_file_writer"
     SUMMARY_WRITE = "writer.add_summary -> tf.summary.scalar under the writer"
+    FEED_LISTS = "a feed dict of per-GPU placeholders -> a list per placeholder list"
+    FEED_APPEND = "feed[L[i]] = value -> L.append(value)"
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,8 @@ class Decision:
     writer: str | None = None
     step: cst.BaseExpression | None = None
     scalars: tuple[Scalar, ...] = ()
+    # FEED_LISTS: the lists it makes instead of the feed; FEED_APPEND: the list appended to
+    fed_lists: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -378,6 +382,19 @@ class Plan(Decisions[Decision]):
     global_step: str | None = None
     # what a monitored session did that the converted loop does not (its TODO)
     session_todo: Todo | None = None
+    # per-GPU placeholder lists (as written: `points_phs`, `model.inputs_pl_list`) -> the train
+    # step's parameter holding every tower's value; the tower statements that made them (gone)
+    per_gpu: dict[str, str] = field(default_factory=dict)
+    per_gpu_makers: set[int] = field(default_factory=set)
+    # each such parameter's placeholder dtypes as `tf.x` (three for a SparseTensor's; none when
+    # not known) and the parameters whose placeholders made a SparseTensor
+    per_gpu_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    per_gpu_sparse: set[str] = field(default_factory=set)
+    # each such parameter -> the replica function's name for its own value (its argument),
+    # and the function giving replica i the i-th of a list's values (a distributed value)
+    per_gpu_locals: dict[str, str] = field(default_factory=dict)
+    per_replica: str = "per_replica"
+    per_gpu_dynamic: bool = False  # one of them changes shape from step to step
 
 
 class NotPlanned(Exception):
@@ -490,6 +507,21 @@ def statements_in(block: Iterable[cst.BaseStatement]) -> Iterator[cst.BaseStatem
             continue
         for inner in _blocks(statement):
             yield from statements_in(inner)
+
+
+def with_closures(body: list[cst.BaseStatement], updates: set[str]) -> list[cst.BaseStatement]:
+    """``body`` with the statements of the functions it defines after each, in order, when
+    one of them runs one of ``updates`` (``sess.run([train_op, loss], feed_dict=...)``): the
+    functions beside it that run the session too (an evaluation) are read with it."""
+    defined = [s for s in body if isinstance(s, cst.FunctionDef)]
+    if not any(free_names(fetches) & updates for d in defined for fetches in _run_fetches(d.body)):
+        return body
+    out: list[cst.BaseStatement] = []
+    for statement in body:
+        out.append(statement)
+        if isinstance(statement, cst.FunctionDef) and any(_run_fetches(statement.body)):
+            out += statements_in(_body(statement))
+    return out
 
 
 # -- what both planners read the same way (the tower one here, horovod_plan's too) ---------------
@@ -797,6 +829,10 @@ class _Planner:
             self._tower_list_init(tower_list)
         for combined_list in self.plan_inits:
             self._tower_list_init(combined_list)
+        # the step run in a function nested in the tower function (`def train_one_epoch():`
+        # beside the graph it closes over): its statements are decided with the function's
+        updates = set().union(*(_targets_names(c.update) or _update_op_name(c) for c in chains))
+        self.body = with_closures(self.body, updates)
         self._phases()
         return plan
 
@@ -1509,6 +1545,7 @@ class _Planner:
         if not step_runs:
             raise NotPlanned("no Session.run of the update in the tower function")
         self.step_runs = step_runs
+        self._per_gpu_inputs()
         self._summaries()
         for statement in self.body:
             if statement is self.loop:
@@ -1753,6 +1790,127 @@ class _Planner:
                     if isinstance(e, cst.DictElement) and (key := _key(e.key))
                 }
         return runs
+
+    def _per_gpu_inputs(self) -> None:
+        """Placeholder lists the towers fill once per GPU and the step run feeds (at constant
+        indices, or in a loop over the GPUs): train step parameters holding every tower's
+        value. ``per_gpu_built`` holds the feeds built in loops, by the feed's name."""
+        plan = self.plan_
+        self.per_gpu_built: dict[str, per_gpu.BuiltFeed] = {}
+        self.per_gpu_appends: dict[int, str] = {}  # `feed[L[i]] = v` -> L's parameter
+        self.per_gpu_direct: set[int] = set()  # `feed[x] = v` beside those loops
+        self.per_gpu_lists: dict[int, per_gpu.BuiltFeed] = {}  # `feed = {...}` -> its build
+        self.per_gpu_inits: dict[int, cst.SimpleStatementLine | None] = {}
+        found = per_gpu.tower_lists(self.source, list(statements_in(_body(self.loop))), self.q)
+        if not found.params:
+            return
+        fed: set[str] = set()
+        for run in self.step_runs:
+            feed = get_arg(run, 1, "feed_dict")
+            name = feed.value if isinstance(feed, cst.Name) else None
+            where = self.source.enclosing_def(run)
+            literals = {
+                _target_name(s): _value(s)
+                for s in self.body
+                if isinstance(_value(s), cst.Dict) and self.source.enclosing_def(s) is where
+            }
+            if name is not None and isinstance(literals.get(name), cst.Dict):
+                feed = literals[name]
+            if isinstance(feed, cst.Dict):
+                split = per_gpu.literal_lists(feed, found.params)
+                if split is not None and split[1]:
+                    fed |= set(split[1])
+                    continue
+            if name is None:
+                continue
+            statement = statement_of(self.source, run)
+            block = list(getattr(self.source.parent(statement), "body", ()))
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            built = per_gpu.built_feed(block, statement, name, found.params)
+            if built is not None:
+                self.per_gpu_built[name] = built
+                fed |= set(built.lists)
+        if not fed:
+            return
+        tower = list(statements_in(_body(self.loop)))
+        taken = bound_names(self.source.module) | bound_names(self.scope) | free_names(self.loop)
+        for listed, param in found.params.items():
+            if listed not in fed or not per_gpu.read_as_own(tower, listed, plan.index, found):
+                continue
+            if "." in listed and param in taken:
+                param = self._fresh(param)
+            plan.per_gpu[listed] = param
+            plan.inputs.append(param)
+            plan.per_gpu_dtypes[param] = found.dtypes.get(listed, ())
+            plan.per_gpu_sparse |= {param} if listed in found.sparse else set()
+            plan.per_gpu_dynamic |= listed in found.dynamic
+            local = per_gpu.singular(param)
+            while local in taken or local in plan.per_gpu_locals.values():
+                local += "_"
+            plan.per_gpu_locals[param] = local
+        if not plan.per_gpu:
+            return
+        plan.per_replica = self._fresh("per_replica")
+        plan.per_gpu_makers = found.makers
+        for built in self.per_gpu_built.values():
+            self.per_gpu_lists[id(built.made)] = built
+            self.per_gpu_direct |= {id(s) for s in built.direct}
+            for appended, listed in built.appends.items():
+                self.per_gpu_appends[appended] = plan.per_gpu[listed]
+        self.step_names |= {p for w, p in plan.per_gpu.items() if "." not in w}
+
+    def _per_gpu_statement(self, statement: cst.SimpleStatementLine) -> Decision | None:
+        """What becomes of the statements about per-GPU placeholder lists: their (empty) lists
+        made before the towers go (the step takes them), a feed built for them in loops over
+        the GPUs makes a list per placeholder list and appends each tower's value to it."""
+        plan = self.plan_
+        if not plan.per_gpu:
+            return None
+        built = self.per_gpu_lists.get(id(statement))
+        if built is not None:
+            self.feeds[built.name] = cst.Dict(built.elements)
+            return Decision(
+                Action.FEED_LISTS,
+                "each placeholder list's values, tower by tower",
+                fed_lists=tuple(plan.per_gpu[listed] for listed in built.lists),
+            )
+        if id(statement) in self.per_gpu_appends:
+            return Decision(Action.FEED_APPEND, fed_lists=(self.per_gpu_appends[id(statement)],))
+        if id(statement) in self.per_gpu_direct:
+            return Decision(Action.DROP, "the feed becomes the train step's arguments")
+        lists = {w for w in plan.per_gpu if "." not in w}
+        targets = _target_tuple(statement)
+        value = _value(statement)
+        if self.after_loop or not targets or not set(targets) & lists or value is None:
+            return None
+        values = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        if len(values) != len(targets) or not all(
+            isinstance(v, cst.List) and not v.elements for v in values
+        ):
+            return None
+        kept = [(t, v) for t, v in zip(targets, values, strict=True) if t not in lists]
+        if not kept:
+            return Decision(Action.DROP, "a train step parameter now: every tower's values")
+        # `points_phs, labels_phs, tower_grads = [], [], []`: the step makes the others
+        assign = cst.Assign(
+            targets=[
+                cst.AssignTarget(
+                    cst.Tuple([cst.Element(cst.Name(t)) for t, _ in kept])
+                    if len(kept) > 1
+                    else cst.Name(kept[0][0])
+                )
+            ],
+            value=(
+                cst.Tuple([cst.Element(v) for _, v in kept], lpar=[], rpar=[])
+                if len(kept) > 1
+                else kept[0][1]
+            ),
+        )
+        rewritten = statement.with_changes(body=[assign])
+        plan.step_before.append(rewritten)
+        self.step_names |= {t for t, _ in kept}
+        return Decision(Action.DROP, "the train step makes the towers' lists")
 
     def _built_feeds(self, runs: list[cst.Call]) -> dict[str, cst.Dict]:
         """Feed dicts built key by key (``feed = {}`` then ``feed[x] = value`` beside it, before
@@ -2058,6 +2216,9 @@ class _Planner:
         summary = self._summary_statement(statement)
         if summary is not None:
             return summary
+        fed = self._per_gpu_statement(statement)
+        if fed is not None:
+            return fed
         # inputs
         made = self._placeholders_made_by(value)
         if made is not None:
@@ -2153,11 +2314,21 @@ class _Planner:
         if saver is not None:
             return Decision(Action[saver])
         # values for the train step
-        if isinstance(value, cst.Dict) and name is not None and self._is_feed(name):
+        if isinstance(value, cst.Dict) and name is not None and self._is_feed(name, statement):
             self.feeds[name] = self.built_feeds.get(name, value)
             return Decision(Action.DROP, "the feed becomes the train step's arguments")
         if id(statement) in self.feed_keys:
             return Decision(Action.DROP, "the feed becomes the train step's arguments")
+        fed_names = sorted(reads & set(getattr(self, "per_gpu_built", {})))
+        if fed_names and id(statement) not in getattr(self, "per_gpu_appends", {}):
+            return Decision(
+                Action.TODO,
+                todo=Todo(
+                    Leftover.SESSION,
+                    f"reads `{fed_names[0]}`, the training step's feed: the train step takes "
+                    "its values as arguments now",
+                ),
+            )
         todo = self._tf1_only(statement) or gone_reads(reads, self.sessions, self.gone)
         if todo is not None:
             return Decision(Action.TODO, todo=todo)
@@ -2807,11 +2978,16 @@ class _Planner:
         names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
         return bool(names & self.updates)
 
-    def _is_feed(self, name: str) -> bool:
+    def _is_feed(self, name: str, statement: cst.CSTNode | None = None) -> bool:
+        """Whether ``name`` is what a step run feeds (bound by ``statement``, in the run's
+        function: a function beside it may use the name for a feed of its own)."""
         for run in self.step_runs:
             feed = get_arg(run, 1, "feed_dict")
             if isinstance(feed, cst.Name) and feed.value == name:
-                return True
+                if statement is None or self.source.enclosing_def(
+                    statement
+                ) is self.source.enclosing_def(run):
+                    return True
         return False
 
     def _tf1_only(self, statement: cst.SimpleStatementLine) -> Todo | None:
@@ -3175,9 +3351,22 @@ class _Planner:
 
     def _arguments(self, run: cst.Call) -> list[tuple[str, cst.BaseExpression]] | None:
         feed = get_arg(run, 1, "feed_dict")
-        if isinstance(feed, cst.Name):
-            feed = self.feeds.get(feed.value)
         given: dict[str, cst.BaseExpression] = {}
+        if isinstance(feed, cst.Name):
+            built = getattr(self, "per_gpu_built", {}).get(feed.value)
+            if built is not None:
+                # the lists the loops over the GPUs filled, under the parameters' names
+                for listed in built.lists:
+                    param = self.plan_.per_gpu[listed]
+                    given[param] = cst.Name(param)
+            feed = self.feeds.get(feed.value)
+        if isinstance(feed, cst.Dict) and self.plan_.per_gpu:
+            split = per_gpu.literal_lists(feed, self.plan_.per_gpu)
+            if split is None:
+                return None
+            for listed, values in split[1].items():
+                given[self.plan_.per_gpu[listed]] = values
+            feed = feed.with_changes(elements=split[0])
         if isinstance(feed, cst.Dict):
             items = feed_items(feed)
             if items is None:

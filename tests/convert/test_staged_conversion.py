@@ -37,6 +37,8 @@ FIXTURES: dict[str, tuple[tuple[str, ...], list[str], int]] = {
     "model_object": ((), [], 0),
     "monitored_session": ((), [], 0),
     "module_script": (("--unsafe-fixes",), [], 0),
+    # the evaluation closure runs the session: under its TODO, commented out
+    "per_gpu_closures": (("--unsafe-fixes",), ["TFM310", "TFM314", "TFM314"], 3),
     "summed_reuse_flag": ((), [], 0),
     "tower_summaries": ((), [], 0),
     "trainer_class": ((), [], 0),
@@ -174,6 +176,7 @@ COMPARED = {
     "model_object": (1, 4),
     "monitored_session": (1, 4),
     "module_script": (2, 6),
+    "per_gpu_closures": (1, 4),
     "summed_reuse_flag": (1, 4),
     "tower_summaries": (1, 4),
     "trainer_class": (1, 4),
