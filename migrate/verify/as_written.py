@@ -521,9 +521,12 @@ class AsWritten:
             self.calling += 1
             try:
                 fn.get_concrete_function(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001  e.g. arguments it refuses: the call traces
+            except Exception as exc:
                 if isinstance(_cause(exc), Problem):
                     raise _cause(exc) from None
+                # the program's own call would trace and fail the same way; calling the
+                # function after a failed trace that made variables returns None (TF)
+                raise
             finally:
                 self.calling -= 1
         is_step = self.saw_update or bool(known and known[1])

@@ -55,6 +55,24 @@ def test_migrated_crash_is_shown_as_the_users_traceback(tmp_path, legacy_cache):
 
 
 @pytest.mark.slow
+def test_a_step_whose_trace_fails_after_making_a_variable_crashes_as_it_does_alone(
+    tmp_path, legacy_cache
+):
+    # verify traces a step before its first call; after a failed trace that made a variable,
+    # TensorFlow's next call of the function returns None: that call must not happen, the
+    # user sees the error their program raises when run alone
+    migrated = plant(tmp_path, "cifar_average", "        return strategy.run(step_fn, args=batch)\n",
+                     "        results = strategy.run(step_fn, args=batch)\n"
+                     "        tf.Variable(0.0).assign_add(tf.zeros([2]))  # a user bug\n"
+                     "        return results\n")
+    outcome = verify(pair("cifar_average")[0], migrated, cache=legacy_cache)
+    assert outcome.comparison.verdict == cmp.COULD_NOT_RUN
+    assert "migrated script crashed" in outcome.comparison.reason
+    assert "NoneType" not in outcome.comparison.reason
+    assert "a user bug" in outcome.crash.record.traceback
+
+
+@pytest.mark.slow
 def test_different_data_is_reported_as_different_inputs_not_divergence(tmp_path, legacy_cache):
     migrated = plant(tmp_path, "cifar_average", "images, labels = make_dataset()",
                      "images, labels = make_dataset(seed=99)")
