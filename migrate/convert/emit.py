@@ -7,7 +7,7 @@ Emission never refuses: everything it needs was decided by the plan."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import libcst as cst
@@ -120,6 +120,9 @@ class Emitted:
     module: cst.Module
     todos: list[Todo]
     notes: list[str]
+    # a runner of another module (``class_runner``): that module as converted, and its TODOs
+    runner_module: cst.Module | None = None
+    runner_todos: list[Todo] = field(default_factory=list)
 
     def todo_summary(self) -> str:
         """What a finding's summary adds about the TODOs (nothing when there are none)."""
@@ -154,9 +157,13 @@ def _emit(plan: Plan) -> Emitted:
         raise NotPlanned(f"the tower function already uses `{sorted(clash)[0]}`")
     writer = _Writer(plan)
     scope = plan.scope.visit(writer) if isinstance(plan.scope, cst.FunctionDef) else None
+    runner_module: cst.Module | None = None
+    runner_todos: list[Todo] = []
     if isinstance(scope, cst.FunctionDef):
         replaced: dict[int, cst.CSTNode] = {id(plan.scope): scope}
-        if plan.runner is not None:
+        if plan.runner is not None and plan.runner_source is not None:
+            runner_module, runner_todos = _foreign_runner(plan, writer)
+        elif plan.runner is not None:
             replaced[id(plan.runner)] = cast(cst.FunctionDef, plan.runner.visit(writer))
         module = module.visit(_Replace(replaced))
     else:
@@ -174,10 +181,80 @@ def _emit(plan: Plan) -> Emitted:
     module = _undefined_out(module, writer.todos)
     module = module.visit(_Commented())
     notes = list(plan.notes) + writer.notes
-    return Emitted(module, writer.todos, notes)
+    return Emitted(module, writer.todos, notes, runner_module, runner_todos)
+
+
+def _foreign_runner(plan: Plan, writer: _Writer) -> tuple[cst.Module, list[Todo]]:
+    """The module of a function outside the towers' module that makes the object and runs
+    it (``class_runner``), with that function calling the object's train step; its leftovers
+    marked as the towers' module's are. Its TODOs are its own (that module's finding)."""
+    guest = plan.runner_source
+    assert guest is not None and plan.runner is not None
+    todos = writer.todos
+    writer.todos, writer.module = [], guest.module
+    try:
+        runner = cast(cst.FunctionDef, plan.runner.visit(writer))
+        own = writer.todos
+    finally:
+        writer.todos, writer.module = todos, plan.source.module
+    runner = _settings_before_object(runner, plan.receiver, guest.qualify)
+    module = guest.module.visit(_Replace({id(plan.runner): runner}))
+    module = module.visit(_MarkCollections(guest.qualify, own))
+    module = undefined_out(
+        module,
+        own,
+        lambda node, todo: _commented(node, todo, guest.module),
+        ignore=frozenset({_TODO_NAME}),
+    )
+    return module.visit(_Commented()), own
 
 
 _DEVICE_SETTINGS = ("tensorflow.config.", "tensorflow.debugging.set_log_device_placement")
+
+
+def _settings_before_object(
+    runner: cst.FunctionDef, receiver: str, qualify: Callable[[cst.BaseExpression], str | None]
+) -> cst.FunctionDef:
+    """The session's device settings (tf.config calls where the ConfigProto was) before the
+    statement making the object: its strategy initializes the devices, which cannot be
+    configured after."""
+    if not isinstance(runner.body, cst.IndentedBlock):
+        return runner
+    body = list(runner.body.body)
+    making = next((k for k, s in enumerate(body) if receiver in bound_names(s)), None)
+    if making is None:
+        return runner
+    bound_after: set[str] = set()
+    moved: list[cst.BaseStatement] = []
+    kept: list[cst.BaseStatement] = []
+    for statement in body[making:]:
+        calls = [qualify(c.func) or "" for c in _calls(statement)]
+        setting = (
+            isinstance(statement, cst.SimpleStatementLine)
+            and calls
+            and all(name.startswith(_DEVICE_SETTINGS) for name in calls)
+        )
+        if setting and not free_names(statement) & bound_after:
+            moved.append(statement)
+            continue
+        bound_after |= bound_names(statement)
+        kept.append(statement)
+    if not moved:
+        return runner
+    first = body[making]
+    moved[0] = moved[0].with_changes(
+        leading_lines=[
+            *getattr(first, "leading_lines", ()),
+            cst.EmptyLine(
+                comment=cst.Comment(
+                    "# The legacy session's device settings, before the model's strategy uses the devices."
+                )
+            ),
+        ]
+    )
+    kept[0] = kept[0].with_changes(leading_lines=[])
+    new_body = [*body[:making], *moved, *kept]
+    return runner.with_changes(body=runner.body.with_changes(body=new_body))
 
 
 def mark_leftovers(
@@ -1212,15 +1289,19 @@ def _assigned_attributes(node: cst.CSTNode) -> set[str]:
 
 class _AttributesLocal(cst.CSTTransformer):
     """``self.x`` as the local ``x`` for the ``local`` keys (the train step's parameters and
-    the values it fills)."""
+    the values it fills); the others spelled on ``self`` (an outside runner spelled them on
+    its name for the object)."""
 
     def __init__(self, local: set[str]) -> None:
         self.local = local
 
     def leave_Attribute(self, original_node, updated_node):
         key = attribute_key(original_node)
-        if key is None or key not in self.local:
+        if key is None:
             return updated_node
+        if key not in self.local:
+            # the runner's name for the object (``model.global_step`` fetched): the object's
+            return updated_node.with_changes(value=cst.Name(RECEIVER))
         return cst.Name(step_local(key))
 
 

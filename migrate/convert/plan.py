@@ -23,6 +23,7 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import ir
+from tfmigrate.convert.class_runner import ForeignRunner, JoinedSource, foreign_runner
 from tfmigrate.convert.project import Project, SourceFile, method_of
 from tfmigrate.convert.recognize._code import statement_of
 from tfmigrate.convert.todo import Leftover, Todo
@@ -369,6 +370,8 @@ class Plan(Decisions[Decision]):
     # what the runner calls the object: ``self``, or the name a function outside the class
     # bound the object to
     receiver: str = RECEIVER
+    # the module of a runner outside the towers' module (``class_runner``): it gets the call
+    runner_source: SourceFile | None = None
 
     @property
     def todos(self) -> list[Todo]:
@@ -671,6 +674,9 @@ class _Planner:
         self.source = source
         self.program = program
         self.core = core
+        # a function of another module running the object (looked for once)
+        self.foreign: ForeignRunner | None = None
+        self.foreign_searched = False
 
     def q(self, node: cst.BaseExpression) -> str | None:
         return qualify(self.source, node)
@@ -780,6 +786,7 @@ class _Planner:
             chains=chains,
             runner=runner,
             receiver=receiver,
+            runner_source=self.foreign.source if self.foreign is not None else None,
         )
         self.plan_ = plan
         plan.decide(loop, Decision(Action.TRAIN_STEP))
@@ -1022,11 +1029,37 @@ class _Planner:
             outside = self._outside_runner(cls, assigned)
             if outside is not None:
                 return outside
+            elsewhere = self._foreign_runner(method, cls, assigned)
+            if elsewhere is not None:
+                return elsewhere
         raise NotPlanned(
             "the towers are built in a method and no other method of its class runs the update "
-            "(the object is run from outside the class, and no function of this module makes "
+            "(the object is run from outside the class, and no function of the project makes "
             "the object and runs it)"
         )
+
+    def _foreign_runner(
+        self, method: cst.FunctionDef, cls: cst.ClassDef, assigned: set[str]
+    ) -> tuple[cst.FunctionDef, str] | None:
+        """A function of another module that makes the object and runs its update
+        (``class_runner``): the planner reads the two modules as one source from then on."""
+        if not self.foreign_searched:
+            self.foreign_searched = True
+            line = self.core.update.where.line
+            updates = {
+                key
+                for statement in statements_in(_body(method))
+                if isinstance(statement, cst.SimpleStatementLine)
+                and any(self.line(call) == line for call in _calls(statement))
+                for key in bound_names(statement)
+                if key.startswith(f"{RECEIVER}.")
+            }
+            self.foreign = foreign_runner(self.source, cls, assigned, updates)
+        if self.foreign is None:
+            return None
+        if not isinstance(self.source, JoinedSource):
+            self.source = JoinedSource.of(self.source, self.foreign.source)
+        return self.foreign.function, self.foreign.receiver
 
     def _outside_runner(
         self, cls: cst.ClassDef, assigned: set[str]
