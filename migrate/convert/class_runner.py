@@ -61,6 +61,10 @@ class JoinedSource(SourceFile):
             return None
         return guest if guest.context.parent_of(node) is not None else None
 
+    def is_guest(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is in the running function's module."""
+        return self._guest_of(node) is not None
+
     def qualify(self, node: cst.BaseExpression) -> str | None:
         guest = self._guest_of(node)
         return guest.qualify(node) if guest is not None else super().qualify(node)

@@ -14,15 +14,18 @@ import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate import tree
+from tfmigrate.convert.class_runner import JoinedSource
 from tfmigrate.convert.helper_tape import taped_helpers
 from tfmigrate.convert.plan import (
     MONITORED_GOES,
     RECEIVER,
     Action,
     Chain,
+    GradientHelper,
     Plan,
     _body,
     _calls,
+    _list_extension,
     _targets,
     attribute_key,
     receiver_alias,
@@ -169,7 +172,7 @@ def _emit(plan: Plan) -> Emitted:
     else:
         module = module.visit(writer)
     assert isinstance(module, cst.Module)
-    module = taped_helpers(module, plan)
+    module = taped_helpers(module, plan, writer.todos)
     module = _with_store(module, _hand_written(plan))
     module = _placeholder_helpers_out(module, plan, writer)
     module = _combination_helpers_out(module, plan, writer)
@@ -861,7 +864,9 @@ class _Writer(cst.CSTTransformer):
                 return _replace_run(updated_node, cst.Name(decision.iterator or "iterator"))
             return _replace_run(updated_node, cst.parse_expression(f"next({decision.iterator})"))
         if action is Action.READ:
-            read = parse_template_expression("{v}.numpy()", v=cst.Name(decision.variable or ""))
+            read = parse_template_expression(
+                "{v}.numpy()", v=cst.parse_expression(decision.variable or "")
+            )
             return _replace_run(updated_node, read)
         if action is Action.STEP_RUN:
             call = self._step_call(updated_node, decision)
@@ -888,7 +893,11 @@ class _Writer(cst.CSTTransformer):
         if isinstance(updated_node, cst.ExceptHandler) and updated_node.type is not None:
             if qualify(updated_node.type) in _OUT_OF_RANGE:
                 return updated_node.with_changes(type=cst.Name("StopIteration"))
-        if isinstance(updated_node, cst.Call) and qualify(updated_node.func) in _TRAINABLES:
+        if (
+            isinstance(updated_node, cst.Call)
+            and qualify(updated_node.func) in _TRAINABLES
+            and not (isinstance(self.plan.source, JoinedSource) and self.plan.source.is_guest(original_node))
+        ):
             return cst.parse_expression("tf1_variables.trainable_variables")
         return updated_node
 
@@ -971,7 +980,7 @@ class _Writer(cst.CSTTransformer):
         """``while not sess.should_stop():`` -> the bound its StopAtStepHook set."""
         plan = self.plan
         if plan.last_step is None or plan.global_step is None:
-            why = "the monitored session's hooks ended this loop: bound it"
+            why = f"{plan.stopped_by} ended this loop: bound it"
             unbound = updated_node.with_changes(test=cst.Name("True"))
             return _marked(unbound, Leftover.SESSION, why, self.todos)
         test = parse_template_expression(
@@ -1287,6 +1296,25 @@ def _assigned_attributes(node: cst.CSTNode) -> set[str]:
     return found
 
 
+class _HandedTape(cst.CSTTransformer):
+    """The tower's call of a gradient helper given its loss, handing it the tower's tape
+    (``self._backward(loss, tape=tape)``)."""
+
+    def __init__(self, helper: GradientHelper) -> None:
+        self.name = helper.function.name.value
+
+    def leave_Call(self, original_node, updated_node):
+        func = updated_node.func
+        called = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+        if called != self.name:
+            return updated_node
+        handed = cst.Arg(cst.Name("tape"), keyword=cst.Name("tape"), equal=_equal())
+        args = list(updated_node.args)
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(args=[*args, handed])
+
+
 class _AttributesLocal(cst.CSTTransformer):
     """``self.x`` as the local ``x`` for the ``local`` keys (the train step's parameters and
     the values it fills); the others spelled on ``self`` (an outside runner spelled them on
@@ -1530,8 +1558,12 @@ class _Replica:
             start = len(out)
             chain = gradients.get(id(statement))
             if chain is not None and chain.gradient.helper is not None:
-                # the function the tower calls takes the gradients under its own tape
-                out.extend(self._statement(statement) or [])
+                # the function the tower calls takes the gradients under its own tape, or
+                # under the tower's, handed to it
+                written = self._statement(statement) or []
+                if chain.gradient.helper.handed:
+                    written = [s.visit(_HandedTape(chain.gradient.helper)) for s in written]  # type: ignore[misc]  # visit() returns a statement here
+                out.extend(written)
             elif chain is not None:
                 if statement is first and not self._tape_here(statements):
                     out.extend(self._scaled_losses())
@@ -1544,7 +1576,11 @@ class _Replica:
         if path is None or not self._tape_here(statements):
             return out
         position = path[0]
-        if statements[position] is first:
+        handed = plan.chains[0].gradient.helper is not None
+        if statements[position] is first and handed:
+            end = spans[position][1]  # the helper differentiates under the tape
+            inside = out[:end]
+        elif statements[position] is first:
             end = spans[position][0]
             inside = [*out[:end], *self._scaled_losses()]
         else:
@@ -1567,7 +1603,8 @@ class _Replica:
 
     def _find_tape_block(self) -> None:
         """The first statement of the block the tape starts in."""
-        if self.plan.chains[0].gradient.helper is not None:
+        helper = self.plan.chains[0].gradient.helper
+        if helper is not None and not helper.handed:
             self.tape_block = None  # the helper the tower calls has the tape
             return
         blocks: list[list[cst.BaseStatement]] = [list(_body(self.plan.loop))]
@@ -1613,6 +1650,8 @@ class _Replica:
         names = self._loss_names()
         done = set()
         for chain in self.plan.chains:
+            if chain.gradient.helper is not None:
+                continue  # the helper scales the loss it is handed
             key = self._loss_key(chain)
             name = names[key]
             if key in done or not (
@@ -1676,8 +1715,7 @@ class _Replica:
             name = next(
                 n for n in (chain.combined, "grads", "replica_grads") if n and n not in taken
             )
-            appended = cast(cst.Call, chain.append.body[0].value).args[0].value  # type: ignore[attr-defined]  # the append statement's value is the append call
-            appended = appended.visit(_ReplaceNode(gradient.call, value))  # type: ignore[assignment]  # visit() may return a sentinel; a statement stays a statement here
+            appended = cast(cst.BaseExpression, chain.appended.visit(_ReplaceNode(gradient.call, value)))
             replaced = _statement("{name} = {value}", name=cst.Name(name), value=appended)
             self._grads_names[id(chain)] = name
         out.append(replaced)  # type: ignore[arg-type]  # the emitted statements are SimpleStatementLines
@@ -1845,6 +1883,13 @@ class _Replica:
                         f"uses `{sorted(free_names(statement) & self.gone)[0]}`, left under a TODO above",
                     ),
                 )
+            extended = _list_extension(statement)
+            if extended is not None:
+                # `losses += [loss]` would make the list a local of the replica function
+                listed, element = extended
+                statement = _statement(
+                    "{listed}.append({element})", listed=cst.Name(listed), element=element
+                ).with_changes(leading_lines=statement.leading_lines)
             return [statement.visit(_Expressions(plan))]  # type: ignore[list-item]  # visit() may return a sentinel; a statement stays a statement here
         if isinstance(statement, cst.With):
             return self._with(statement)
