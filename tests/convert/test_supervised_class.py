@@ -1,8 +1,9 @@
 """A model class run by another module under a Supervisor (fixtures/shapes/supervised_class):
 the towers' gradients are taken by a method given the tower's loss and clipped there, the lists
-are filled with ``+=``, the optimizer is made after the loop in training mode; run_utils.py makes
-the object, reads the global step, and runs the update in a Supervisor's managed session until
-it should stop. Rewritten through the command line, as a user would."""
+are filled with ``+=``, the optimizer is made after the loop in training mode and its update
+grouped with a moving average; run_utils.py makes the object, reads the global step, and runs
+the update in a Supervisor's managed session until it should stop, adding a fetch on some steps
+and tracing one step on request. Rewritten through the command line, as a user would."""
 
 from __future__ import annotations
 
@@ -83,6 +84,11 @@ def test_the_helper_given_the_towers_loss_differentiates_under_the_towers_tape(c
     init = _function(cls, "__init__")
     assert "optimizer = tf.compat.v1.train.AdagradOptimizer(" in ast.unparse(init)
     assert "train_op = optimizer.apply_gradients" not in ast.unparse(init)
+    # the moving average grouped with the update goes under TODOs; the step runs the update alone
+    assert "tf.group" not in ast.unparse(init) and "ema" not in ast.unparse(init)
+    model_lines = (out / "model.py").read_text().splitlines()
+    (grouped,) = [i for i, line in enumerate(model_lines) if "TFM314 grouped with the update" in line]
+    assert model_lines[grouped + 1].strip() == "# self.train_op = tf.group(*[self.train_op, ema_op])"
 
 
 def test_the_supervised_loop_calls_the_train_step(converted):
@@ -107,6 +113,11 @@ def test_the_supervised_loop_calls_the_train_step(converted):
     assert any("TFM310 a tf.train.Supervisor initialized or restored" in line for line in lines)
     (loop,) = [line for line in lines if line.strip().startswith("while True:")]
     assert "the Supervisor (its should_stop()) ended this loop" in loop
+    # a fetch added on some steps, and the options tracing one step: TODOs
+    (added,) = [i for i, line in enumerate(lines) if "adds a fetch to the step's Session.run" in line]
+    assert lines[added + 2].strip() == "#     fetches += [model.summary_op]"
+    traced = [line for line in lines if "fetched = model.train_step(x=x, y=y)" in line]
+    assert len(traced) == 2 and "given options and run_metadata" in traced[0], traced
     # the trainable variables of the graph: there are none before the first train step
     assert any("TFM317" in line and "made by its first train step" in line for line in lines)
     # the evaluation function, which the converted training does not run, keeps its session
