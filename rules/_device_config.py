@@ -26,6 +26,8 @@ GPU_OPTIONS = "tensorflow.GPUOptions"
 # Sessions that fall back to the eager context's config (with tf.config settings) when given none.
 # InteractiveSession is not one of them: without a config it forces allow_growth itself.
 SESSIONS = frozenset({"tensorflow.Session", "tensorflow.train.MonitoredTrainingSession"})
+# a tf.train.Supervisor's methods making its session (it too falls back to the context's config)
+SUPERVISOR_SESSIONS = frozenset({"managed_session", "prepare_or_wait_for_session"})
 
 # field -> how the finding explains its TF2 equivalent
 EXPLAIN = {
@@ -158,6 +160,39 @@ class DeviceConfig:
     def _qualify(self, node: cst.BaseExpression) -> str | None:
         return self.resolver.qualify(node)
 
+    def _scope(self, node: cst.CSTNode) -> int:
+        """The id of the function (or lambda) whose variable a name at ``node`` is, or 0 for
+        the module's."""
+        current = self.parent(node)
+        while current is not None:
+            if isinstance(current, cst.FunctionDef | cst.Lambda):
+                return id(current)
+            current = self.parent(current)
+        return 0
+
+    def _binding_key(
+        self, name: cst.Name, named: dict[tuple[int, str], tuple[cst.Call, cst.BaseStatement]]
+    ) -> tuple[int, str] | None:
+        """The binding a use of ``name`` reads: its function's, or an enclosing one's."""
+        if not any(key[1] == name.value for key in named):
+            return None
+        current: cst.CSTNode | None = name
+        while current is not None:
+            if isinstance(current, cst.FunctionDef | cst.Lambda) or current is self.module:
+                scope = 0 if current is self.module else id(current)
+                if (scope, name.value) in named:
+                    return (scope, name.value)
+            current = self.parent(current)
+        return None
+
+    def _is_session(self, call: cst.Call) -> bool:
+        """A session given the config: ``tf.Session(config=...)``, or the session a
+        Supervisor makes (``sv.managed_session(config=...)``)."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in SUPERVISOR_SESSIONS:
+            return True
+        return self._qualify(func) in SESSIONS
+
     def statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
         """The statement holding ``node`` that sits directly in a block (None if in a one-line
         suite such as `if x: y`, where statements cannot be inserted)."""
@@ -197,21 +232,24 @@ class DeviceConfig:
     def _build(self, collect: _Collect) -> None:
         config_calls = [c for c in collect.calls if self._qualify(c.func) == CONFIG_PROTO]
         gpu_calls = [c for c in collect.calls if self._qualify(c.func) == GPU_OPTIONS]
-        stores: dict[str, int] = {}
+        # Names are counted per function (or the module): `config` made in two functions is
+        # two variables.
+        stores: dict[tuple[int, str], int] = {}
         # Without such calls nothing is grouped: no need for every name's parent (a tree walk).
         for name in collect.names if config_calls or gpu_calls else ():
             parent = self.parent(name)
+            key = (self._scope(name), name.value)
             if isinstance(parent, cst.AssignTarget | cst.AnnAssign | cst.AugAssign | cst.For):
                 if getattr(parent, "target", None) is name:
-                    stores[name.value] = stores.get(name.value, 0) + 1
+                    stores[key] = stores.get(key, 0) + 1
             elif isinstance(parent, cst.Param | cst.AsName):
-                stores[name.value] = stores.get(name.value, 0) + 1
+                stores[key] = stores.get(key, 0) + 1
 
-        named: dict[str, tuple[cst.Call, cst.BaseStatement]] = {}
+        named: dict[tuple[int, str], tuple[cst.Call, cst.BaseStatement]] = {}
         for call in config_calls + gpu_calls:
             bound = self._binding(call)
             if bound is not None:
-                named[bound[0]] = (call, bound[1])
+                named[(self._scope(call), bound[0])] = (call, bound[1])
 
         # One group per ConfigProto call.
         for call in config_calls:
@@ -230,7 +268,7 @@ class DeviceConfig:
             if bound is not None:
                 bound_name, bound_stmt = bound
                 group.statements.append((bound_stmt, direct))
-                if stores.get(bound_name, 0) > 1:
+                if stores.get((self._scope(call), bound_name), 0) > 1:
                     group.problems.append(f"`{bound_name}` is assigned more than once")
             else:
                 consumer = self._kwarg_of(call)
@@ -238,7 +276,7 @@ class DeviceConfig:
                 if (
                     consumer is None
                     or consumer[1] != "config"
-                    or self._qualify(consumer[0].func) not in SESSIONS
+                    or not self._is_session(consumer[0])
                     or stmt is None
                 ):
                     group.problems.append("the config is used in a way tfmigrate does not follow")
@@ -277,16 +315,17 @@ class DeviceConfig:
                 group.problems.append("the GPUOptions is used in a way tfmigrate does not follow")
             else:
                 group.statements.append((bound[1], settings))
-                if stores.get(bound[0], 0) > 1:
+                if stores.get((self._scope(call), bound[0]), 0) > 1:
                     group.problems.append(f"`{bound[0]}` is assigned more than once")
             self.groups.append(group)
 
         # Every other use of a config/GPUOptions name: field assignments, sessions, links.
         by_call = {**gpu_group, **self.group_of_call}
         for name in collect.names:
-            if name.value not in named:
+            found_key = self._binding_key(name, named)
+            if found_key is None:
                 continue
-            call, binding = named[name.value]
+            call, binding = named[found_key]
             found = by_call.get(id(call))
             parent = self.parent(name)
             if found is None or self._is_binding_target(name, binding):
@@ -301,7 +340,7 @@ class DeviceConfig:
                 continue
             user = self._kwarg_of(name)
             if is_config and user is not None and user[1] == "config":
-                if self._qualify(user[0].func) in SESSIONS:
+                if self._is_session(user[0]):
                     group.consumers.append(user[0])
                     continue
             if (

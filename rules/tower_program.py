@@ -13,6 +13,7 @@ from tfmigrate import tfapi, tree
 from tfmigrate.convert import convert_module
 from tfmigrate.convert.emit import mark_leftovers
 from tfmigrate.convert.helper_tape import module_helpers, program_running, with_helpers
+from tfmigrate.convert.runner_module import may_run_a_tower_class, runner_conversion
 from tfmigrate.convert.todo import Leftover
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.prefilter import CodeFacts
@@ -65,6 +66,9 @@ _RESERVED_LOCAL = frozenset(
     }
 )  # fmt: skip
 
+
+# The session of a function running a tower class's object made in another module.
+_RUNNER_TRIGGER = "tensorflow.Session"
 
 # TF1's assignment functions (tf.compat.v1 in TF2), as a hand-written update function uses them.
 _UPDATE_ASSIGNS = ("tensorflow.assign", "tensorflow.assign_sub", "tensorflow.assign_add")
@@ -199,6 +203,7 @@ class TowerProgramToMirroredStrategy(TowerRule):
         "compute_gradients",
         # the model (tf.get_variable) and update (tf.train) code such a helper's program runs
         "tensorflow.get_variable", "tensorflow.train*",
+        _RUNNER_TRIGGER,
     )  # fmt: skip
     option_choices = {
         "strategy": ("mirrored", "multi-worker"),
@@ -238,14 +243,21 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         # neighbour that may be a tower program imports it.
         if facts.matches("tensorflow.device"):
             return True
+        if (
+            facts.matches(_RUNNER_TRIGGER) or facts.matches("tensorflow.train*")
+        ) and may_run_a_tower_class(Path(path)):
+            # a function running the object of a tower class another module defines
+            return True
         return model_code.may_have_importing_program(
-            path, (*cls.triggers, "horovod")
+            path, (*(t for t in cls.triggers if t != _RUNNER_TRIGGER), "horovod")
         ) or model_code.may_have_importing_helper(path)
 
     def leave_Module(self, original_node: cst.Module) -> None:
         towers = self.tower_loops()
         if not towers:
-            if not self.context.options.get("_tfm303_inner") and not self._helper_module():
+            if self.context.options.get("_tfm303_inner"):
+                return
+            if not self._runner_module() and not self._helper_module():
                 self._model_module(original_node)
             return
         if self.context.options.get("_tfm303_inner"):
@@ -324,6 +336,55 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             safety=FixSafety.UNSAFE if broken else FixSafety.SAFE,
             manifest={"notes": notes} if notes else None,
         )
+
+    def _runner_module(self) -> bool:
+        """A module whose function makes the object of a tower class of another module and
+        runs its update (``class_runner``): that function calls the object's train step, as
+        the class's conversion makes it; the two modules are one fix."""
+        converted = runner_conversion(Path(str(self.context.path)), self.context.module.code)
+        if converted is None:
+            return False
+        function = next(
+            (
+                n
+                for n in self.context.module.body
+                if isinstance(n, cst.FunctionDef) and n.name.value == converted.function
+            ),
+            None,
+        )
+        if function is None:
+            return False
+        owner = f"`{converted.owner}` of `{converted.towers}`"
+        if not self.context.fixing:
+            self.report(
+                function,
+                f"convertible: `rewrite` converts `{converted.function}` with the tower class "
+                f"{owner} (it makes the object and runs its update)",
+                replacement=self.context.module,
+                target=self.context.module,
+            )
+            return True
+        module = _tf2_spellings(converted.module, self.context)
+        todos = converted.todos
+        summary = ""
+        if todos:
+            codes = sorted({t.kind.code for t in todos})
+            commented = sum(1 for t in todos if t.commented)
+            summary = (
+                f" with {len(todos)} TODO(tfmigrate) marker(s) ({', '.join(codes)}); "
+                f"{commented} statement(s) commented out"
+            )
+        notes = [f"TFM303: {t.kind.code} {t.why}" for t in todos]
+        self.report(
+            function,
+            f"converted with the tower class {owner}: `{converted.function}` makes the object "
+            "and calls its train step where it ran the update in a session" + summary,
+            replacement=module,
+            target=self.context.module,
+            safety=FixSafety.UNSAFE if converted.unsafe else FixSafety.SAFE,
+            manifest={"notes": notes} if notes else None,
+        )
+        return True
 
     def _helper_module(self) -> bool:
         """A module holding the function a converted tower program's towers call to take

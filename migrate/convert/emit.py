@@ -7,7 +7,7 @@ Emission never refuses: everything it needs was decided by the plan."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import libcst as cst
@@ -15,15 +15,18 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate import tree
 from tfmigrate.convert import per_gpu_emit
+from tfmigrate.convert.class_runner import JoinedSource
 from tfmigrate.convert.helper_tape import taped_helpers
 from tfmigrate.convert.plan import (
     MONITORED_GOES,
     RECEIVER,
     Action,
     Chain,
+    GradientHelper,
     Plan,
     _body,
     _calls,
+    _list_extension,
     _targets,
     attribute_key,
     receiver_alias,
@@ -121,6 +124,9 @@ class Emitted:
     module: cst.Module
     todos: list[Todo]
     notes: list[str]
+    # a runner of another module (``class_runner``): that module as converted, and its TODOs
+    runner_module: cst.Module | None = None
+    runner_todos: list[Todo] = field(default_factory=list)
 
     def todo_summary(self) -> str:
         """What a finding's summary adds about the TODOs (nothing when there are none)."""
@@ -155,15 +161,19 @@ def _emit(plan: Plan) -> Emitted:
         raise NotPlanned(f"the tower function already uses `{sorted(clash)[0]}`")
     writer = _Writer(plan)
     scope = plan.scope.visit(writer) if isinstance(plan.scope, cst.FunctionDef) else None
+    runner_module: cst.Module | None = None
+    runner_todos: list[Todo] = []
     if isinstance(scope, cst.FunctionDef):
         replaced: dict[int, cst.CSTNode] = {id(plan.scope): scope}
-        if plan.runner is not None:
+        if plan.runner is not None and plan.runner_source is not None:
+            runner_module, runner_todos = _foreign_runner(plan, writer)
+        elif plan.runner is not None:
             replaced[id(plan.runner)] = cast(cst.FunctionDef, plan.runner.visit(writer))
         module = module.visit(_Replace(replaced))
     else:
         module = module.visit(writer)
     assert isinstance(module, cst.Module)
-    module = taped_helpers(module, plan)
+    module = taped_helpers(module, plan, writer.todos)
     module = _with_store(module, _hand_written(plan))
     module = _placeholder_helpers_out(module, plan, writer)
     module = _combination_helpers_out(module, plan, writer)
@@ -175,10 +185,80 @@ def _emit(plan: Plan) -> Emitted:
     module = _undefined_out(module, writer.todos)
     module = module.visit(_Commented())
     notes = list(plan.notes) + writer.notes
-    return Emitted(module, writer.todos, notes)
+    return Emitted(module, writer.todos, notes, runner_module, runner_todos)
+
+
+def _foreign_runner(plan: Plan, writer: _Writer) -> tuple[cst.Module, list[Todo]]:
+    """The module of a function outside the towers' module that makes the object and runs
+    it (``class_runner``), with that function calling the object's train step; its leftovers
+    marked as the towers' module's are. Its TODOs are its own (that module's finding)."""
+    guest = plan.runner_source
+    assert guest is not None and plan.runner is not None
+    todos = writer.todos
+    writer.todos, writer.module = [], guest.module
+    try:
+        runner = cast(cst.FunctionDef, plan.runner.visit(writer))
+        own = writer.todos
+    finally:
+        writer.todos, writer.module = todos, plan.source.module
+    runner = _settings_before_object(runner, plan.receiver, guest.qualify)
+    module = guest.module.visit(_Replace({id(plan.runner): runner}))
+    module = module.visit(_MarkCollections(guest.qualify, own))
+    module = undefined_out(
+        module,
+        own,
+        lambda node, todo: _commented(node, todo, guest.module),
+        ignore=frozenset({_TODO_NAME}),
+    )
+    return module.visit(_Commented()), own
 
 
 _DEVICE_SETTINGS = ("tensorflow.config.", "tensorflow.debugging.set_log_device_placement")
+
+
+def _settings_before_object(
+    runner: cst.FunctionDef, receiver: str, qualify: Callable[[cst.BaseExpression], str | None]
+) -> cst.FunctionDef:
+    """The session's device settings (tf.config calls where the ConfigProto was) before the
+    statement making the object: its strategy initializes the devices, which cannot be
+    configured after."""
+    if not isinstance(runner.body, cst.IndentedBlock):
+        return runner
+    body = list(runner.body.body)
+    making = next((k for k, s in enumerate(body) if receiver in bound_names(s)), None)
+    if making is None:
+        return runner
+    bound_after: set[str] = set()
+    moved: list[cst.BaseStatement] = []
+    kept: list[cst.BaseStatement] = []
+    for statement in body[making:]:
+        calls = [qualify(c.func) or "" for c in _calls(statement)]
+        setting = (
+            isinstance(statement, cst.SimpleStatementLine)
+            and calls
+            and all(name.startswith(_DEVICE_SETTINGS) for name in calls)
+        )
+        if setting and not free_names(statement) & bound_after:
+            moved.append(statement)
+            continue
+        bound_after |= bound_names(statement)
+        kept.append(statement)
+    if not moved:
+        return runner
+    first = body[making]
+    moved[0] = moved[0].with_changes(
+        leading_lines=[
+            *getattr(first, "leading_lines", ()),
+            cst.EmptyLine(
+                comment=cst.Comment(
+                    "# The legacy session's device settings, before the model's strategy uses the devices."
+                )
+            ),
+        ]
+    )
+    kept[0] = kept[0].with_changes(leading_lines=[])
+    new_body = [*body[:making], *moved, *kept]
+    return runner.with_changes(body=runner.body.with_changes(body=new_body))
 
 
 def mark_leftovers(
@@ -785,7 +865,9 @@ class _Writer(cst.CSTTransformer):
                 return _replace_run(updated_node, cst.Name(decision.iterator or "iterator"))
             return _replace_run(updated_node, cst.parse_expression(f"next({decision.iterator})"))
         if action is Action.READ:
-            read = parse_template_expression("{v}.numpy()", v=cst.Name(decision.variable or ""))
+            read = parse_template_expression(
+                "{v}.numpy()", v=cst.parse_expression(decision.variable or "")
+            )
             return _replace_run(updated_node, read)
         if action is Action.STEP_RUN:
             call = self._step_call(updated_node, decision)
@@ -816,7 +898,11 @@ class _Writer(cst.CSTTransformer):
         if isinstance(updated_node, cst.ExceptHandler) and updated_node.type is not None:
             if qualify(updated_node.type) in _OUT_OF_RANGE:
                 return updated_node.with_changes(type=cst.Name("StopIteration"))
-        if isinstance(updated_node, cst.Call) and qualify(updated_node.func) in _TRAINABLES:
+        if (
+            isinstance(updated_node, cst.Call)
+            and qualify(updated_node.func) in _TRAINABLES
+            and not (isinstance(self.plan.source, JoinedSource) and self.plan.source.is_guest(original_node))
+        ):
             return cst.parse_expression("tf1_variables.trainable_variables")
         return updated_node
 
@@ -899,7 +985,7 @@ class _Writer(cst.CSTTransformer):
         """``while not sess.should_stop():`` -> the bound its StopAtStepHook set."""
         plan = self.plan
         if plan.last_step is None or plan.global_step is None:
-            why = "the monitored session's hooks ended this loop: bound it"
+            why = f"{plan.stopped_by} ended this loop: bound it"
             unbound = updated_node.with_changes(test=cst.Name("True"))
             return _marked(unbound, Leftover.SESSION, why, self.todos)
         test = parse_template_expression(
@@ -1216,17 +1302,40 @@ def _assigned_attributes(node: cst.CSTNode) -> set[str]:
     return found
 
 
+class _HandedTape(cst.CSTTransformer):
+    """The tower's call of a gradient helper given its loss, handing it the tower's tape
+    (``self._backward(loss, tape=tape)``)."""
+
+    def __init__(self, helper: GradientHelper) -> None:
+        self.name = helper.function.name.value
+
+    def leave_Call(self, original_node, updated_node):
+        func = updated_node.func
+        called = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+        if called != self.name:
+            return updated_node
+        handed = cst.Arg(cst.Name("tape"), keyword=cst.Name("tape"), equal=_equal())
+        args = list(updated_node.args)
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(args=[*args, handed])
+
+
 class _AttributesLocal(cst.CSTTransformer):
     """``self.x`` as the local ``x`` for the ``local`` keys (the train step's parameters and
-    the values it fills)."""
+    the values it fills); the others spelled on ``self`` (an outside runner spelled them on
+    its name for the object)."""
 
     def __init__(self, local: set[str]) -> None:
         self.local = local
 
     def leave_Attribute(self, original_node, updated_node):
         key = attribute_key(original_node)
-        if key is None or key not in self.local:
+        if key is None:
             return updated_node
+        if key not in self.local:
+            # the runner's name for the object (``model.global_step`` fetched): the object's
+            return updated_node.with_changes(value=cst.Name(RECEIVER))
         return cst.Name(step_local(key))
 
 
@@ -1459,8 +1568,12 @@ class _Replica:
             start = len(out)
             chain = gradients.get(id(statement))
             if chain is not None and chain.gradient.helper is not None:
-                # the function the tower calls takes the gradients under its own tape
-                out.extend(self._statement(statement) or [])
+                # the function the tower calls takes the gradients under its own tape, or
+                # under the tower's, handed to it
+                written = self._statement(statement) or []
+                if chain.gradient.helper.handed:
+                    written = [s.visit(_HandedTape(chain.gradient.helper)) for s in written]  # type: ignore[misc]  # visit() returns a statement here
+                out.extend(written)
             elif chain is not None:
                 if statement is first and not self._tape_here(statements):
                     out.extend(self._scaled_losses())
@@ -1473,7 +1586,11 @@ class _Replica:
         if path is None or not self._tape_here(statements):
             return out
         position = path[0]
-        if statements[position] is first:
+        handed = plan.chains[0].gradient.helper is not None
+        if statements[position] is first and handed:
+            end = spans[position][1]  # the helper differentiates under the tape
+            inside = out[:end]
+        elif statements[position] is first:
             end = spans[position][0]
             inside = [*out[:end], *self._scaled_losses()]
         else:
@@ -1496,7 +1613,8 @@ class _Replica:
 
     def _find_tape_block(self) -> None:
         """The first statement of the block the tape starts in."""
-        if self.plan.chains[0].gradient.helper is not None:
+        helper = self.plan.chains[0].gradient.helper
+        if helper is not None and not helper.handed:
             self.tape_block = None  # the helper the tower calls has the tape
             return
         blocks: list[list[cst.BaseStatement]] = [list(_body(self.plan.loop))]
@@ -1542,6 +1660,8 @@ class _Replica:
         names = self._loss_names()
         done = set()
         for chain in self.plan.chains:
+            if chain.gradient.helper is not None:
+                continue  # the helper scales the loss it is handed
             key = self._loss_key(chain)
             name = names[key]
             if key in done or not (
@@ -1605,8 +1725,7 @@ class _Replica:
             name = next(
                 n for n in (chain.combined, "grads", "replica_grads") if n and n not in taken
             )
-            appended = cast(cst.Call, chain.append.body[0].value).args[0].value  # type: ignore[attr-defined]  # the append statement's value is the append call
-            appended = appended.visit(_ReplaceNode(gradient.call, value))  # type: ignore[assignment]  # visit() may return a sentinel; a statement stays a statement here
+            appended = cast(cst.BaseExpression, chain.appended.visit(_ReplaceNode(gradient.call, value)))
             replaced = _statement("{name} = {value}", name=cst.Name(name), value=appended)
             self._grads_names[id(chain)] = name
         out.append(replaced)  # type: ignore[arg-type]  # the emitted statements are SimpleStatementLines
@@ -1776,6 +1895,13 @@ class _Replica:
                         f"uses `{sorted(free_names(statement) & self.gone)[0]}`, left under a TODO above",
                     ),
                 )
+            extended = _list_extension(statement)
+            if extended is not None:
+                # `losses += [loss]` would make the list a local of the replica function
+                listed, element = extended
+                statement = _statement(
+                    "{listed}.append({element})", listed=cst.Name(listed), element=element
+                ).with_changes(leading_lines=statement.leading_lines)
             return [statement.visit(_Expressions(plan))]  # type: ignore[list-item]  # visit() may return a sentinel; a statement stays a statement here
         if isinstance(statement, cst.With):
             return self._with(statement)

@@ -16,7 +16,7 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate.convert.plan import GradientHelper, Plan, bound_names, free_names
 from tfmigrate.convert.project import Project, SourceFile
-from tfmigrate.convert.todo import Leftover
+from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.names import dotted
 
 _TRAINABLES = frozenset(
@@ -24,14 +24,15 @@ _TRAINABLES = frozenset(
 )
 
 
-def taped_helpers(module: cst.Module, plan: Plan) -> cst.Module:
+def taped_helpers(module: cst.Module, plan: Plan, todos: list[Todo] | None = None) -> cst.Module:
     """``module`` with each gradient helper of ``plan`` in it replaced by its taped version
-    (a helper of another module is taped there: ``module_helpers``)."""
+    (a helper of another module is taped there: ``module_helpers``); the TODOs it marks join
+    ``todos``."""
     for chain in plan.chains:
         helper = chain.gradient.helper
         if helper is None or helper.source is not None:
             continue
-        taped = _taped(plan.source, helper, chain.averaged)
+        taped = _taped(plan.source, helper, chain.averaged, todos)
         module = module.visit(_ReplaceDef(_path(plan.source, helper.function), taped))
     return module
 
@@ -184,7 +185,11 @@ def _path(source: SourceFile, function: cst.FunctionDef) -> tuple[str, ...]:
     return (*reversed(holders), function.name.value)
 
 
-def _taped(source: SourceFile, helper: GradientHelper, averaged: bool) -> cst.FunctionDef:
+def _taped(
+    source: SourceFile, helper: GradientHelper, averaged: bool, todos: list[Todo] | None = None
+) -> cst.FunctionDef:
+    if helper.handed:
+        return _handed(source, helper, averaged, [] if todos is None else todos)
     function = helper.function
     assert isinstance(function.body, cst.IndentedBlock)
     body: Sequence[cst.BaseStatement] = function.body.body
@@ -224,6 +229,87 @@ def _taped(source: SourceFile, helper: GradientHelper, averaged: bool) -> cst.Fu
     return function.with_changes(
         body=function.body.with_changes(body=[*body[:first], taped, *rest])
     )
+
+
+_CLIPS = frozenset(
+    {"tensorflow.clip_by_global_norm", "tensorflow.clip_by_norm", "tensorflow.clip_by_average_norm"}
+)
+
+
+def _handed(
+    source: SourceFile, helper: GradientHelper, averaged: bool, todos: list[Todo]
+) -> cst.FunctionDef:
+    """A helper differentiating the loss the tower hands it (``self._backward(loss)``): the
+    forward pass ran under the tower's tape, which the tower hands it too (``tape=tape``, a
+    keyword-only parameter); its gradient call becomes ``tape.gradient``, of its loss divided
+    by the replica count when the towers averaged. A clip of the gradients after that sees
+    the replica's share (TODO: the tower's whole gradient was clipped)."""
+    function = helper.function
+    assert isinstance(function.body, cst.IndentedBlock)
+    body = list(function.body.body)
+    at = body.index(helper.statement)
+    loss = helper.call.args[0].value
+    replaced: dict[int, cst.CSTNode] = {
+        id(helper.call): _gradient(helper.call, "tape", averaged, _variables(helper.call))
+    }
+    before = [s.visit(_Trainables(source, "tape", replaced)) for s in body[:at]]
+    rest = [s.visit(_Trainables(source, "tape", replaced)) for s in body[at:]]
+    if averaged:
+        scaled = parse_template_statement(
+            "replica_loss = {loss} / tf.distribute.get_replica_context().num_replicas_in_sync",
+            loss=loss,
+        ).with_changes(
+            leading_lines=[
+                *getattr(body[at], "leading_lines", ()),
+                cst.EmptyLine(
+                    comment=cst.Comment(
+                        "# The towers averaged their gradients; apply_gradients sums the replicas'."
+                    )
+                ),
+            ]
+        )
+        rest[0] = rest[0].with_changes(leading_lines=[])  # type: ignore[union-attr]  # statements
+        rest.insert(0, scaled)
+        rest = [_clip_marked(source, s, todos) for s in rest]  # type: ignore[arg-type]
+    params = function.params
+    star = params.star_arg if not isinstance(params.star_arg, cst.MaybeSentinel) else cst.ParamStar()
+    params = params.with_changes(
+        star_arg=star, kwonly_params=[*params.kwonly_params, cst.Param(cst.Name("tape"))]
+    )
+    return function.with_changes(
+        params=params, body=function.body.with_changes(body=[*before, *rest])
+    )
+
+
+def _clip_marked(source: SourceFile, statement: cst.BaseStatement, todos: list[Todo]):
+    """A statement clipping the gradients by a norm, with its TODO at the end of its line."""
+    if not isinstance(statement, cst.SimpleStatementLine) or statement.trailing_whitespace.comment:
+        return statement
+    calls = [n for n in _walk_calls(statement) if source.qualify(n.func) in _CLIPS]
+    if not calls:
+        return statement
+    todo = Todo(
+        Leftover.PER_REPLICA,
+        "clips the replica's share of the tower's gradients (its loss divided by the replica "
+        "count): the tower clipped its whole gradients; divide the clip norm by "
+        "the replica count to clip as it did",
+        commented=False,
+    )
+    todos.append(todo)
+    return statement.with_changes(
+        trailing_whitespace=cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(todo.marker())
+        )
+    )
+
+
+def _walk_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            yield current
+        stack.extend(current.children)
 
 
 def _variables(call: cst.Call) -> cst.BaseExpression | None:

@@ -23,6 +23,7 @@ import libcst as cst
 
 from tfmigrate import tree
 from tfmigrate.convert import ir, per_gpu
+from tfmigrate.convert.class_runner import ForeignRunner, JoinedSource, foreign_runner
 from tfmigrate.convert.project import Project, SourceFile, method_of
 from tfmigrate.convert.recognize._code import statement_of
 from tfmigrate.convert.todo import Leftover, Todo
@@ -52,6 +53,11 @@ _INITIALIZERS = frozenset(
     }
 )
 _SESSIONS = frozenset({"tensorflow.Session", "tensorflow.InteractiveSession"})
+_SUPERVISOR = "tensorflow.train.Supervisor"
+# what a Supervisor did that the converted loop does not (its TODO names them)
+_SUPERVISOR_WORK = frozenset(
+    {"logdir", "summary_op", "saver", "save_summaries_secs", "save_model_secs", "init_op"}
+)
 MONITORED_GOES = "the monitored session goes: the loop does what it did"
 _GLOBAL_STEPS = frozenset(
     {"tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"}
@@ -236,6 +242,9 @@ class GradientHelper:
     # the helper's file when it is not the loop's (``function_builder.single_core_graph``
     # calling the module's own ``loss_and_gradients``): that module gets the tape
     source: SourceFile | None = None
+    # the loss it differentiates is made from one it is given (``self._backward(loss)``): the
+    # forward pass ran in the tower, so the tower's tape is handed to it (``tape=tape``)
+    handed: bool = False
 
 
 @dataclass(frozen=True)
@@ -373,6 +382,10 @@ class Plan(Decisions[Decision]):
     # what the runner calls the object: ``self``, or the name a function outside the class
     # bound the object to
     receiver: str = RECEIVER
+    # the module of a runner outside the towers' module (``class_runner``): it gets the call
+    runner_source: SourceFile | None = None
+    # what ended a `while not sess.should_stop():` loop the converted loop cannot bound
+    stopped_by: str = "the monitored session's hooks"
 
     @property
     def todos(self) -> list[Todo]:
@@ -659,6 +672,7 @@ def session_method(value: cst.BaseExpression | None, sessions: set[str]) -> bool
         "close",
         "request_stop",
         "join",
+        "stop",  # a Supervisor's
     )
 
 
@@ -703,6 +717,9 @@ class _Planner:
         self.source = source
         self.program = program
         self.core = core
+        # a function of another module running the object (looked for once)
+        self.foreign: ForeignRunner | None = None
+        self.foreign_searched = False
 
     def q(self, node: cst.BaseExpression) -> str | None:
         return qualify(self.source, node)
@@ -812,6 +829,7 @@ class _Planner:
             chains=chains,
             runner=runner,
             receiver=receiver,
+            runner_source=self.foreign.source if self.foreign is not None else None,
         )
         self.plan_ = plan
         plan.decide(loop, Decision(Action.TRAIN_STEP))
@@ -1058,11 +1076,37 @@ class _Planner:
             outside = self._outside_runner(cls, assigned)
             if outside is not None:
                 return outside
+            elsewhere = self._foreign_runner(method, cls, assigned)
+            if elsewhere is not None:
+                return elsewhere
         raise NotPlanned(
             "the towers are built in a method and no other method of its class runs the update "
-            "(the object is run from outside the class, and no function of this module makes "
+            "(the object is run from outside the class, and no function of the project makes "
             "the object and runs it)"
         )
+
+    def _foreign_runner(
+        self, method: cst.FunctionDef, cls: cst.ClassDef, assigned: set[str]
+    ) -> tuple[cst.FunctionDef, str] | None:
+        """A function of another module that makes the object and runs its update
+        (``class_runner``): the planner reads the two modules as one source from then on."""
+        if not self.foreign_searched:
+            self.foreign_searched = True
+            line = self.core.update.where.line
+            updates = {
+                key
+                for statement in statements_in(_body(method))
+                if isinstance(statement, cst.SimpleStatementLine)
+                and any(self.line(call) == line for call in _calls(statement))
+                for key in bound_names(statement)
+                if key.startswith(f"{RECEIVER}.")
+            }
+            self.foreign = foreign_runner(self.source, cls, assigned, updates)
+        if self.foreign is None:
+            return None
+        if not isinstance(self.source, JoinedSource):
+            self.source = JoinedSource.of(self.source, self.foreign.source)
+        return self.foreign.function, self.foreign.receiver
 
     def _outside_runner(
         self, cls: cst.ClassDef, assigned: set[str]
@@ -1241,12 +1285,19 @@ class _Planner:
         call, inner = calls[0]
         grads = _target_name(inner)
         returned = _returned(function)
+        if returned is None:
+            # `return list(zip(grads, params))`: one value, made from the gradients or not
+            returned = _returned_value(function)
         if grads is None or returned is None:
             return None
         made = {grads}
         for later in statements_in(_body(function)):
             if source.line(later) > source.line(inner) and free_names(later) & made:
                 made |= bound_names(later)
+        if returned == [_RETURNED]:
+            value = _returned_expression(function)
+            returned = [_RETURNED if value is not None and free_names(value) & made else ""]
+            made.add(_RETURNED)
         positions = [i for i, name in enumerate(returned) if name in made]
         if len(positions) != 1:
             return None
@@ -1276,7 +1327,12 @@ class _Planner:
             return None
         variables = get_arg(call, 1, "var_list" if pairs else "xs")
         helper = GradientHelper(
-            function, call, top, bound, source if source is not self.source else None
+            function,
+            call,
+            top,
+            bound,
+            source if source is not self.source else None,
+            _handed(function, inner, loss, source),
         )
         # the tower's statement is the gradient statement; the helper's locals stay its own
         return Gradient(call, statement, loss, variables, pairs, helper)
@@ -1305,6 +1361,15 @@ class _Planner:
                     isinstance(appended, cst.Name) and appended.value == grads
                 ):
                     return statement, appended, value.func.value.value
+            extended = _list_extension(statement)
+            if extended is not None:
+                # `tower_grads += [grads]`
+                listed, appended = extended
+                if appended is gradient.call or (
+                    isinstance(appended, cst.Name) and appended.value == grads
+                ):
+                    assert isinstance(statement, cst.SimpleStatementLine)
+                    return statement, appended, listed
         raise NotPlanned("the towers' gradients are not appended to a list in the loop")
 
     def _update_of(self, combination: Statement, combined: str) -> tuple[Statement, cst.Call]:
@@ -1476,10 +1541,19 @@ class _Planner:
         if combination not in siblings or update not in siblings:
             return []
         between = siblings[siblings.index(combination) + 1 : siblings.index(update)]
+        # what is made from the combined gradients (not the optimizer built between them)
+        derived = bound_names(combination)
+        for statement in between:
+            if free_names(statement) & derived:
+                derived |= bound_names(statement)
         needed = free_names(self.update_call_of(update))
         found: list[Statement] = []
         for statement in reversed(between):
-            if isinstance(statement, cst.SimpleStatementLine) and bound_names(statement) & needed:
+            if (
+                isinstance(statement, cst.SimpleStatementLine)
+                and bound_names(statement) & needed
+                and free_names(statement) & derived
+            ):
                 found.insert(0, statement)
                 needed |= free_names(statement)
         return found
@@ -1541,6 +1615,9 @@ class _Planner:
         self.savers: set[str] = set()
         self._outer_wrapper(self.scope)
         plan.before_loop = self._bound_before_loop_beside()
+        self.fetch_extensions: dict[str, list[cst.SimpleStatementLine]] = {}
+        self.regrouped: set[str] = set()  # the update grouped with what went under a TODO
+        self.supervisors: set[str] = set()  # tf.train.Supervisor objects
         step_runs = self._step_runs()
         if not step_runs:
             raise NotPlanned("no Session.run of the update in the tower function")
@@ -1698,6 +1775,9 @@ class _Planner:
                     node = target.target
                     if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name):
                         filled.add(node.value.value)
+            extended = _list_extension(statement)
+            if extended is not None:
+                filled.add(extended[0])
         return filled
 
     def _accumulators(self) -> None:
@@ -1714,6 +1794,8 @@ class _Planner:
         }
         for statement in statements_in(_body(self.loop)):
             small = _simple(statement)
+            if _list_extension(statement) is not None:
+                continue  # `losses += [loss]`: a list the towers fill
             if not (
                 isinstance(small, cst.AugAssign)
                 and isinstance(small.operator, cst.AddAssign)
@@ -1967,6 +2049,11 @@ class _Planner:
             for s in self.body
             if isinstance(s, cst.SimpleStatementLine) and fetches.value in bound_names(s)
         ]
+        # `fetches += [summary_op]` on some steps: fetched beside the listed values
+        extensions = [s for s in bindings[1:] if _list_extension(s) is not None]
+        if extensions and len(extensions) == len(bindings) - 1:
+            self.fetch_extensions[fetches.value] = extensions
+            bindings = bindings[:1]
         value = _value(bindings[0]) if len(bindings) == 1 else None
         if (
             isinstance(value, cst.List | cst.Tuple)
@@ -1994,7 +2081,7 @@ class _Planner:
         decision = self._simple_statement(line)
         plan.decide(statement, decision)
         if decision.todo is not None and decision.todo.commented:
-            for name in bound_names(statement):
+            for name in bound_names(statement) - self.regrouped:
                 self.gone.setdefault(name, decision.todo)
         elif decision.action is Action.KEEP:
             # A later binding that stays (`else: start = 1` after a restore under a TODO) gives
@@ -2021,6 +2108,10 @@ class _Planner:
             self.sessions |= with_names(statement)
             plan.decide(statement, Decision(Action.UNWRAP, "the session goes"))
             return
+        if self._managed_session(statement):
+            self.sessions |= with_names(statement)
+            plan.decide(statement, Decision(Action.UNWRAP, "the session goes"))
+            return
         if len(statement.items) == 1 and self.call_q(statement.items[0].item) in _MONITORED:
             self.sessions |= with_names(statement)
             self._monitored(statement.items[0].item)
@@ -2041,6 +2132,34 @@ class _Planner:
             )
             return
         self._compound(statement)
+
+    def _supervisor_todo(self, call: cst.BaseExpression | None) -> Todo:
+        """What a ``tf.train.Supervisor`` did besides giving the session: restoring and saving
+        checkpoints in its logdir, running its summary op."""
+        assert isinstance(call, cst.Call)
+        done = [
+            f"{arg.keyword.value}={self.source.src(arg.value, 30)}"
+            for arg in call.args
+            if arg.keyword is not None and arg.keyword.value in _SUPERVISOR_WORK
+        ]
+        return Todo(
+            Leftover.SESSION,
+            "a tf.train.Supervisor initialized or restored the variables and saved checkpoints "
+            f"and summaries ({', '.join(done) or 'its defaults'}): TF2 has no supervisor; make "
+            "the variables' tf.train.CheckpointManager and write tf.summary in the loop",
+        )
+
+    def _managed_session(self, statement: cst.With) -> bool:
+        """``with sv.managed_session(...) as sess:`` of a Supervisor: the session goes."""
+        if len(statement.items) != 1:
+            return False
+        call = statement.items[0].item
+        return (
+            isinstance(call, cst.Call)
+            and method_name(call) in ("managed_session", "prepare_or_wait_for_session")
+            and isinstance(call.func, cst.Attribute)
+            and _key(call.func.value) in self.supervisors
+        )
 
     def _monitored(self, call: cst.BaseExpression) -> None:
         """A monitored session: its variables are initialized when made, its StopAtStepHook
@@ -2098,6 +2217,11 @@ class _Planner:
         plan = self.plan_
         if self._should_stop(statement):
             plan.decide(statement, Decision(Action.STOP_LOOP))
+            assert isinstance(statement, cst.While)
+            test = statement.test
+            assert isinstance(test, cst.UnaryOperation)
+            if method_receiver(test.expression, "should_stop", self.supervisors) is not None:
+                plan.stopped_by = "the Supervisor (its should_stop())"
             return
         if self._combining_branch(statement):
             assert isinstance(statement, cst.If)
@@ -2114,6 +2238,8 @@ class _Planner:
         inside = reads & (self.containers | self.step_names | self._tower_only())
         if gone is None and self.after_loop and inside:
             gone = reads_todo(inside, "which the train step computes now")
+        if gone is None and isinstance(statement, cst.For | cst.While | cst.If):
+            gone = self._tf1_header(header)
         if gone is not None:
             plan.decide(statement, Decision(Action.TODO, todo=gone))
             for name in bound_names(statement):
@@ -2275,6 +2401,10 @@ class _Planner:
         if called in _SESSIONS and name is not None:
             self.sessions.add(name)
             return Decision(Action.DROP, "TF2 runs eagerly: no session")
+        if called == _SUPERVISOR and name is not None:
+            self.sessions.add(name)
+            self.supervisors.add(name)
+            return Decision(Action.TODO, todo=self._supervisor_todo(value))
         if called in _INITIALIZERS or (
             called == "tensorflow.group" and self._all_initializers(value)
         ):
@@ -2297,6 +2427,20 @@ class _Planner:
         if self._session_method(statement):
             return Decision(Action.DROP, "the session goes")
         if called == "tensorflow.group" and self._groups_update(value):
+            lost = gone_reads(reads - self.updates, self.sessions, self.gone)
+            if lost is not None and name is not None:
+                # `train_op = tf.group(train_op, ema.apply(...))` with the EMA under a TODO: the
+                # train step runs the update; what was grouped with it is the TODO's
+                self.updates.add(name)
+                self.regrouped.add(name)
+                return Decision(
+                    Action.TODO,
+                    todo=Todo(
+                        lost.kind,
+                        f"grouped with the update: {lost.why}; the train step runs the update "
+                        "without it (run it in the train step)",
+                    ),
+                )
             return self._dropped(self.updates, name, "the update runs in the train step")
         if self.line(statement) in self.input_lines:
             return Decision(
@@ -2975,7 +3119,15 @@ class _Planner:
     def _groups_update(self, call: cst.BaseExpression | None) -> bool:
         if not isinstance(call, cst.Call):
             return False
-        names = {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
+        names = set()
+        for arg in call.args:
+            # `tf.group(train_op, ema_op)`, `tf.group(*[self.train_op, ema_op])`
+            parts = (
+                [e.value for e in arg.value.elements]
+                if arg.star == "*" and isinstance(arg.value, cst.List | cst.Tuple)
+                else [arg.value]
+            )
+            names |= {key for part in parts if (key := _key(part)) is not None}
         return bool(names & self.updates)
 
     def _is_feed(self, name: str, statement: cst.CSTNode | None = None) -> bool:
@@ -2991,7 +3143,7 @@ class _Planner:
         return False
 
     def _tf1_only(self, statement: cst.SimpleStatementLine) -> Todo | None:
-        todo = tf1_only(self.qualified_calls(statement))
+        todo = tf1_only(self.qualified_calls(statement)) or self._guest_trainables(statement)
         if todo is not None:
             return todo
         for call in _calls(statement):
@@ -3001,6 +3153,29 @@ class _Planner:
                     return Todo(
                         Leftover.CASCADE, f"uses `{receiver.value}`, left under a TODO above"
                     )
+        return None
+
+    def _guest_trainables(self, node: cst.CSTNode) -> Todo | None:
+        """``tf.trainable_variables()`` in a function of another module running the object:
+        the model's variables are its store's there, made by its first train step."""
+        source = self.source
+        if not (isinstance(source, JoinedSource) and source.is_guest(node)):
+            return None
+        if "tensorflow.trainable_variables" not in self.qualified_calls(node):
+            return None
+        return Todo(
+            Leftover.GRAPH,
+            "graph collections do not exist in TF2: the model's variables are made by its "
+            "first train step (the TF1Variables store of the object's class)",
+        )
+
+    def _tf1_header(self, header: list[cst.CSTNode]) -> Todo | None:
+        """The TODO of a compound statement whose header calls a TF1-only API
+        (``for v in tf.all_variables():``)."""
+        for node in header:
+            todo = tf1_only(self.qualified_calls(node)) or self._guest_trainables(node)
+            if todo is not None:
+                return todo
         return None
 
     def _helper_batch(
@@ -3158,6 +3333,15 @@ class _Planner:
             if listed is not fetches and isinstance(fetches, cst.Name):
                 fetch_list = self.fetch_lists[fetches.value]
                 self.plan_.decide(fetch_list, Decision(Action.DROP, "the train step returns them"))
+                for extension in self.fetch_extensions.get(fetches.value, ()):
+                    todo = Todo(
+                        Leftover.SESSION,
+                        f"adds a fetch to the step's Session.run on some steps "
+                        f"(`{self.source.src(extension, 50)}`): the train step returns the "
+                        f"values `{fetches.value}` listed; return this one from it too",
+                    )
+                    self.plan_.decide(extension, Decision(Action.TODO, todo=todo))
+                    self.gone.setdefault(fetches.value, todo)
             return self._step_run(statement, run, listed or fetches)
         if names and names <= self.initializers or self.call_q(fetches) in _INITIALIZERS:
             return Decision(Action.DROP, "variables are initialized when made")
@@ -3186,25 +3370,46 @@ class _Planner:
             and _value(statement) is run
         ):
             return Decision(Action.NEXT, iterator=self.batches[fetches.value])
+        read = _key(fetches) if isinstance(fetches, cst.Name | cst.Attribute) else None
         if (
-            isinstance(fetches, cst.Name)
-            and fetches.value in self._variables()
+            read is not None
+            and read in self._variables()
             and get_arg(run, 1, "feed_dict") is None
-            and _value(statement) is run
+            and (_value(statement) is run or self._wraps_run(statement, run))
         ):
-            # `initial_step = sess.run(global_step)`: TF2 reads the variable eagerly
-            return Decision(Action.READ, variable=fetches.value)
+            # `initial_step = sess.run(global_step)`, `int(sess.run(model.global_step))`: TF2
+            # reads the variable eagerly
+            variable = self.source.module.code_for_node(fetches)
+            return Decision(Action.READ, variable=variable)
         return Decision(Action.TODO, todo=session_run_todo())
 
     def _variables(self) -> set[str]:
         """Names this function binds to a variable it makes (``tf.Variable``, the global
-        step)."""
+        step, a ``tf.get_variable`` made beside the loop, not by the towers)."""
         return {
             name
             for statement in self.body
             if (name := _target_name(statement)) is not None
-            and self.call_q(_value(statement)) in _VARIABLES
+            and (
+                self.call_q(_value(statement)) in _VARIABLES
+                or (
+                    self.call_q(_value(statement)) == "tensorflow.get_variable"
+                    and self.loop not in self.source.ancestors(statement)
+                )
+            )
         }
+
+    def _wraps_run(self, statement: cst.SimpleStatementLine, run: cst.Call) -> bool:
+        """``x = int(sess.run(v))``: the run is the one argument of a builtin conversion."""
+        value = _value(statement)
+        return (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Name)
+            and value.func.value in ("int", "float")
+            and self.source.top_level(value.func.value) is None
+            and len(value.args) == 1
+            and value.args[0].value is run
+        )
 
     def _step_run(
         self, statement: cst.SimpleStatementLine, run: cst.Call, fetches: cst.BaseExpression
@@ -3308,6 +3513,18 @@ class _Planner:
                 Leftover.CASCADE,
                 f"fetched `{missing[0]}`, left under a TODO above: the train step returns None "
                 "in its place",
+                commented=False,
+            )
+        traced = [
+            arg.keyword.value
+            for arg in run.args
+            if arg.keyword is not None and arg.keyword.value in ("options", "run_metadata")
+        ]
+        if todo is None and traced:
+            todo = Todo(
+                Leftover.SESSION,
+                f"the Session.run was given {' and '.join(traced)} (a trace of the step): "
+                "profile the train step with tf.profiler.experimental instead",
                 commented=False,
             )
         return Decision(
@@ -3510,6 +3727,73 @@ def _target_tuple(statement: cst.CSTNode) -> list[str] | None:
         isinstance(e.value, cst.Name) for e in target.elements
     ):
         return [e.value.value for e in target.elements if isinstance(e.value, cst.Name)]
+    return None
+
+
+_RETURNED = "<returned>"  # a helper's one returned value that is no name
+
+
+def _returned_expression(function: cst.FunctionDef) -> cst.BaseExpression | None:
+    returns = [
+        n for n in tree.walk(function.body, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+        if isinstance(n, cst.Return)
+    ]  # fmt: skip
+    return returns[0].value if len(returns) == 1 else None
+
+
+def _returned_value(function: cst.FunctionDef) -> list[str] | None:
+    """``[_RETURNED]`` when ``function``'s one ``return`` gives back one value that is not a
+    name or a tuple (``return list(zip(grads, params))``)."""
+    value = _returned_expression(function)
+    if value is None or isinstance(value, cst.Tuple | cst.Name):
+        return None
+    return [_RETURNED]
+
+
+def _handed(
+    function: cst.FunctionDef,
+    statement: cst.BaseStatement,
+    loss: cst.BaseExpression,
+    source: SourceFile,
+) -> bool:
+    """Whether the loss ``function`` differentiates at ``statement`` is one of its
+    parameters, or made from one by TensorFlow arithmetic alone (the tower's loss handed to it:
+    ``loss = loss * num_steps``) -- not by a model it calls (``self._model.loss(features)``)."""
+    params = function.params
+    given = {
+        p.name.value
+        for p in [*params.posonly_params, *params.params, *params.kwonly_params]
+        if p.name.value != RECEIVER
+    }
+    at = source.line(statement)
+    for inner in statements_in(_body(function)):
+        if source.line(inner) >= at:
+            break
+        if not isinstance(inner, cst.SimpleStatementLine) or not free_names(inner) & given:
+            continue
+        made = bound_names(inner)
+        arithmetic = all(
+            (qualify(source, call.func) or "").startswith("tensorflow.") for call in _calls(inner)
+        )
+        if arithmetic:
+            given |= made
+        else:
+            given -= made
+    return bool(free_names(loss) & given)
+
+
+def _list_extension(statement: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    """``L += [x]`` (a list of one element added to the list ``L``): (L, x)."""
+    small = _simple(statement)
+    if (
+        isinstance(small, cst.AugAssign)
+        and isinstance(small.operator, cst.AddAssign)
+        and isinstance(small.target, cst.Name)
+        and isinstance(small.value, cst.List)
+        and len(small.value.elements) == 1
+        and isinstance(small.value.elements[0], cst.Element)
+    ):
+        return small.target.value, small.value.elements[0].value
     return None
 
 

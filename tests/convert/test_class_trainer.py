@@ -1,8 +1,9 @@
 """Class-based trainers in the staged conversion: the towers built in one method of a class and
 the step run by another (fixtures/towers/trainer_class is verified in test_staged_conversion.py).
 Here the variants: a session kept on the object, batches from a one-shot iterator on the object,
-and the object made and run by a function of the module outside its class (converted; the
-object run from elsewhere is refused, with the reason)."""
+and the object made and run by a function of the module outside its class (converted; an
+object nothing in the project runs is refused, with the reason; one run from another module:
+test_class_run_elsewhere.py)."""
 
 from __future__ import annotations
 
@@ -175,7 +176,7 @@ def test_an_object_run_from_another_module_is_refused_naming_why(tmp_path):
     assert not finding["applied"]
     message = finding["message"]
     assert "no other method of its class runs the update" in message, message
-    assert "no function of this module makes the object and runs it" in message, message
+    assert "no function of the project makes the object and runs it" in message, message
 
 
 def test_a_step_fetched_through_another_attribute_is_refused_naming_it(tmp_path):
