@@ -13,6 +13,7 @@ from tfmigrate import tfapi, tree
 from tfmigrate.convert import convert_module
 from tfmigrate.convert.emit import mark_leftovers
 from tfmigrate.convert.helper_tape import module_helpers, program_running, with_helpers
+from tfmigrate.convert.libraries import programs_with_cores
 from tfmigrate.convert.runner_module import may_run_a_tower_class, runner_conversion
 from tfmigrate.convert.todo import Leftover
 from tfmigrate.names import NameResolver, dotted
@@ -311,6 +312,11 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         refuses: it keeps what it cannot convert under TODO(tfmigrate) markers."""
         converted = convert_module(self.context)
         if isinstance(converted, str):
+            path = Path(str(self.context.path))
+            if ": no tower core: " in converted and programs_with_cores(path):
+                # per-device loops of a program's library (layer-wise towers, a helper taking
+                # each tower's gradients): the program that imports it holds the core
+                return
             self.report(
                 node,
                 f"not converted: {reason} (staged converter: {converted}); the program is left "

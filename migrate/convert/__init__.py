@@ -13,6 +13,7 @@ import libcst as cst
 
 from tfmigrate.convert import ir
 from tfmigrate.convert.emit import Emitted, emit
+from tfmigrate.convert.inline import builders_inlined
 from tfmigrate.convert.plan import NotPlanned, plan_core
 from tfmigrate.convert.project import Project, SourceFile
 from tfmigrate.convert.recognize import (
@@ -116,7 +117,23 @@ def convert_module(context: RuleContext) -> tuple[Emitted, ir.Program] | str:
     unsupported = _unsupported_options(context.options)
     if unsupported:
         return unsupported
-    read = read_staged(context)
+    converted = _converted(read_staged(context))
+    if not isinstance(converted, str):
+        return converted
+    # A function building the towers returns them to the one function that combines, applies
+    # and runs them: read with its body in place of its call.
+    inlined = _builder_inlined(context)
+    if inlined is None:
+        return converted
+    again = _converted(read_staged(inlined[0]))
+    if isinstance(again, str):
+        return f"{converted}; with `{inlined[1]}` read inside `{inlined[2]}`: {again}"
+    return again
+
+
+def _converted(
+    read: tuple[SourceFile, ir.Program] | str,
+) -> tuple[Emitted, ir.Program] | str:
     if isinstance(read, str):
         return read
     source, program = read
@@ -125,6 +142,19 @@ def convert_module(context: RuleContext) -> tuple[Emitted, ir.Program] | str:
         cores, lambda core: emit(plan_core(source, program, core)), "no tower core in this file"
     )
     return emitted if isinstance(emitted, str) else (emitted, program)
+
+
+def _builder_inlined(context: RuleContext) -> tuple[RuleContext, str, str] | None:
+    """The file with a tower-building function inlined into its one caller (``inline``), as a
+    context of its own, with the two functions' names."""
+    path = Path(str(context.path))
+    project = Project.for_path(path)
+    source = project.adopt(path, context)
+    found = builders_inlined(source, [t.replicator for t in reading(source).towers])
+    if found is None:
+        return None
+    inlined = RuleContext(context.path, context.resolver, found.module, context.options)
+    return inlined, found.builder, found.caller
 
 
 def first_converted(

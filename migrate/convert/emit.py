@@ -29,6 +29,7 @@ from tfmigrate.convert.plan import (
     _list_extension,
     _targets,
     attribute_key,
+    reading_gradients,
     receiver_alias,
 )
 from tfmigrate.convert.todo import Leftover, Todo
@@ -1743,8 +1744,15 @@ class _Replica:
         if chain.all_reduced:
             return self._all_reduced_update(chain, grads)
         out: list[cst.BaseStatement] = []
-        for statement in chain.between:
-            if isinstance(grads, cst.Name) and grads.value != chain.combined and not out:
+        reads = reading_gradients(chain.between, chain.combined)
+        aliased = False
+        for statement, changes in zip(chain.between, reads, strict=True):
+            if not changes:
+                # made for the update (its global step), not from the gradients
+                out.append(statement.visit(_Expressions(plan)))  # type: ignore[arg-type]  # a statement stays a statement
+                continue
+            if isinstance(grads, cst.Name) and grads.value != chain.combined and not aliased:
+                aliased = True
                 out.append(
                     _statement("{name} = {value}", name=cst.Name(chain.combined), value=grads)
                 )
@@ -1755,7 +1763,7 @@ class _Replica:
             )
             visited = statement.visit(_Expressions(plan))
             out.append(_marked(visited, Leftover.PER_REPLICA, why, self.writer.todos))  # type: ignore[arg-type]  # the emitted statements are SimpleStatementLines
-        if chain.between:
+        if any(reads):
             grads = cst.Name(chain.combined)
         call = chain.update_call
         args = list(call.args)

@@ -25,7 +25,7 @@ from tfmigrate import tree
 from tfmigrate.convert import ir, per_gpu
 from tfmigrate.convert.class_runner import ForeignRunner, JoinedSource, foreign_runner
 from tfmigrate.convert.project import Project, SourceFile, method_of
-from tfmigrate.convert.recognize._code import statement_of
+from tfmigrate.convert.recognize._code import Code, callee, reading, statement_of
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.names import dotted
 from tfmigrate.rules._towers import bound_names as _bound_plain
@@ -762,6 +762,7 @@ class _Planner:
             # the method that runs the step continues the building one: its statements are
             # decided after them, the values the step fills read as ``self.x``
             self.body += statements_in(_body(runner))
+        self._layer_wise_before(loop)
         index, enumerated = self._index(loop)
         self.index = index
         chains: list[Chain] = []
@@ -784,7 +785,7 @@ class _Planner:
                 between = self._between(combination, update)
             hand_written = self._hand_written(update_call)
             averaged = self._averaged(update)
-            all_reduced = bool(between) and not hand_written
+            all_reduced = any(reading_gradients(between, combined)) and not hand_written
             chains.append(
                 Chain(
                     gradient,
@@ -853,6 +854,38 @@ class _Planner:
         self.body = with_closures(self.body, updates)
         self._phases()
         return plan
+
+    def _layer_wise_before(self, loop: cst.For) -> None:
+        """A value the towers read, made before their loop by a function that loops over the
+        devices itself (layer-wise towers: each layer takes every GPU's tensor): its layers
+        would run outside the replicas, untaped."""
+        project = self.source.shared.get("project")
+        if not isinstance(project, Project):
+            return
+        holder = Code(self.source, self.scope)
+        read = free_names(loop)
+        for statement in self.body:
+            if statement is loop:
+                return
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            made = bound_names(statement) & read
+            if not made:
+                continue
+            for call in _calls(statement):
+                target = callee(project, holder, call)
+                if target is None or not isinstance(target.node, cst.FunctionDef):
+                    continue
+                if any(
+                    target.source.enclosing_def(t.replicator) is target.node
+                    for t in reading(target.source).towers
+                ):
+                    raise NotPlanned(
+                        f"the towers read `{sorted(made)[0]}`, made before their loop by "
+                        f"`{self.source.src(call.func, 40)}`, which loops over the devices "
+                        "itself (layer-wise towers): its layers would run outside the "
+                        "replicas and get no gradients"
+                    )
 
     # -- one loss over the towers ---------------------------------------------------------------
     def _after_loop(self) -> list[cst.SimpleStatementLine]:
@@ -1556,7 +1589,14 @@ class _Planner:
             ):
                 found.insert(0, statement)
                 needed |= free_names(statement)
-        return found
+        # what makes state once (`global_step = tf.train.get_or_create_global_step()`) and
+        # reads no gradients stays where it is, made before the first step
+        reads = reading_gradients(found, _target_name(combination) or "")
+        return [
+            statement
+            for statement, changes in zip(found, reads, strict=True)
+            if changes or not _builds_state(self.call_q(_value(statement)) or "")
+        ]
 
     def update_call_of(self, update: Statement) -> cst.CSTNode:
         if isinstance(update, cst.With):
@@ -1656,6 +1696,8 @@ class _Planner:
                 *(free_names(a.value) for k, a in enumerate(call.args) if k != taken)
             )
             needed -= set().union(*(bound_names(s) for s in chain.rebound))
+            # made beside the update, in the replica, from what it reads
+            needed -= set().union(set(), *(bound_names(s) for s in chain.between))
             if chain.gradient.variables is not None and chain.gradient.helper is None:
                 needed |= free_names(chain.gradient.variables)
             lost = sorted(needed & set(self.gone))
@@ -3877,6 +3919,19 @@ def _targets_names(statement: cst.CSTNode) -> set[str]:
         return _targets_names(body[0]) if body else set()
     name = _target_name(statement)
     return {name} if name else set()
+
+
+def reading_gradients(between: Sequence[Statement], combined: str) -> list[bool]:
+    """For each statement moved with the update, whether it reads the combined gradients (or
+    a value made from them): clipping does, ``global_step = ...`` does not."""
+    derived = {combined}
+    found = []
+    for statement in between:
+        reads = bool(free_names(statement) & derived)
+        if reads:
+            derived |= bound_names(statement)
+        found.append(reads)
+    return found
 
 
 def _is_len_of(node: cst.BaseExpression, name: str) -> bool:
