@@ -21,6 +21,57 @@ _NO_SPACE = cst.AssignEqual(
 )
 
 
+# TF 0.x names TF 1.0 renamed (its release notes); old tower code still uses them, and TF's
+# upgrade tables, which start at TF1, do not know them. TF1's summary ops are tf.compat.v1's:
+# TF2's tf.summary.scalar is another function (it writes to a default writer).
+_V1 = "tf.compat.v1."
+_TF0_NAMES = {
+    "tf.mul": "tf.multiply",
+    "tf.sub": "tf.subtract",
+    "tf.neg": "tf.negative",
+    "tf.pack": "tf.stack",
+    "tf.unpack": "tf.unstack",
+    "tf.select": "tf.where",
+    "tf.initialize_all_variables": "tf.global_variables_initializer",
+    "tf.initialize_local_variables": "tf.local_variables_initializer",
+    "tf.initialize_variables": "tf.variables_initializer",
+    "tf.all_variables": "tf.global_variables",
+    "tf.merge_all_summaries": "tf.summary.merge_all",
+    "tf.merge_summary": "tf.summary.merge",
+    "tf.scalar_summary": "tf.compat.v1.summary.scalar",
+    "tf.histogram_summary": "tf.compat.v1.summary.histogram",
+    "tf.image_summary": "tf.compat.v1.summary.image",
+    "tf.audio_summary": "tf.compat.v1.summary.audio",
+    "tf.train.SummaryWriter": "tf.summary.FileWriter",
+}
+
+
+def _integer(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    return isinstance(value, cst.Integer)
+
+
+def _tf0_arguments(name: str, call: cst.Call | None) -> list[cst.Arg] | None:
+    """``concat(0, values)`` -> ``concat(values, 0)`` and ``split(0, n, value)`` ->
+    ``split(value, n, axis=0)``: TF 0.x put the dimension first. A literal integer first is
+    that order (TF1's first argument is a tensor or a list of them)."""
+    if call is None or name not in ("tf.concat", "tf.split") or any(a.star for a in call.args):
+        return None
+    positional = [a for a in call.args if a.keyword is None]
+    keywords = [a for a in call.args if a.keyword is not None]
+    if not positional or not _integer(positional[0].value):
+        return None
+    if name == "tf.concat" and len(positional) == 2:
+        new = [positional[1], positional[0]]
+    elif name == "tf.split" and len(positional) == 3:
+        axis = positional[0].with_changes(keyword=cst.Name("axis"), equal=_NO_SPACE)
+        new = [positional[2], positional[1], axis]
+    else:
+        return None
+    return [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in [*new, *keywords]]
+
+
 def _available(name: str) -> bool:
     return bool(tfapi.exists(name)) or tfapi.needs_legacy_keras(name)
 
@@ -99,7 +150,9 @@ class Tf1ApiToCompatV1(ApiNameRule):
     becomes `tf.math.log`, keyword arguments renamed in TF2 (`keep_dims` -> `keepdims`) are
     renamed, and arguments whose position changed are passed by keyword. Functions whose TF2
     behaviour differs (`tf.nn.dropout`'s `keep_prob`) stay on `tf.compat.v1` when the call would
-    bind its arguments differently.
+    bind its arguments differently. TF 0.x names and argument orders that old tower code still
+    has (`tf.mul`, `tf.scalar_summary`, `tf.concat(0, values)`, `tf.split(0, n, value)`) become
+    their TF1 function first, spelled the same way.
 
     ## Why is this bad?
     TF 2.x removed these names from `tf.`: the program stops at the first one. What the
@@ -208,6 +261,21 @@ class Tf1ApiToCompatV1(ApiNameRule):
         Example(
             """
             import tensorflow as tf
+            xs = tf.split(0, 2, x)
+            y = tf.concat(1, [a, b])
+            s = tf.scalar_summary('loss', tf.mul(loss, 2.0))
+            """,
+            fixed="""
+            import tensorflow as tf
+            xs = tf.split(x, 2, axis=0)
+            y = tf.concat([a, b], 1)
+            s = tf.compat.v1.summary.scalar('loss', tf.multiply(loss, 2.0))
+            """,
+            message="TF 0.x",
+        ),
+        Example(
+            """
+            import tensorflow as tf
             training = mode == tf.estimator.ModeKeys.TRAIN
             """,
             fixed="""
@@ -266,6 +334,11 @@ class Tf1ApiToCompatV1(ApiNameRule):
                 replacement=cst.SimpleString(repr(value)),
             )
             return
+        tf1 = _TF0_NAMES.get(name)
+        reordered = _tf0_arguments(name, call)
+        if tf1 is not None or reordered is not None:
+            self._tf0(node, name, tf1 or name, binding, call, reordered)
+            return
         new_name: str | None = None
         found = tfapi.tf2_rename(name)
         if found is not None:
@@ -310,6 +383,40 @@ class Tf1ApiToCompatV1(ApiNameRule):
             self.report(call, message, replacement=call.with_changes(func=func, args=args))
         else:
             self.report(node, message, replacement=func)
+
+    def _tf0(
+        self,
+        node: cst.Attribute,
+        name: str,
+        tf1: str,
+        binding: str,
+        call: cst.Call | None,
+        reordered: list[cst.Arg] | None,
+    ) -> None:
+        """A TF 0.x name or argument order: its TF1 function, on its TF2 spelling."""
+        found = None if tf1.startswith(_V1) else tfapi.tf2_rename(tf1)
+        target = found[1] + tf1[len(found[0]) :] if found is not None else tf1
+        if not _available(target):
+            target = _V1 + tf1[3:]
+        spelled = self._spell(node, binding, target)
+        if spelled is None:
+            self.report(node, f"`{name}` is TF 0.x: `{target}` in TF2")
+            return
+        func = build_chain(spelled)
+        if reordered is not None and call is not None:
+            self.report(
+                call,
+                f"`{name}` with TF 0.x's argument order (the dimension first): "
+                f"`{target}` takes it {'last' if name == 'tf.concat' else 'as axis='}",
+                replacement=call.with_changes(func=func, args=reordered),
+            )
+            return
+        where = "kept on tf.compat.v1" if target.startswith("tf.compat.v1.") else "TF2"
+        self.report(
+            node,
+            f"`{name}` is TF 0.x: `{tf1.replace(_V1, 'tf.')}` in TF1, `{target}` ({where})",
+            replacement=func,
+        )
 
     def _spell(self, node: cst.Attribute, binding: str, new_name: str) -> str | None:
         """The new chain in the user's own alias (``tensorflow_v1.compat.v1.Session``)."""
