@@ -44,6 +44,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "horovod_tf1": ("--unsafe-fixes",),  # the conversion changes the launch: unsafe
     "towers/horovod_update_module": ("--unsafe-fixes",),
     "shapes/horovod_src_model": ("--unsafe-fixes",),
+    "shapes/horovod_sampled_graph": ("--unsafe-fixes",),
     "keras2_classifier": ("--unsafe-fixes",),
     "keras2_functional": ("--unsafe-fixes",),
     "keras2_multi_gpu": ("--unsafe-fixes",),

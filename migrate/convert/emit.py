@@ -29,6 +29,7 @@ from tfmigrate.convert.plan import (
 )
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.convert.undefined import undefined_out
+from tfmigrate.convert.unread_collections import DropUnread
 from tfmigrate.rules._towers import bound_names, free_names, get_arg, method_name
 
 # The one helper a converted program gains: TF1 model code keeps making its variables with
@@ -181,11 +182,18 @@ _DEVICE_SETTINGS = ("tensorflow.config.", "tensorflow.debugging.set_log_device_p
 
 
 def mark_leftovers(
-    module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
+    module: cst.Module,
+    qualify: Callable[[cst.BaseExpression], str | None],
+    unread: frozenset[str] = frozenset(),
+    notes: list[str] | None = None,
 ) -> tuple[cst.Module, list[Todo]]:
     """A module of the program the conversion keeps on TF1 code (a model module): its
-    sessions, placeholders and graph collections marked TODO on their lines."""
+    sessions, placeholders and graph collections marked TODO on their lines; what it adds to
+    the ``unread`` collections (nothing in the program reads them) goes, a comment in its place
+    (said in ``notes``)."""
     todos: list[Todo] = []
+    if unread:
+        module = module.visit(DropUnread(qualify, unread, [] if notes is None else notes))
     module = _undefined_out(module.visit(_MarkCollections(qualify, todos)), todos)
     return module.visit(_Commented()), todos
 

@@ -409,6 +409,33 @@ def test_graph_run_apart_from_the_step_becomes_a_function_and_nccl_built_the_cud
     notes = json.dumps(json.loads((out / "tfmigrate.json").read_text()))
     assert "hvd.nccl_built() (how Horovod was built) became how TensorFlow was built" in notes
     assert "`sampled`, which the session ran apart from the train step" in notes
+    # the model module's collection nothing in the program reads: the add (and the `if` that only
+    # guarded it) went, a comment in its place
+    model = (out / "model.py").read_text()
+    assert "TODO(tfmigrate)" not in model and "add_to_collection" not in model
+    assert (
+        "            hidden = tf1_core_layers.dense(hidden, 32, activation=tf.nn.relu, "
+        "name='hidden%d' % layer)\n"
+        "            # TF1 added `hidden` to the graph collection 'activations' here (when "
+        "`layer == 0`);\n"
+        "            # nothing in the program reads it, and TF2 has no graph collections.\n"
+        "        return tf1_core_layers.dense(hidden, VOCAB, name='logits')\n"
+    ) in model
+
+
+def test_a_collection_the_program_reads_stays_with_its_todo(tmp_path):
+    files = {p.name: p.read_text() for p in SAMPLED_GRAPH.glob("*.py")}
+    files["train.py"] = files["train.py"].replace(
+        "    sampled = sample_next(tokens, temperature=0.7)\n",
+        "    sampled = sample_next(tokens, temperature=0.7)\n"
+        "    activations = tf.get_collection('activations')\n",
+    )
+    repo = write_tree(tmp_path / "repo", files)
+    run_cli("rewrite", "--unsafe-fixes", "--out", tmp_path / "out", repo)
+    model = (tmp_path / "out" / "model.py").read_text()
+    assert "if layer == 0:" in model
+    (line,) = [line for line in model.splitlines() if "add_to_collection" in line]
+    assert "# TODO(tfmigrate): TFM317 a graph collection" in line
 
 
 def test_a_graph_read_by_anything_but_its_own_runs_stays_under_its_todo(tmp_path):
