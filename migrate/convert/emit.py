@@ -6,6 +6,7 @@ Emission never refuses: everything it needs was decided by the plan."""
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -238,7 +239,8 @@ def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
             name.startswith(_DEVICE_SETTINGS) or name == "tensorflow.config.list_physical_devices"
             for name in calls
         )
-        if setting and not (free_names(statement) - bound_names(statement)) & _locals(plan):
+        reads = free_names(statement) - bound_names(statement)
+        if setting and not reads & _locals(plan) and reads <= _module_names_before(module, strategy):
             moved.append(statement)
     # a moved `for gpu in ...: set_memory_growth(gpu, True)` takes its body along
     inside = {
@@ -278,6 +280,23 @@ def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
 
     del bound_before
     return module.visit(_Move())
+
+
+def _module_names_before(module: cst.Module, statement: cst.CSTNode) -> set[str]:
+    """The names a module has bound when ``statement`` (a top-level one) runs, builtins too: a
+    setting that reads another (``args.log_device_mapping`` of flags parsed in the main block)
+    stays where it was."""
+    from tfmigrate.rules._towers import bound_names
+
+    names = set(dir(builtins))
+    for top in module.body:
+        if top is statement:
+            break
+        if isinstance(top, cst.FunctionDef | cst.ClassDef):
+            names.add(top.name.value)
+        elif not isinstance(top, cst.If | cst.For | cst.While | cst.Try | cst.With):
+            names |= bound_names(top)
+    return names
 
 
 def _in_order(body: Sequence[cst.BaseStatement]) -> Iterator[cst.BaseStatement]:
