@@ -1390,7 +1390,34 @@ class _Replica:
             body = self._one_loss(body)
         # The updates run outside the store's scope: the optimizer's slots are its own
         # variables, not the model's.
-        return statements + body + self.deferred
+        return statements + body + self.deferred + self._averages()
+
+    def _averages(self) -> list[cst.BaseStatement]:
+        """``ema.apply(tf.trainable_variables())``, which the train op grouped with the update,
+        after the update: its shadow variables are made by the first step in the store (as TF1
+        made them beside the model's, and saved them with it), and applied once per step over
+        the replicas."""
+        out: list[cst.BaseStatement] = []
+        for statement in self.plan.averages:
+            small = statement.body[0]
+            assert isinstance(small, cst.Assign)
+            apply = small.value.visit(_Expressions(self.plan))
+            assert isinstance(apply, cst.BaseExpression)
+            line = cst.SimpleStatementLine([cst.Expr(apply)])
+            out.append(
+                cst.With(
+                    items=[cst.WithItem(cst.parse_expression("tf1_variables.scope()"))],
+                    body=cst.IndentedBlock(body=[line]),
+                    leading_lines=[
+                        cst.EmptyLine(
+                            comment=cst.Comment(
+                                "# The moving averages the train op updated with each step."
+                            )
+                        )
+                    ],
+                )
+            )
+        return out
 
     def _one_loss(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Towers that computed only losses, combined after the loop and differentiated once:
