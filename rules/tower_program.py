@@ -10,7 +10,7 @@ from typing import cast
 import libcst as cst
 
 from tfmigrate import tfapi, tree
-from tfmigrate.convert import convert_module
+from tfmigrate.convert import convert_module, unread_collections
 from tfmigrate.convert.emit import mark_leftovers
 from tfmigrate.convert.helper_tape import module_helpers, program_running, with_helpers
 from tfmigrate.convert.libraries import programs_with_cores
@@ -476,9 +476,13 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             return
         leftovers: list[str] = []
         if not keras_module:
-            # TF1 code kept: its sessions, placeholders and collections are marked TODO
-            module, todos = mark_leftovers(module, self.context.resolver.qualify)
+            # TF1 code kept: its sessions, placeholders and collections are marked TODO (what
+            # goes into a collection nothing in the program reads goes, said in the notes)
+            gone: list[str] = []
+            unread = unread_collections.unread(Path(str(self.context.path)), importer)
+            module, todos = mark_leftovers(module, self.context.resolver.qualify, unread, gone)
             leftovers = [f"TFM303: {t.kind.code} {t.why}" for t in todos]
+            leftovers += [f"TFM303: {note}" for note in gone]
         self.report(
             first,
             f"converted with the tower program `{importer}`: "

@@ -27,7 +27,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     **{
         f"towers/{name}": ()
         for name in (
-            "bn_rmsprop", "cifar_average", "clipped_average", "colocated_loss", "fed_learning_rate", "finetune_head", "global_updates",
+            "averaged_weights", "bn_rmsprop", "cifar_average", "clipped_average", "colocated_loss", "fed_learning_rate", "finetune_head", "global_updates",
             "gradient_helper", "hand_written_adam",
             "horovod_average", "keras2_fit",
             "layers_adam", "model_object", "monitored_session", "queue_saver", "resnet20", "shuffled_dequeue", "slim_clones", "sum_ema_decay",
@@ -48,6 +48,7 @@ GOLDEN_FIXTURES: dict[str, tuple[str, ...]] = {
     "horovod_tf1": ("--unsafe-fixes",),  # the conversion changes the launch: unsafe
     "towers/horovod_update_module": ("--unsafe-fixes",),
     "shapes/horovod_src_model": ("--unsafe-fixes",),
+    "shapes/horovod_sampled_graph": ("--unsafe-fixes",),
     "keras2_classifier": ("--unsafe-fixes",),
     "keras2_functional": ("--unsafe-fixes",),
     "keras2_multi_gpu": ("--unsafe-fixes",),

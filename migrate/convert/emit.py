@@ -6,6 +6,7 @@ Emission never refuses: everything it needs was decided by the plan."""
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -34,6 +35,7 @@ from tfmigrate.convert.plan import (
 )
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.convert.undefined import undefined_out
+from tfmigrate.convert.unread_collections import DropUnread
 from tfmigrate.rules._towers import bound_names, free_names, get_arg, method_name
 
 # The one helper a converted program gains: TF1 model code keeps making its variables with
@@ -263,11 +265,18 @@ def _settings_before_object(
 
 
 def mark_leftovers(
-    module: cst.Module, qualify: Callable[[cst.BaseExpression], str | None]
+    module: cst.Module,
+    qualify: Callable[[cst.BaseExpression], str | None],
+    unread: frozenset[str] = frozenset(),
+    notes: list[str] | None = None,
 ) -> tuple[cst.Module, list[Todo]]:
     """A module of the program the conversion keeps on TF1 code (a model module): its
-    sessions, placeholders and graph collections marked TODO on their lines."""
+    sessions, placeholders and graph collections marked TODO on their lines; what it adds to
+    the ``unread`` collections (nothing in the program reads them) goes, a comment in its place
+    (said in ``notes``)."""
     todos: list[Todo] = []
+    if unread:
+        module = module.visit(DropUnread(qualify, unread, [] if notes is None else notes))
     module = _undefined_out(module.visit(_MarkCollections(qualify, todos)), todos)
     return module.visit(_Commented()), todos
 
@@ -312,7 +321,8 @@ def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
             name.startswith(_DEVICE_SETTINGS) or name == "tensorflow.config.list_physical_devices"
             for name in calls
         )
-        if setting and not (free_names(statement) - bound_names(statement)) & _locals(plan):
+        reads = free_names(statement) - bound_names(statement)
+        if setting and not reads & _locals(plan) and reads <= _module_names_before(module, strategy):
             moved.append(statement)
     # a moved `for gpu in ...: set_memory_growth(gpu, True)` takes its body along
     inside = {
@@ -352,6 +362,23 @@ def _device_settings_first(module: cst.Module, plan: Plan) -> cst.Module:
 
     del bound_before
     return module.visit(_Move())
+
+
+def _module_names_before(module: cst.Module, statement: cst.CSTNode) -> set[str]:
+    """The names a module has bound when ``statement`` (a top-level one) runs, builtins too: a
+    setting that reads another (``args.log_device_mapping`` of flags parsed in the main block)
+    stays where it was."""
+    from tfmigrate.rules._towers import bound_names
+
+    names = set(dir(builtins))
+    for top in module.body:
+        if top is statement:
+            break
+        if isinstance(top, cst.FunctionDef | cst.ClassDef):
+            names.add(top.name.value)
+        elif not isinstance(top, cst.If | cst.For | cst.While | cst.Try | cst.With):
+            names |= bound_names(top)
+    return names
 
 
 def _in_order(body: Sequence[cst.BaseStatement]) -> Iterator[cst.BaseStatement]:
@@ -1483,7 +1510,34 @@ class _Replica:
             body = self._one_loss(body)
         # The updates run outside the store's scope: the optimizer's slots are its own
         # variables, not the model's.
-        return statements + body + self.deferred
+        return statements + body + self.deferred + self._averages()
+
+    def _averages(self) -> list[cst.BaseStatement]:
+        """``ema.apply(tf.trainable_variables())``, which the train op grouped with the update,
+        after the update: its shadow variables are made by the first step in the store (as TF1
+        made them beside the model's, and saved them with it), and applied once per step over
+        the replicas."""
+        out: list[cst.BaseStatement] = []
+        for statement in self.plan.averages:
+            small = statement.body[0]
+            assert isinstance(small, cst.Assign)
+            apply = small.value.visit(_Expressions(self.plan))
+            assert isinstance(apply, cst.BaseExpression)
+            line = cst.SimpleStatementLine([cst.Expr(apply)])
+            out.append(
+                cst.With(
+                    items=[cst.WithItem(cst.parse_expression("tf1_variables.scope()"))],
+                    body=cst.IndentedBlock(body=[line]),
+                    leading_lines=[
+                        cst.EmptyLine(
+                            comment=cst.Comment(
+                                "# The moving averages the train op updated with each step."
+                            )
+                        )
+                    ],
+                )
+            )
+        return out
 
     def _one_loss(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Towers that computed only losses, combined after the loop and differentiated once:

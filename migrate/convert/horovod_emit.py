@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
-from tfmigrate.convert import ir
+from tfmigrate.convert import graph_function, ir
 from tfmigrate.convert.emit import (
     _TODO_NAME,
     Emitted,
@@ -203,6 +203,19 @@ def emit_horovod(plan: HorovodPlan) -> Emitted:
         "hvd.rank() and hvd.local_rank() became the worker's task id (0 without TF_CONFIG; "
         "the chief is task 0), hvd.size() strategy.num_replicas_in_sync"
     )
+    built = sorted(
+        {
+            api
+            for n in _walk(plan.source.module)
+            if isinstance(n, cst.Call)
+            and (api := horovod_api(plan.source, n)) in ("nccl_built", "cuda_built", "rocm_built")
+        }
+    )
+    if built:
+        writer.notes.append(
+            f"hvd.{'(), hvd.'.join(built)}() (how Horovod was built) became how TensorFlow was "
+            "built: the strategy's all-reduce uses NCCL on GPUs when TensorFlow has CUDA"
+        )
     return Emitted(module, writer.todos, [*plan.notes, *writer.notes])
 
 
@@ -464,7 +477,30 @@ class _Writer(cst.CSTTransformer):
             return cst.FlattenSentinel(lines)
         if action is Action.TRAIN_STEP:
             return cst.FlattenSentinel(self._train_step(original_node))
+        if action is Action.GRAPH_FUNCTION:
+            after = cst.SimpleStatementLine(
+                body=[cst.Expr(cst.Name(_BLANK_NAME))], leading_lines=[cst.EmptyLine(indent=False)]
+            )  # a blank line after the def
+            return cst.FlattenSentinel([self._graph_function(original_node), after])
+        if action is Action.GRAPH_CALL:
+            return updated_node.visit(graph_function.RunCall(self.plan.functions))
         return updated_node
+
+    def _graph_function(self, original_node: cst.CSTNode) -> cst.FunctionDef:
+        """A graph the session ran apart from the train step, fed the step's placeholders: a
+        tf.function of them (the model code it needs repeated, its variables from the store)."""
+        plan = self.plan
+        (function,) = [f for f in plan.functions.values() if f.made is original_node]
+        trainables = _Trainables(self.source, plan.hand_written)
+        self.notes.append(
+            f"`{function.name}`, which the session ran apart from the train step, is a "
+            "tf.function of the placeholders its runs fed; each run is a call of it"
+        )
+        return graph_function.function_def(
+            function,
+            graph_function.signature(function.params, plan.specs),
+            lambda s: _visited(s, trainables),
+        )
 
     # -- set-up ------------------------------------------------------------------------------------
     def _checkpoint(self, updated_node):

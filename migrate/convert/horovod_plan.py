@@ -23,7 +23,7 @@ from enum import Enum
 import libcst as cst
 
 from tfmigrate import tree
-from tfmigrate.convert import ir
+from tfmigrate.convert import graph_function, ir
 from tfmigrate.convert.plan import (
     _INITIALIZERS,
     _PLACEHOLDERS,
@@ -75,6 +75,11 @@ MAPPED = {
     "rank": _TASK_ID,
     "local_rank": _TASK_ID,
     "local_size": "len(strategy.extended.worker_devices)",
+    # whether the all-reduce can go through NCCL (CUDA): the strategy's collectives use NCCL on
+    # GPUs whenever TensorFlow was built with CUDA
+    "nccl_built": "tf.test.is_built_with_cuda()",
+    "cuda_built": "tf.test.is_built_with_cuda()",
+    "rocm_built": "tf.test.is_built_with_rocm()",
 }
 _BROADCASTS = frozenset({"broadcast_global_variables", "broadcast_variables"})
 # Arguments of minimize that apply_gradients takes too.
@@ -98,6 +103,8 @@ class Action(Enum):
     STORE_SCOPE = "made through the TF1Variables store"
     ITERATOR = "a tf.data iterator: iter(dataset)"
     SAVE_AT_CLOSE = "a MonitoredTrainingSession's close: the chief's last checkpoint"
+    GRAPH_FUNCTION = "a graph the session ran apart from the step: a tf.function of its feed"
+    GRAPH_CALL = "a Session.run of such a graph: a call of its tf.function"
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,8 @@ class HorovodPlan(Decisions[Decision]):
     # hvd.init() is in another module (the entry), which makes the strategy: this module's step
     # takes it from tf.distribute.get_strategy() where it is built.
     strategy_from_entry: bool = False
+    # graphs the session ran apart from the train step, fed the step's placeholders: by name
+    functions: dict[str, graph_function.GraphFunction] = field(default_factory=dict)
 
     @property
     def global_step(self) -> cst.BaseExpression | None:
@@ -489,6 +498,7 @@ class _Planner:
         before = self.statements[: self._index(plan.gradient or plan.update)]
         names: set[str] = set()
         candidates: list[cst.SimpleStatementLine] = []
+        placeholders: list[str] = []
         for statement in before:
             if not isinstance(statement, cst.SimpleStatementLine):
                 continue
@@ -500,6 +510,7 @@ class _Planner:
                 if not self._movable(statement):
                     raise NotPlanned(f"the placeholder `{name}` is made inside a block")
                 plan.inputs.append(name)
+                placeholders.append(name)
                 names.add(name)
                 dtype = get_arg(value, 0, "dtype")  # type: ignore[arg-type]  # the placeholder call is a cst.Call here
                 if self.call_q(value) == "tensorflow.placeholder" and dtype is not None:
@@ -526,6 +537,17 @@ class _Planner:
                 plan.step_names |= bound_names(statement)
             elif self._reads_trainables(statement) and not free_names(statement) & names:
                 continue  # reads the variables at set-up: decided with the rest
+            elif (
+                function := graph_function.find(
+                    statement,
+                    candidates[: candidates.index(statement)],
+                    lambda s: s in chosen,
+                    placeholders,
+                    self.scope,
+                )
+            ) is not None and self._movable(statement):
+                plan.functions[function.name] = function
+                plan.decide(statement, Decision(Action.GRAPH_FUNCTION))
             else:
                 todo = self._tf1_only(statement) or Todo(
                     Leftover.SESSION,
@@ -975,6 +997,11 @@ class _Planner:
             or self.call_q(fetches) in _INITIALIZERS
         ):
             return Decision(Action.DROP, "initializers and the broadcast go")
+        function = (
+            self.plan_.functions.get(fetches.value) if isinstance(fetches, cst.Name) else None
+        )
+        if function is not None and graph_function.run_feed(run) == set(function.params):
+            return Decision(Action.GRAPH_CALL)
         return Decision(Action.TODO, todo=session_run_todo())
 
     def _step_run(

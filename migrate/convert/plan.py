@@ -91,6 +91,7 @@ _VARIABLE_MAKERS = frozenset(
 )  # fmt: skip
 # the FileWriter arguments tf.summary.create_file_writer keeps (the graph goes)
 _WRITER_KEYWORDS = frozenset({"logdir", "max_queue", "filename_suffix"})
+_AVERAGES = "tensorflow.train.ExponentialMovingAverage"
 _WRAPPERS = frozenset({"tensorflow.Graph", "tensorflow.device", "tensorflow.variable_scope"})
 _TF1_ONLY = (
     ("tensorflow.train.Saver", Leftover.CHECKPOINT, "tf.train.Saver needs a session: save and "
@@ -376,6 +377,9 @@ class Plan(Decisions[Decision]):
     # what an update function returns besides the op (``lr, gnorm``), now made per replica
     update_values: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    # `op = ema.apply(tf.trainable_variables())` grouped with the update: the replica function
+    # applies it after each update
+    averages: list[cst.SimpleStatementLine] = field(default_factory=list)
     colocated: Colocated | None = None  # one loss over the towers, differentiated once
     # a class-based trainer: the method that runs the step (``scope`` is the building one)
     runner: cst.FunctionDef | None = None
@@ -2463,6 +2467,9 @@ class _Planner:
             )
         if called in _SCHEDULES and name is not None:
             self.schedules.add(name)
+        averages = self._moving_averages(statement, called, name, value)
+        if averages is not None:
+            return averages
         session_call = receiver_call(statement, self.sessions, ("run",))
         if session_call is not None:
             return self._session_statement(statement, session_call)
@@ -3157,6 +3164,70 @@ class _Planner:
             self.q(first) == "tensorflow.GraphKeys.UPDATE_OPS"
             or (isinstance(first, cst.SimpleString) and "update_ops" in first.value)
         )
+
+    # -- tf.train.ExponentialMovingAverage applied with the update -> after it, in the replicas --
+    def _moving_averages(
+        self,
+        statement: cst.SimpleStatementLine,
+        called: str | None,
+        name: str | None,
+        value: cst.BaseExpression | None,
+    ) -> Decision | None:
+        """``ema = tf.train.ExponentialMovingAverage(decay, global_step)`` stays where it was
+        (TF2 has the class) and ``op = ema.apply(tf.trainable_variables())``, which the train op
+        groups with the update (``tf.group(apply_op, op)``), goes: the replica function applies
+        the averages after each update, as running the grouped op did."""
+        if name is None:
+            return None
+        if called == _AVERAGES:
+            if self._averages_applied(name) is not None:
+                return Decision(Action.KEEP)
+            return None
+        func = value.func if isinstance(value, cst.Call) else None
+        receiver = func.value if isinstance(func, cst.Attribute) else None
+        if isinstance(receiver, cst.Name) and self._averages_applied(receiver.value) is statement:
+            self.updates.add(name)
+            self.plan_.averages.append(statement)
+            return Decision(Action.DROP, "the replica function applies the averages")
+        return None
+
+    def _averages_applied(self, ema: str) -> cst.SimpleStatementLine | None:
+        """The statement ``op = ema.apply(tf.trainable_variables())`` of the EMA ``ema``, when
+        it is the only use of ``ema`` after it is made and the train op groups ``op`` with the
+        update; the update must be the optimizer's own (a hand-written one makes its state
+        apart from the store)."""
+        if not self.plan_.chains or any(c.hand_written for c in self.plan_.chains):
+            return None
+        made = [s for s in self.body if _target_name(s) == ema and self.call_q(_value(s)) == _AVERAGES]
+        if len(made) != 1 or self.body.index(made[0]) < self.body.index(self.loop):
+            return None
+        readers = [
+            s
+            for s in self.body
+            if isinstance(s, cst.SimpleStatementLine) and ema in free_names(s) and s is not made[0]
+        ]
+        if len(readers) != 1:
+            return None
+        apply = readers[0]
+        call = _value(apply)
+        op = _target_name(apply)
+        if (
+            op is None
+            or not isinstance(call, cst.Call)
+            or method_name(call) != "apply"
+            or len(call.args) != 1
+            or call.args[0].keyword is not None
+            or not isinstance(call.args[0].value, cst.Call)
+            or self.call_q(call.args[0].value) != "tensorflow.trainable_variables"
+        ):
+            return None
+        for s in self.body:
+            group = _value(s)
+            if self.call_q(group) == "tensorflow.group" and isinstance(group, cst.Call):
+                names = {a.value.value for a in group.args if isinstance(a.value, cst.Name)}
+                if op in names and names & self.updates:
+                    return apply
+        return None
 
     def _groups_update(self, call: cst.BaseExpression | None) -> bool:
         if not isinstance(call, cst.Call):

@@ -60,7 +60,7 @@ def _assert_tf2_program(source: str) -> ast.FunctionDef:
     """One tf.function train step whose replica function takes a GradientTape and applies the
     gradients; the strategy made; no Horovod, session or placeholder left in code."""
     compile(source, "converted.py", "exec")
-    (train_step,) = _functions(source, "tf.function")
+    (train_step,) = [f for f in _functions(source, "tf.function") if f.name == "train_step"]
     calls = _calls(train_step)
     assert "tf.GradientTape" in calls and "strategy.run" in calls
     assert any(c.endswith(".apply_gradients") for c in calls)
@@ -228,10 +228,17 @@ def test_session_function_with_module_level_init_and_a_saver(tmp_path):
     # Saver -> Checkpoint, save(sess, ...) -> write(...)
     assert "saver = tf.train.Checkpoint(model=tf1_variables, optimizer=opt)" in source
     assert "saver.write('{}-{}'.format(save_dir + '/model', step))" in ast.unparse(tree)
-    # the sampling graph read the per-step placeholder: under a TODO, and its run too
-    assert "# TODO(tfmigrate): TFM310 a graph of the per-step inputs" in source
-    assert "# sampled = tf.argmax(logits, -1)" in source
-    assert "#     return sess.run(sampled" in source or "# return sess.run(sampled" in source
+    # the sampling graph, fed the per-step placeholder by its own run: a tf.function of it that
+    # repeats the forward pass it needs; the run a call of it
+    (sampled,) = [f for f in _functions(source, "tf.function") if f.name == "sampled"]
+    assert ast.unparse(sampled).splitlines()[1:] == [
+        "def sampled(tokens):",
+        "    with tf1_variables.scope():",
+        "        logits = network(tokens)",
+        "        return tf.argmax(logits, -1)",
+    ]
+    assert "return sampled(tokens=np.zeros([1, 4], np.int32)).numpy()" in source
+    assert "TODO(tfmigrate)" not in source
     assert "bcast" not in _code_names(source)
 
 
@@ -373,6 +380,94 @@ def test_converted_session_function_trains_and_writes_checkpoints(tmp_path):
     ]
 
 
+SAMPLED_GRAPH = REPO / "fixtures" / "shapes" / "horovod_sampled_graph"
+
+
+def test_graph_run_apart_from_the_step_becomes_a_function_and_nccl_built_the_cuda_build():
+    out, result = rewritten(SAMPLED_GRAPH, "--unsafe-fixes", "--format", "json")
+    message = _conversion(result.stdout)
+    assert "converted to a MultiWorkerMirroredStrategy program" in message
+    source = (out / "train.py").read_text()
+    _assert_tf2_program(source)
+    assert "TODO(tfmigrate)" not in source
+    # the sampling graph: a tf.function of the placeholder its run fed, with the placeholder's
+    # dtype and shape; the model code it calls shares the train step's variables by name
+    assert (
+        "@tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])\n"
+        "    def sampled(tokens):\n"
+        "        with tf1_variables.scope():\n"
+        "            return sample_next(tokens, temperature=0.7)\n"
+    ) in source
+    assert "next_tokens = sampled(tokens=prompts).numpy()" in source
+    # made before the train step, as the graph was: the def is where the tensor was made
+    assert source.index("def sampled(") < source.index("def train_step(")
+    # Horovod's build queries: how TensorFlow was built
+    assert (
+        "lr_scaler = len(strategy.extended.worker_devices) if tf.test.is_built_with_cuda() else 1"
+        in source
+    )
+    notes = json.dumps(json.loads((out / "tfmigrate.json").read_text()))
+    assert "hvd.nccl_built() (how Horovod was built) became how TensorFlow was built" in notes
+    assert "`sampled`, which the session ran apart from the train step" in notes
+    # the model module's collection nothing in the program reads: the add (and the `if` that only
+    # guarded it) went, a comment in its place
+    model = (out / "model.py").read_text()
+    assert "TODO(tfmigrate)" not in model and "add_to_collection" not in model
+    assert (
+        "            hidden = tf1_core_layers.dense(hidden, 32, activation=tf.nn.relu, "
+        "name='hidden%d' % layer)\n"
+        "            # TF1 added `hidden` to the graph collection 'activations' here (when "
+        "`layer == 0`);\n"
+        "            # nothing in the program reads it, and TF2 has no graph collections.\n"
+        "        return tf1_core_layers.dense(hidden, VOCAB, name='logits')\n"
+    ) in model
+
+
+def test_a_collection_the_program_reads_stays_with_its_todo(tmp_path):
+    files = {p.name: p.read_text() for p in SAMPLED_GRAPH.glob("*.py")}
+    files["train.py"] = files["train.py"].replace(
+        "    sampled = sample_next(tokens, temperature=0.7)\n",
+        "    sampled = sample_next(tokens, temperature=0.7)\n"
+        "    activations = tf.get_collection('activations')\n",
+    )
+    repo = write_tree(tmp_path / "repo", files)
+    run_cli("rewrite", "--unsafe-fixes", "--out", tmp_path / "out", repo)
+    model = (tmp_path / "out" / "model.py").read_text()
+    assert "if layer == 0:" in model
+    (line,) = [line for line in model.splitlines() if "add_to_collection" in line]
+    assert "# TODO(tfmigrate): TFM317 a graph collection" in line
+
+
+def test_a_graph_read_by_anything_but_its_own_runs_stays_under_its_todo(tmp_path):
+    text = (SAMPLED_GRAPH / "train.py").read_text()
+    # the sampled tokens are also printed as a tensor: that read has no function form
+    text = text.replace(
+        "    sampled = sample_next(tokens, temperature=0.7)\n",
+        "    sampled = sample_next(tokens, temperature=0.7)\n    print(sampled)\n",
+    )
+    repo = write_tree(tmp_path / "repo", {"train.py": text})
+    run_cli("rewrite", "--unsafe-fixes", "--out", tmp_path / "out", repo)
+    source = (tmp_path / "out" / "train.py").read_text()
+    assert "# TODO(tfmigrate): TFM310 a graph of the per-step inputs" in source
+    assert "# sampled = sample_next(tokens, temperature=0.7)" in source
+    assert "def sampled(" not in source
+
+
+@pytest.mark.slow
+def test_converted_sampled_graph_samples_from_the_trained_variables(tmp_path):
+    out, _ = rewritten(SAMPLED_GRAPH, "--unsafe-fixes")
+    proc = _run(
+        out / "train.py", tmp_path, "--steps", "160", "--batch-size", "16", "--sample-every", "50"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["0", "50", "100", "150"]
+    # the model learned to count: the sampling function reads the trained variables
+    pairs = [pair.split(">") for pair in lines[-1].split("last>next ")[1].split()]
+    assert len(pairs) == 2
+    assert all((int(last) + 1) % 12 == int(following) for last, following in pairs), lines
+
+
 def _run(script: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """A converted program run as its user would, one worker (no TF_CONFIG), CPU only."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
@@ -472,7 +567,7 @@ def _assert_tf2_program_of_another_entry(source: str) -> ast.FunctionDef:
     """As _assert_tf2_program, for a module whose entry makes the strategy: the train step
     calls the program's own update (no apply_gradients)."""
     compile(source, "converted.py", "exec")
-    (train_step,) = _functions(source, "tf.function")
+    (train_step,) = [f for f in _functions(source, "tf.function") if f.name == "train_step"]
     calls = _calls(train_step)
     assert "tf.GradientTape" in calls and "strategy.run" in calls
     assert not _code_names(source) & (BANNED | {"hvd"})

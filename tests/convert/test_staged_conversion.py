@@ -433,3 +433,41 @@ def test_memory_growth_of_a_module_level_session_moves_before_the_strategy_once(
         i for i, n in enumerate(tree.body) if "tf.distribute.MirroredStrategy()" in ast.unparse(n)
     )
     assert tree.body.index(loops[0]) < strategy
+
+
+def test_a_device_setting_that_reads_the_main_blocks_flags_stays_after_them(tmp_path):
+    # module_script's session with a ConfigProto whose device logging is a flag of the main
+    # block: the memory and placement settings go before the strategy, the flag's stays after
+    # the flags are parsed (the legacy read them there; device logging can be set any time)
+    legacy = (TOWERS / "module_script" / "train.py").read_text()
+    flag = "  args = parser.parse_args()\n"
+    session = "  with tf.Session() as sess:\n"
+    assert flag in legacy and session in legacy
+    legacy = legacy.replace(
+        flag, "  parser.add_argument('--log_devices', action='store_true')\n" + flag
+    ).replace(
+        session,
+        "  config = tf.ConfigProto(allow_soft_placement=True,\n"
+        "                          log_device_placement=args.log_devices)\n"
+        "  config.gpu_options.allow_growth = True\n"
+        "  with tf.Session(config=config) as sess:\n",
+    )
+    folder = tmp_path / "legacy"
+    folder.mkdir()
+    (folder / "train.py").write_text(legacy)
+    run_cli("rewrite", "--unsafe-fixes", "--out", tmp_path / "out", folder)
+    source = (tmp_path / "out" / "train.py").read_text()
+    compile(source, "train.py", "exec")
+    strategy = source.index("strategy = tf.distribute.MirroredStrategy()")
+    assert source.index("tf.config.set_soft_device_placement(True)") < strategy
+    assert source.index("tf.config.experimental.set_memory_growth(gpu, True)") < strategy
+    logging = source.index("tf.debugging.set_log_device_placement(args.log_devices)")
+    assert logging > source.index("args = parser.parse_args()") > strategy
+    assert "TODO(tfmigrate): TFM318" not in source
+    ruff = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F821", "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+    )
+    assert ruff.returncode == 0, ruff.stdout
