@@ -270,7 +270,7 @@ def _handed(
         )
         rest[0] = rest[0].with_changes(leading_lines=[])  # type: ignore[union-attr]  # statements
         rest.insert(0, scaled)
-        rest = [_clip_marked(source, s, todos) for s in rest]  # type: ignore[arg-type]
+        rest = [_clip_marked(source, s, todos) for s in rest]  # type: ignore[arg-type]  # visited statements stay statements
     params = function.params
     star = params.star_arg if not isinstance(params.star_arg, cst.MaybeSentinel) else cst.ParamStar()
     params = params.with_changes(
