@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
 
 from tfmigrate.convert.plan import GradientHelper, Plan, bound_names, free_names
-from tfmigrate.convert.project import Project, SourceFile
+from tfmigrate.convert.project import ENTRY_BYTES, Project, SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.names import dotted
 
@@ -79,7 +79,7 @@ def converted_programs(path: Path) -> Iterator[tuple[str, Plan, list[str], bool]
     path = path.resolve()
     if not path.is_file():  # source text with no file (a rule's example): no program imports it
         return
-    project, programs = _converted(Project.for_path(path).root, _signature(path))
+    project, programs = _converted(Project.for_path(path).root, path, _signature(path))
 
     def named(other: Path) -> str:
         return Path(os.path.relpath(other.resolve(), path.parent)).as_posix()
@@ -105,21 +105,28 @@ def _signature(path: Path) -> tuple[tuple[str, int], ...]:
 
 @lru_cache(maxsize=8)
 def _converted(
-    root: Path, _files: tuple[tuple[str, int], ...]
+    root: Path, module: Path, _files: tuple[tuple[str, int], ...]
 ) -> tuple[Project, list[tuple[SourceFile, Plan, bool]]]:
-    """Every entry program of the project at ``root`` that the staged converter converts, with
-    its plan (read once per process while the files are unchanged: each of its modules asks)."""
+    """Every entry program of the project at ``root`` that runs code of ``module`` and that the
+    staged converter converts, with its plan (read once per process while the files are
+    unchanged). Programs that do not import the module are not converted for it: a repo holds
+    many entry programs, and converting each costs seconds."""
     from tfmigrate.convert.emit import emit
     from tfmigrate.convert.plan import NotPlanned, plan_core
     from tfmigrate.convert.recognize import read_program
 
     project = Project(root)
     programs: list[tuple[SourceFile, Plan, bool]] = []
+    # a file can only import the module if it names it (`__init__.py`: its package)
+    name = (module.parent.name if module.name == "__init__.py" else module.stem).encode()
     for candidate in project.python_files():
-        if b"device" not in candidate.read_bytes():
+        data = candidate.read_bytes()
+        if b"device" not in data or not ENTRY_BYTES.search(data):
             continue
         source = project.load(candidate)
         if source is None or not source.is_entry():
+            continue
+        if not any(s.path == module for s in project.closure(source)):
             continue
         reading = read_program(project, source)
         if reading.program is None:
@@ -140,7 +147,8 @@ def _converted(
             programs.append((source, plan, unsafe))
             break
     for candidate in project.python_files():
-        project.load(candidate)  # the importers of every module
+        if name in candidate.read_bytes():
+            project.load(candidate)  # the module's importers
     return project, programs
 
 

@@ -34,7 +34,7 @@ def _skipped(folder: Path) -> bool:
     return name in _SKIPPED_DIRS or name.startswith(".") or (folder / "pyvenv.cfg").exists()
 
 
-_ENTRY_BYTES = re.compile(rb"__main__|\bapp\.run\b")
+ENTRY_BYTES = re.compile(rb"__main__|\bapp\.run\b")
 _APP_RUN = frozenset({"tensorflow.app.run", "absl.app.run", "tensorflow.compat.v1.app.run"})
 
 
@@ -225,7 +225,7 @@ class Project:
             return [path]
         found = []
         for file in self.python_files():
-            if _ENTRY_BYTES.search(file.read_bytes()):
+            if ENTRY_BYTES.search(file.read_bytes()):
                 source = self.load(file)
                 # A file libcst cannot parse is kept: its refusal is reported.
                 if source is None or source.is_entry():
