@@ -103,20 +103,26 @@ def _signature(path: Path) -> tuple[tuple[str, int], ...]:
     )
 
 
-@lru_cache(maxsize=8)
-def _converted(
-    root: Path, module: Path, _files: tuple[tuple[str, int], ...]
-) -> tuple[Project, list[tuple[SourceFile, Plan, bool]]]:
-    """Every entry program of the project at ``root`` that runs code of ``module`` and that the
-    staged converter converts, with its plan (read once per process while the files are
-    unchanged). Programs that do not import the module are not converted for it: a repo holds
-    many entry programs, and converting each costs seconds."""
-    from tfmigrate.convert.emit import emit
-    from tfmigrate.convert.plan import NotPlanned, plan_core
-    from tfmigrate.convert.recognize import read_program
+Converted = tuple[SourceFile, Plan, bool]
 
-    project = Project(root)
-    programs: list[tuple[SourceFile, Plan, bool]] = []
+
+@lru_cache(maxsize=8)
+def _project(
+    root: Path, _files: tuple[tuple[str, int], ...]
+) -> tuple[Project, dict[Path, Converted | None]]:
+    """The project at ``root`` and the programs converted in it so far (once per process while
+    its files are unchanged: each of a program's modules asks)."""
+    return Project(root), {}
+
+
+def _converted(
+    root: Path, module: Path, files: tuple[tuple[str, int], ...]
+) -> tuple[Project, list[Converted]]:
+    """Every entry program of the project at ``root`` that runs code of ``module`` and that the
+    staged converter converts, with its plan. Programs that do not import the module are not
+    converted for it: a repo holds many entry programs, and converting each costs seconds."""
+    project, done = _project(root, files)
+    programs: list[Converted] = []
     # a file can only import the module if it names it (`__init__.py`: its package)
     name = (module.parent.name if module.name == "__init__.py" else module.stem).encode()
     for candidate in project.python_files():
@@ -128,28 +134,40 @@ def _converted(
             continue
         if not any(s.path == module for s in project.closure(source)):
             continue
-        reading = read_program(project, source)
-        if reading.program is None:
-            continue
-        for core in reading.program.cores:
-            if core.towers is None or core.towers.where.file != source.rel:
-                continue
-            try:
-                plan = plan_core(source, reading.program, core)
-                emitted = emit(plan)
-            except NotPlanned:
-                continue
-            # as TFM303 judges the program's fix: code commented out or changed to per replica
-            unsafe = any(
-                t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
-                for t in emitted.todos
-            )
-            programs.append((source, plan, unsafe))
-            break
+        if source.path not in done:
+            done[source.path] = _converted_program(project, source)
+        converted = done[source.path]
+        if converted is not None:
+            programs.append(converted)
     for candidate in project.python_files():
         if name in candidate.read_bytes():
             project.load(candidate)  # the module's importers
     return project, programs
+
+
+def _converted_program(project: Project, source: SourceFile) -> Converted | None:
+    """The entry program's plan if the staged converter converts it, and whether its fix is
+    unsafe (as TFM303 judges it: code commented out or changed to per replica)."""
+    from tfmigrate.convert.emit import emit
+    from tfmigrate.convert.plan import NotPlanned, plan_core
+    from tfmigrate.convert.recognize import read_program
+
+    reading = read_program(project, source)
+    if reading.program is None:
+        return None
+    for core in reading.program.cores:
+        if core.towers is None or core.towers.where.file != source.rel:
+            continue
+        try:
+            plan = plan_core(source, reading.program, core)
+            emitted = emit(plan)
+        except NotPlanned:
+            continue
+        unsafe = any(
+            t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA) for t in emitted.todos
+        )
+        return source, plan, unsafe
+    return None
 
 
 def program_running(path: Path) -> tuple[str, bool] | None:
@@ -280,7 +298,9 @@ def _handed(
         rest.insert(0, scaled)
         rest = [_clip_marked(source, s, todos) for s in rest]  # type: ignore[arg-type]  # visited statements stay statements
     params = function.params
-    star = params.star_arg if not isinstance(params.star_arg, cst.MaybeSentinel) else cst.ParamStar()
+    star = (
+        params.star_arg if not isinstance(params.star_arg, cst.MaybeSentinel) else cst.ParamStar()
+    )
     params = params.with_changes(
         star_arg=star, kwonly_params=[*params.kwonly_params, cst.Param(cst.Name("tape"))]
     )
