@@ -396,7 +396,7 @@ class Tf1ApiToCompatV1(ApiNameRule):
         """A TF 0.x name or argument order: its TF1 function, on its TF2 spelling."""
         found = None if tf1.startswith(_V1) else tfapi.tf2_rename(tf1)
         target = found[1] + tf1[len(found[0]) :] if found is not None else tf1
-        if not _available(target):
+        if not _available(target) and not target.startswith(_V1):
             target = _V1 + tf1[3:]
         spelled = self._spell(node, binding, target)
         if spelled is None:

@@ -18,6 +18,7 @@ from tfmigrate.convert.plan import GradientHelper, Plan, bound_names, free_names
 from tfmigrate.convert.project import ENTRY_BYTES, Project, SourceFile
 from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.names import dotted
+from tfmigrate.tree import walk
 
 _TRAINABLES = frozenset(
     {"tensorflow.trainable_variables", "tensorflow.compat.v1.trainable_variables"}
@@ -127,6 +128,8 @@ def _converted(
     name = (module.parent.name if module.name == "__init__.py" else module.stem).encode()
     for candidate in project.python_files():
         data = candidate.read_bytes()
+        if name in data:
+            project.load(candidate)  # the module's importers
         if b"device" not in data or not ENTRY_BYTES.search(data):
             continue
         source = project.load(candidate)
@@ -139,9 +142,6 @@ def _converted(
         converted = done[source.path]
         if converted is not None:
             programs.append(converted)
-    for candidate in project.python_files():
-        if name in candidate.read_bytes():
-            project.load(candidate)  # the module's importers
     return project, programs
 
 
@@ -313,7 +313,9 @@ def _clip_marked(source: SourceFile, statement: cst.BaseStatement, todos: list[T
     """A statement clipping the gradients by a norm, with its TODO at the end of its line."""
     if not isinstance(statement, cst.SimpleStatementLine) or statement.trailing_whitespace.comment:
         return statement
-    calls = [n for n in _walk_calls(statement) if source.qualify(n.func) in _CLIPS]
+    calls = [
+        n for n in walk(statement) if isinstance(n, cst.Call) and source.qualify(n.func) in _CLIPS
+    ]
     if not calls:
         return statement
     todo = Todo(
@@ -329,15 +331,6 @@ def _clip_marked(source: SourceFile, statement: cst.BaseStatement, todos: list[T
             whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(todo.marker())
         )
     )
-
-
-def _walk_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Call):
-            yield current
-        stack.extend(current.children)
 
 
 def _variables(call: cst.Call) -> cst.BaseExpression | None:
