@@ -7,7 +7,6 @@ function of a utils module. Rewritten through the command line, as a user would.
 from __future__ import annotations
 
 import ast
-import json
 import shutil
 import subprocess
 import sys
@@ -15,24 +14,14 @@ from pathlib import Path
 
 import pytest
 from conftest import legacy_cache_dir, rewritten, run_cli
+from convert_support import function_def, tfm303_findings
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "towers" / "builder_modules"
 
 
-def _findings(stdout: str) -> dict[str, dict]:
-    """The TFM303 findings of a rewrite, by file name."""
-    found = [f for f in json.loads(stdout)["findings"] if f["code"] == "TFM303"]
-    return {Path(f["path"]).name: f for f in found}
-
-
-def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
-    (found,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
-    return found
-
-
 def test_the_towers_core_is_found_across_modules_and_converted():
     out, result = rewritten(FIXTURE, "--unsafe-fixes", "--format", "json")
-    findings = _findings(result.stdout)
+    findings = tfm303_findings(result.stdout)
     program = findings["train_gpu.py"]
     assert program["applied"], program["message"]
     assert "MirroredStrategy" in program["message"] and "TFM316" in program["message"]
@@ -45,7 +34,7 @@ def test_the_towers_core_is_found_across_modules_and_converted():
     assert "vals = tf.split(example[key], FLAGS.num_core_per_host, 0)" in text
     assert "examples = [example]" in text
     # the tower calls the builder as before, in the replica function
-    replica = _function(tree, "replica_step")
+    replica = function_def(tree, "replica_step")
     assert "function_builder.single_core_graph(FLAGS, examples[i], is_training=True)" in (
         ast.unparse(replica)
     )
@@ -60,7 +49,7 @@ def test_the_towers_core_is_found_across_modules_and_converted():
     # the `if len(tower_losses) > 1` combination: the losses' mean after the replicas, the
     # gradients' average gone (the strategy combines them), the one-tower branch gone
     assert "loss = tf.add_n(tower_losses) / len(tower_losses)" in text
-    assert "average_grads_and_vars" not in ast.unparse(_function(tree, "train"))
+    assert "average_grads_and_vars" not in ast.unparse(function_def(tree, "train"))
     assert "tower_losses[0]" not in source
     assert "train_step(example=next(iterator))" in source
     assert "Session" not in source and "ConfigProto" not in source
@@ -69,11 +58,11 @@ def test_the_towers_core_is_found_across_modules_and_converted():
 
 def test_the_helper_two_calls_deep_gets_the_tape_in_its_module():
     out, result = rewritten(FIXTURE, "--unsafe-fixes", "--format", "json")
-    builder = _findings(result.stdout)["function_builder.py"]
+    builder = tfm303_findings(result.stdout)["function_builder.py"]
     assert builder["applied"] and "`loss_and_gradients`" in builder["message"]
     assert "train_gpu.py" in builder["message"]
     tree = ast.parse((out / "function_builder.py").read_text())
-    helper = _function(tree, "loss_and_gradients")
+    helper = function_def(tree, "loss_and_gradients")
     tape, *rest = helper.body
     assert isinstance(tape, ast.With) and ast.unparse(tape.items[0]) == "tf.GradientTape() as tape"
     assert [ast.unparse(s) for s in tape.body] == [
@@ -87,7 +76,7 @@ def test_the_helper_two_calls_deep_gets_the_tape_in_its_module():
         "return (total_loss, grads_and_vars)",
     ]
     # the builder that hands the call on is unchanged
-    assert ast.unparse(_function(tree, "single_core_graph").body[0]) == (
+    assert ast.unparse(function_def(tree, "single_core_graph").body[0]) == (
         "return loss_and_gradients(FLAGS, features, is_training)"
     )
     # the model and update modules the program runs: TF1 code on its tf.compat.v1 spellings
@@ -104,11 +93,11 @@ def test_another_importer_of_the_helper_module_is_named_and_the_fix_is_unsafe(tm
         "  return function_builder.get_loss(FLAGS, features, False)\n"
     )
     result = run_cli("rewrite", "--format", "json", folder)
-    builder = _findings(result.stdout)["function_builder.py"]
+    builder = tfm303_findings(result.stdout)["function_builder.py"]
     assert "`evaluate.py`" in builder["message"], builder["message"]
     assert not builder["applied"]  # unsafe: only with --unsafe-fixes
     safe = run_cli("rewrite", "--unsafe-fixes", "--format", "json", folder)
-    assert _findings(safe.stdout)["function_builder.py"]["applied"]
+    assert tfm303_findings(safe.stdout)["function_builder.py"]["applied"]
 
 
 @pytest.mark.slow

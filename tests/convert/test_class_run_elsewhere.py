@@ -6,7 +6,6 @@ converted, each from its own side, through the command line as a user would."""
 from __future__ import annotations
 
 import ast
-import json
 import shutil
 import subprocess
 import sys
@@ -14,42 +13,18 @@ from pathlib import Path
 
 import pytest
 from conftest import rewritten, run_cli
+from convert_support import function_def, tfm303_findings, two_replica_boot
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "shapes" / "class_run_elsewhere"
 
 # Two logical CPU devices, then train.py as `python train.py --steps 3`; the strategies the
 # program makes say how many replicas they train.
-BOOT = """
-import runpy, sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-made = []
-class Counted(tf.distribute.MirroredStrategy):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        made.append(self.num_replicas_in_sync)
-tf.distribute.MirroredStrategy = Counted
-sys.path.insert(0, ".")
-sys.argv = ["train.py", "--steps", "3"]
-runpy.run_path("train.py", run_name="__main__")
-print("replicas", made)
-"""
-
-
-def _findings(stdout: str) -> dict[str, dict]:
-    found = [f for f in json.loads(stdout)["findings"] if f["code"] == "TFM303"]
-    return {Path(f["path"]).name: f for f in found}
-
-
-def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
-    (found,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
-    return found
+BOOT = two_replica_boot("--steps", "3")
 
 
 def test_the_class_and_the_function_running_its_object_are_converted_together():
     out, result = rewritten(FIXTURE, "--format", "json")
-    findings = _findings(result.stdout)
+    findings = tfm303_findings(result.stdout)
     model, train = findings["model.py"], findings["train.py"]
     assert model["applied"] and "TODO" not in model["message"], model["message"]
     assert train["applied"], train["message"]
@@ -59,8 +34,8 @@ def test_the_class_and_the_function_running_its_object_are_converted_together():
     model_source = (out / "model.py").read_text()
     (cls,) = [n for n in ast.parse(model_source).body if isinstance(n, ast.ClassDef)
               and n.name == "TowerModel"]  # fmt: skip
-    init = _function(cls, "__init__")
-    step = _function(init, "train_step")
+    init = function_def(cls, "__init__")
+    step = function_def(init, "train_step")
     assert [a.arg for a in step.args.args] == ["features", "labels"]
     # it returns what the session fetched besides the update, on the object
     assert ast.unparse(step.body[-1]) == "return (loss, self.global_step)"
@@ -68,7 +43,7 @@ def test_the_class_and_the_function_running_its_object_are_converted_together():
     assert "placeholder" not in ast.unparse(cls)
     # the function calls it with what it fed, its device settings before the object's strategy
     train_source = (out / "train.py").read_text()
-    runner = _function(ast.parse(train_source), "train")
+    runner = function_def(ast.parse(train_source), "train")
     assert [ast.unparse(s) for s in runner.body[:3]] == [
         "tf.config.set_soft_device_placement(True)",
         "model = TowerModel(num_gpus)",
@@ -96,7 +71,7 @@ def test_the_runner_alone_is_not_converted_without_the_class(tmp_path):
         )
     )
     result = run_cli("rewrite", "--unsafe-fixes", "--format", "json", folder)
-    findings = _findings(result.stdout)
+    findings = tfm303_findings(result.stdout)
     assert not findings.get("train.py", {}).get("applied"), findings.get("train.py")
     assert not findings["model.py"]["applied"]
 

@@ -8,7 +8,6 @@ and tracing one step on request. Rewritten through the command line, as a user w
 from __future__ import annotations
 
 import ast
-import json
 import shutil
 import subprocess
 import sys
@@ -16,35 +15,11 @@ from pathlib import Path
 
 import pytest
 from conftest import rewritten
+from convert_support import function_def, tfm303_findings, two_replica_boot
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "shapes" / "supervised_class"
 
-BOOT = """
-import runpy, sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-made = []
-class Counted(tf.distribute.MirroredStrategy):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        made.append(self.num_replicas_in_sync)
-tf.distribute.MirroredStrategy = Counted
-sys.path.insert(0, ".")
-sys.argv = ["train.py", "--max_steps", "3"]
-runpy.run_path("train.py", run_name="__main__")
-print("replicas", made)
-"""
-
-
-def _findings(stdout: str) -> dict[str, dict]:
-    found = [f for f in json.loads(stdout)["findings"] if f["code"] == "TFM303"]
-    return {Path(f["path"]).name: f for f in found}
-
-
-def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
-    (found,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
-    return found
+BOOT = two_replica_boot("--max_steps", "3")
 
 
 def _class(source: str, name: str) -> ast.ClassDef:
@@ -55,21 +30,21 @@ def _class(source: str, name: str) -> ast.ClassDef:
 @pytest.fixture(scope="module")
 def converted() -> tuple[Path, dict[str, dict]]:
     out, result = rewritten(FIXTURE, "--unsafe-fixes", "--format", "json")
-    return out, _findings(result.stdout)
+    return out, tfm303_findings(result.stdout)
 
 
 def test_the_helper_given_the_towers_loss_differentiates_under_the_towers_tape(converted):
     out, findings = converted
     assert findings["model.py"]["applied"], findings["model.py"]["message"]
     cls = _class((out / "model.py").read_text(), "TinyLM")
-    replica = _function(cls, "replica_step")
+    replica = function_def(cls, "replica_step")
     text = ast.unparse(replica)
     # the forward pass and the helper's call are under the tower's tape, handed to the helper
     assert "with tf.GradientTape() as tape:" in text
     assert "cur_grads = self._backward(loss, tape=tape)" in text
     # `losses += [loss]` in a replica function would make the list its local
     assert "losses.append(loss)" in text and "+=" not in text
-    backward = _function(cls, "_backward")
+    backward = function_def(cls, "_backward")
     assert ast.unparse(backward.args) == "self, loss, *, tape"
     body = [ast.unparse(s) for s in backward.body]
     assert body[2:5] == [
@@ -78,17 +53,25 @@ def test_the_helper_given_the_towers_loss_differentiates_under_the_towers_tape(c
         "grads = tape.gradient(replica_loss, all_vars)",
     ]
     # the clip now sees the replica's share: said on its line
-    (clip,) = [line for line in (out / "model.py").read_text().splitlines() if "clip_by_global_norm" in line]
+    (clip,) = [
+        line
+        for line in (out / "model.py").read_text().splitlines()
+        if "clip_by_global_norm" in line
+    ]
     assert "TODO(tfmigrate): TFM316 clips the replica's share" in clip
     # the optimizer made after the loop in training mode stays there; the update is the step's
-    init = _function(cls, "__init__")
+    init = function_def(cls, "__init__")
     assert "optimizer = tf.compat.v1.train.AdagradOptimizer(" in ast.unparse(init)
     assert "train_op = optimizer.apply_gradients" not in ast.unparse(init)
     # the moving average grouped with the update goes under TODOs; the step runs the update alone
     assert "tf.group" not in ast.unparse(init) and "ema" not in ast.unparse(init)
     model_lines = (out / "model.py").read_text().splitlines()
-    (grouped,) = [i for i, line in enumerate(model_lines) if "TFM314 grouped with the update" in line]
-    assert model_lines[grouped + 1].strip() == "# self.train_op = tf.group(*[self.train_op, ema_op])"
+    (grouped,) = [
+        i for i, line in enumerate(model_lines) if "TFM314 grouped with the update" in line
+    ]
+    assert (
+        model_lines[grouped + 1].strip() == "# self.train_op = tf.group(*[self.train_op, ema_op])"
+    )
 
 
 def test_the_supervised_loop_calls_the_train_step(converted):
@@ -96,7 +79,7 @@ def test_the_supervised_loop_calls_the_train_step(converted):
     runner = findings["run_utils.py"]
     assert runner["applied"] and "`TinyLM` of `model.py`" in runner["message"]
     source = (out / "run_utils.py").read_text()
-    run_train = _function(ast.parse(source), "run_train")
+    run_train = function_def(ast.parse(source), "run_train")
     text = ast.unparse(run_train)
     # the device settings of the managed session's config, before the object's strategy
     assert [ast.unparse(s) for s in run_train.body[:3]] == [
@@ -114,14 +97,16 @@ def test_the_supervised_loop_calls_the_train_step(converted):
     (loop,) = [line for line in lines if line.strip().startswith("while True:")]
     assert "the Supervisor (its should_stop()) ended this loop" in loop
     # a fetch added on some steps, and the options tracing one step: TODOs
-    (added,) = [i for i, line in enumerate(lines) if "adds a fetch to the step's Session.run" in line]
+    (added,) = [
+        i for i, line in enumerate(lines) if "adds a fetch to the step's Session.run" in line
+    ]
     assert lines[added + 2].strip() == "#     fetches += [model.summary_op]"
     traced = [line for line in lines if "fetched = model.train_step(x=x, y=y)" in line]
     assert len(traced) == 2 and "given options and run_metadata" in traced[0], traced
     # the trainable variables of the graph: there are none before the first train step
     assert any("TFM317" in line and "made by its first train step" in line for line in lines)
     # the evaluation function, which the converted training does not run, keeps its session
-    run_eval = ast.unparse(_function(ast.parse(source), "run_eval"))
+    run_eval = ast.unparse(function_def(ast.parse(source), "run_eval"))
     assert "tf.compat.v1.Session()" in run_eval
     compile(source, "run_utils.py", "exec")
     compile((out / "model.py").read_text(), "model.py", "exec")
