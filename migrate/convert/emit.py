@@ -908,7 +908,7 @@ class _Writer(cst.CSTTransformer):
         if action is Action.FED_VARIABLE:
             return self._fed_variable(updated_node)
         if action is Action.SAVER_CALL:
-            return updated_node.visit(_SaverCall())
+            return updated_node.visit(_SaverCall(self.plan.global_step))
         if action is Action.SUMMARY_WRITER:
             return self._summary_writer(updated_node)
         if action is Action.SUMMARY_WRITE:
@@ -1378,7 +1378,12 @@ class _Renamed(cst.CSTTransformer):
 
 class _SaverCall(cst.CSTTransformer):
     """``saver.save(sess, path, global_step=n)`` -> ``saver.write("{}-{}".format(path, n))``
-    (the same file names); ``saver.restore(sess, path)`` -> ``saver.restore(path)``."""
+    (the same file names); ``saver.restore(sess, path)`` -> ``saver.restore(path)``. The
+    program's global-step variable is read with ``.numpy()``: formatted as it is, a variable
+    writes its repr into the file name (and ``int()`` of a mirrored variable raises)."""
+
+    def __init__(self, global_step: str | None = None) -> None:
+        self.global_step = global_step
 
     def leave_Call(self, original_node, updated_node):
         func = updated_node.func
@@ -1397,6 +1402,8 @@ class _SaverCall(cst.CSTTransformer):
         if func.attr.value == "restore":
             return updated_node.with_changes(args=[cst.Arg(path)])
         if step is not None:
+            if self.global_step is not None and cst.Module([]).code_for_node(step) == self.global_step:
+                step = parse_template_expression("{step}.numpy()", step=step)
             path = parse_template_expression('"{}-{}".format({path}, {step})', path=path, step=step)
         return updated_node.with_changes(
             func=func.with_changes(attr=cst.Name("write")), args=[cst.Arg(path)]

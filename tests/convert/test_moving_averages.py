@@ -24,6 +24,7 @@ runpy.run_path({script!r}, run_name="__main__")
 index = [os.path.join(d, f) for d, _, fs in os.walk(logs) for f in fs if f.endswith(".index")]
 names = [n for n, _ in tf.train.list_variables(index[0][: -len(".index")])]
 print("AVERAGES", sum("ExponentialMovingAverage" in n for n in names))
+print("FILES", sorted(os.path.basename(i) for i in index))
 """
 
 
@@ -57,3 +58,5 @@ def test_the_averages_grouped_with_the_update_are_applied_in_the_replicas(tmp_pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "AVERAGES 3" in done.stdout, done.stdout
+    # saved as the legacy Saver named it: the step's number, not the variable's repr
+    assert "FILES ['model.ckpt-3.index']" in done.stdout, done.stdout
