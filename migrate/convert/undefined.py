@@ -6,6 +6,7 @@ names what is missing; a statement that then reads a name it bound is marked the
 from __future__ import annotations
 
 import builtins
+import textwrap
 from collections.abc import Callable
 
 import libcst as cst
@@ -16,6 +17,7 @@ from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.rules._towers import bound_names
 
 _BUILTINS = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__"}
+_MARKER = "# TODO(tfmigrate):"
 _ROUNDS = 8  # each round comments out what the previous round's statements bound
 
 Comment = Callable[[cst.CSTNode, Todo], cst.BaseStatement]
@@ -29,7 +31,7 @@ def undefined_out(
     writes ``globals()``, may define anything: it is left as it is."""
     if _defines_names_dynamically(module):
         return module
-    gone: set[str] = set()  # names bound by statements commented out here
+    gone = _bound_under_todos(module, ignore)  # names bound by statements commented out
     for _ in range(_ROUNDS):
         statements = _reading_undefined(module, ignore)
         if not statements:
@@ -50,6 +52,35 @@ def undefined_out(
             replacements[statement] = comment(statement, todo)
         module = module.visit(_Replacing(replacements))
     return module
+
+
+def _bound_under_todos(module: cst.Module, placeholders: frozenset[str]) -> set[str]:
+    """The names bound by the statements already commented out under a TODO: each is a
+    placeholder statement (a bare name of ``placeholders``) whose leading comment lines are
+    the marker and then the statement's code. A statement reading one of them is a cascade of
+    that TODO, not the legacy program's own NameError."""
+    bound: set[str] = set()
+    for node in tree.walk(module):
+        if not (
+            isinstance(node, cst.SimpleStatementLine)
+            and len(node.body) == 1
+            and isinstance(node.body[0], cst.Expr)
+            and isinstance(node.body[0].value, cst.Name)
+            and node.body[0].value.value in placeholders
+        ):
+            continue
+        comments = [line.comment.value for line in node.leading_lines if line.comment]
+        starts = [i for i, c in enumerate(comments) if c.startswith(_MARKER)]
+        if not starts:
+            continue
+        code = "\n".join(c[2:] if c.startswith("# ") else c[1:] for c in comments[starts[0] + 1 :])
+        try:
+            statements = cst.parse_module(textwrap.dedent(code) + "\n").body
+        except cst.ParserSyntaxError:
+            continue
+        for statement in statements:
+            bound |= bound_names(statement)
+    return bound
 
 
 def _defines_names_dynamically(module: cst.Module) -> bool:

@@ -8,6 +8,8 @@ import textwrap
 import libcst as cst
 
 from tfmigrate.convert.emit import mark_leftovers
+from tfmigrate.convert.todo import Todo
+from tfmigrate.convert.undefined import undefined_out
 from tfmigrate.names import NameResolver
 
 SOURCE = textwrap.dedent(
@@ -55,3 +57,30 @@ def test_a_module_that_defines_names_dynamically_is_left_as_it_is():
     code, codes = _marked(source)
     assert code == source and codes == []
     assert _marked("globals().update(cfg)\nprint(batch_size)\n")[1] == []
+
+
+def test_a_name_bound_by_a_statement_already_under_a_todo_is_a_cascade_not_undefined():
+    # what an earlier pass left: the statement commented out under its TODO (a placeholder)
+    source = textwrap.dedent(
+        """\
+        def build(df, image):
+            # TODO(tfmigrate): TFM314 uses `image`, left under a TODO above
+            # feeder = Feeder(df, [image], queue_size=100)
+            __tfmigrate_todo__
+            batch = feeder.dequeue()
+            return batch
+        """
+    )
+    todos: list[Todo] = []
+    module = cst.parse_module(source)
+    out = undefined_out(
+        module,
+        todos,
+        lambda node, todo: cst.SimpleStatementLine([cst.Expr(cst.Name("__tfmigrate_todo__"))]),
+        ignore=frozenset({"__tfmigrate_todo__"}),
+    )
+    assert [(t.kind.code, t.why) for t in todos] == [
+        ("TFM314", "uses `feeder`, left under a TODO above"),
+        ("TFM314", "uses `batch`, left under a TODO above"),
+    ]
+    assert "feeder.dequeue()" not in out.code
