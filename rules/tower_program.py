@@ -15,7 +15,6 @@ from tfmigrate.convert.emit import mark_leftovers
 from tfmigrate.convert.helper_tape import module_helpers, program_running, with_helpers
 from tfmigrate.convert.libraries import programs_with_cores
 from tfmigrate.convert.runner_module import may_run_a_tower_class, runner_conversion
-from tfmigrate.convert.todo import Leftover
 from tfmigrate.names import NameResolver, dotted
 from tfmigrate.prefilter import CodeFacts
 from tfmigrate.rule import Example, FixSafety, RuleContext
@@ -325,13 +324,7 @@ train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
             return
         emitted, _program = converted
         module = _tf2_spellings(emitted.module, self.context)
-        # Kept live but not working in TF2 (a queue input), or changing what runs once into
-        # per replica (clipping the combined gradients): as unsafe as commented-out code.
-        broken = [
-            t
-            for t in emitted.todos
-            if t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
-        ]
+        broken = [t for t in emitted.todos if t.unsafe]
         summary = "converted to MirroredStrategy (a tf.function train step, GradientTape replicas)"
         notes = emitted.manifest_notes("TFM303")
         self.report(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import libcst as cst
 from libcst.helpers import parse_template_expression, parse_template_statement
@@ -37,6 +37,9 @@ from tfmigrate.convert.todo import Leftover, Todo
 from tfmigrate.convert.undefined import undefined_out
 from tfmigrate.convert.unread_collections import DropUnread
 from tfmigrate.rules._towers import bound_names, free_names, get_arg, method_name
+
+if TYPE_CHECKING:
+    from tfmigrate.convert.project import Project, SourceFile
 
 # The one helper a converted program gains: TF1 model code keeps making its variables with
 # tf.compat.v1.get_variable (tf_slim and tf.compat.v1.layers do too); this store makes each one
@@ -147,6 +150,26 @@ class Emitted:
         return [f"{rule}: {t.kind.code} {t.why}" for t in self.todos] + [
             f"{rule}: {note}" for note in self.notes
         ]
+
+
+def emit_file_program(project: Project, source: SourceFile) -> tuple[Plan, Emitted] | None:
+    """The program read from ``source`` with the project's modules, planned and emitted for the
+    first of its tower cores built in that file that plans; None if there is none."""
+    from tfmigrate.convert.plan import NotPlanned, plan_core
+    from tfmigrate.convert.recognize import read_program
+
+    program = read_program(project, source).program
+    if program is None:
+        return None
+    for core in program.cores:
+        if core.towers is None or core.towers.where.file != source.rel:
+            continue
+        try:
+            plan = plan_core(source, program, core)
+            return plan, emit(plan)
+        except NotPlanned:
+            continue
+    return None
 
 
 def emit(plan: Plan) -> Emitted:

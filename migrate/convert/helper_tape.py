@@ -148,26 +148,13 @@ def _converted(
 def _converted_program(project: Project, source: SourceFile) -> Converted | None:
     """The entry program's plan if the staged converter converts it, and whether its fix is
     unsafe (as TFM303 judges it: code commented out or changed to per replica)."""
-    from tfmigrate.convert.emit import emit
-    from tfmigrate.convert.plan import NotPlanned, plan_core
-    from tfmigrate.convert.recognize import read_program
+    from tfmigrate.convert.emit import emit_file_program
 
-    reading = read_program(project, source)
-    if reading.program is None:
+    converted = emit_file_program(project, source)
+    if converted is None:
         return None
-    for core in reading.program.cores:
-        if core.towers is None or core.towers.where.file != source.rel:
-            continue
-        try:
-            plan = plan_core(source, reading.program, core)
-            emitted = emit(plan)
-        except NotPlanned:
-            continue
-        unsafe = any(
-            t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA) for t in emitted.todos
-        )
-        return source, plan, unsafe
-    return None
+    plan, emitted = converted
+    return source, plan, any(t.unsafe for t in emitted.todos)
 
 
 def program_running(path: Path) -> tuple[str, bool] | None:

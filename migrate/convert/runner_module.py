@@ -15,7 +15,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from tfmigrate.convert.todo import Leftover, Todo
+from tfmigrate.convert.todo import Todo
 
 # `import model` / `from model import X` / `from pkg.model import X` at the start of a line
 _IMPORTED = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+))", re.M)
@@ -69,10 +69,9 @@ def _conversions(root: Path, _files: tuple[tuple[str, int], ...]) -> dict[Path, 
     """Every module of the project at ``root`` whose function runs a tower class's object, as
     the class's conversion makes it (read once per process while the files are unchanged)."""
     from tfmigrate.convert import _device_settings_first
-    from tfmigrate.convert.emit import emit
-    from tfmigrate.convert.plan import NotPlanned, plan_core
+    from tfmigrate.convert.emit import emit_file_program
     from tfmigrate.convert.project import Project
-    from tfmigrate.convert.recognize import read_program, reading
+    from tfmigrate.convert.recognize import reading
 
     project = Project(root)
     found: dict[Path, RunnerConversion] = {}
@@ -86,35 +85,24 @@ def _conversions(root: Path, _files: tuple[tuple[str, int], ...]) -> dict[Path, 
         ):
             continue
         source = project.adopt(candidate, _device_settings_first(loaded.context))
-        read = read_program(project, source)
-        if read.program is None:
+        converted = emit_file_program(project, source)
+        if converted is None:
             continue
-        for core in read.program.cores:
-            if core.towers is None or core.towers.where.file != source.rel:
-                continue
-            try:
-                plan = plan_core(source, read.program, core)
-                emitted = emit(plan)
-            except NotPlanned:
-                continue
-            guest = plan.runner_source
-            if guest is None or emitted.runner_module is None or plan.runner is None:
-                break
-            todos = emitted.todos + emitted.runner_todos
-            owner = source.enclosing_class(plan.scope)
-            found[guest.path.resolve()] = RunnerConversion(
-                emitted.runner_module,
-                emitted.runner_todos,
-                plan.runner.name.value,
-                Path(os.path.relpath(source.path, guest.path.parent)).as_posix(),
-                owner.name.value if owner is not None else "",
-                any(
-                    t.commented or t.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
-                    for t in todos
-                ),
-                emitted.notes,
-            )
-            break
+        plan, emitted = converted
+        guest = plan.runner_source
+        if guest is None or emitted.runner_module is None or plan.runner is None:
+            continue
+        todos = emitted.todos + emitted.runner_todos
+        owner = source.enclosing_class(plan.scope)
+        found[guest.path.resolve()] = RunnerConversion(
+            emitted.runner_module,
+            emitted.runner_todos,
+            plan.runner.name.value,
+            Path(os.path.relpath(source.path, guest.path.parent)).as_posix(),
+            owner.name.value if owner is not None else "",
+            any(t.unsafe for t in todos),
+            emitted.notes,
+        )
     return found
 
 

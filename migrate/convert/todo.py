@@ -38,5 +38,12 @@ class Todo:
     why: str
     commented: bool = True
 
+    @property
+    def unsafe(self) -> bool:
+        """Whether it makes the fix unsafe: code commented out, code kept live that does not
+        work in TF2 (a queue input), or what ran once changed into per replica (clipping the
+        combined gradients)."""
+        return self.commented or self.kind in (Leftover.INPUT, Leftover.PER_REPLICA)
+
     def marker(self) -> str:
         return f"# TODO(tfmigrate): {self.kind.code} {self.why}"
